@@ -1,0 +1,40 @@
+# Helpers shared by the component CMakeLists: one place for warnings,
+# sanitizers and the CUDA compile flags, so every target builds the same way.
+
+set(lockstep_warnings -Wall -Wextra)
+if(LOCKSTEP_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# lockstep_component(NAME <target> SOURCES ...): a shared library exported as
+# lockstep::<name-without-prefix>, with its headers found from the source root
+# (#include "kernels/gemm.h") both in the build and after install.
+function(lockstep_component target export_name)
+  add_library(${target} SHARED ${ARGN})
+  add_library(lockstep::${export_name} ALIAS ${target})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name}
+                        CUDA_SEPARABLE_COMPILATION OFF)
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/lockstep>)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:${lockstep_warnings}>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  if(LOCKSTEP_WITH_CUDA)
+    target_compile_definitions(${target} PUBLIC LOCKSTEP_WITH_CUDA=1)
+  else()
+    target_compile_definitions(${target} PUBLIC LOCKSTEP_WITH_CUDA=0)
+  endif()
+  install(TARGETS ${target} EXPORT lockstepTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endfunction()
+
+# Installs a component's public headers under include/lockstep/<folder>/.
+function(lockstep_install_headers folder)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/lockstep/${folder}
+          FILES_MATCHING PATTERN "*.h"
+          PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "detail" EXCLUDE)
+endfunction()

@@ -1,0 +1,13 @@
+# Install rules and the CMake package config, so that a user's project can do
+# find_package(lockstep) and link lockstep::lockstep.
+include(CMakePackageConfigHelpers)
+
+set(lockstep_config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/lockstep)
+install(EXPORT lockstepTargets NAMESPACE lockstep:: DESTINATION ${lockstep_config_dir})
+configure_package_config_file(cmake/lockstepConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/lockstepConfig.cmake INSTALL_DESTINATION ${lockstep_config_dir})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/lockstepConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/lockstepConfig.cmake
+              ${PROJECT_BINARY_DIR}/lockstepConfigVersion.cmake
+        DESTINATION ${lockstep_config_dir})

@@ -1,0 +1,134 @@
+// Allocators and their counters (engine/core/memory.h).
+#include "engine/core/memory.h"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kernels/error.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
+namespace lockstep::core {
+namespace {
+
+constexpr std::size_t kCpuAlignment = 64;
+constexpr int kMaxGpus = 64;
+
+struct Counter {
+  std::atomic<std::size_t> current{0};
+  std::atomic<std::size_t> peak{0};
+
+  void add(std::size_t bytes) {
+    const std::size_t now = current.fetch_add(bytes) + bytes;
+    std::size_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+  }
+  void sub(std::size_t bytes) { current.fetch_sub(bytes); }
+};
+
+Counter g_host;
+std::array<Counter, kMaxGpus> g_gpus;
+
+Counter& counter(Device device) {
+  if (!device.is_cuda()) return g_host;
+  if (device.index < 0 || device.index >= kMaxGpus)
+    throw InvalidArgument("device " + device.str() + " is outside the supported range cuda:0..63");
+  return g_gpus[device.index];
+}
+
+#if LOCKSTEP_WITH_CUDA
+// Raise the pool's release threshold once per device, so that memory freed
+// back to the pool stays there between steps instead of returning to the OS.
+void configure_pool(int device) {
+  static std::once_flag flags[kMaxGpus];
+  std::call_once(flags[device], [device] {
+    cudaMemPool_t pool = nullptr;
+    LOCKSTEP_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    std::uint64_t threshold = UINT64_MAX;
+    LOCKSTEP_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  });
+}
+#endif
+
+void* aligned_host(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+  void* p = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
+  if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+}  // namespace
+
+Storage::~Storage() {
+  counter(device_).sub(bytes_);
+#if LOCKSTEP_WITH_CUDA
+  // Destructors must not throw: a failing free here means the context is
+  // already broken, and the error that broke it has been reported.
+  if (device_.is_cuda()) {
+    cudaFreeAsync(data_, stream_.handle());
+    return;
+  }
+  if (pinned_) {
+    cudaFreeHost(data_);
+    return;
+  }
+#endif
+  std::free(data_);
+}
+
+std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream& stream) {
+  if (!device.is_cuda()) {
+    void* p = aligned_host(bytes);
+    counter(device).add(bytes);
+    return std::make_shared<Storage>(p, bytes, device, false, Stream());
+  }
+  require_usable(device);
+#if LOCKSTEP_WITH_CUDA
+  if (stream.device().is_cuda() && !(stream.device() == device))
+    throw InvalidArgument("allocation on " + device.str() + " ordered on a stream of " +
+                          stream.device().str() + " (use a stream of the same device)");
+  set_current_device(device);
+  configure_pool(device.index);
+  void* p = nullptr;
+  if (bytes > 0) LOCKSTEP_CHECK_CUDA(cudaMallocAsync(&p, bytes, stream.handle()));
+  counter(device).add(bytes);
+  const Stream owner = stream.device().is_cuda() ? stream : Stream::default_for(device);
+  return std::make_shared<Storage>(p, bytes, device, false, owner);
+#else
+  (void)stream;
+  return nullptr;  // unreachable: require_usable throws on CPU builds
+#endif
+}
+
+std::shared_ptr<Storage> allocate_pinned(std::size_t bytes) {
+#if LOCKSTEP_WITH_CUDA
+  if (cuda_available()) {
+    void* p = nullptr;
+    LOCKSTEP_CHECK_CUDA(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable));
+    g_host.add(bytes);
+    return std::make_shared<Storage>(p, bytes, Device::cpu(), true, Stream());
+  }
+#endif
+  void* p = aligned_host(bytes);
+  g_host.add(bytes);
+  return std::make_shared<Storage>(p, bytes, Device::cpu(), false, Stream());
+}
+
+MemoryStats memory_stats(Device device) {
+  const Counter& c = counter(device);
+  return {c.current.load(), c.peak.load()};
+}
+
+void reset_peak_memory(Device device) {
+  Counter& c = counter(device);
+  c.peak = c.current.load();
+}
+
+}  // namespace lockstep::core

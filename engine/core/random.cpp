@@ -1,0 +1,83 @@
+// Generator (engine/core/random.h): dtype checks, device dispatch, offset bookkeeping.
+#include "engine/core/random.h"
+
+#include <string>
+
+#include "kernels/philox.h"
+
+namespace lockstep::core {
+namespace {
+
+void require_dtype(const char* op, const Tensor& t, DType want) {
+  if (t.dtype() != want)
+    throw InvalidArgument(std::string("Generator::") + op + ": output is " + dtype_name(t.dtype()) +
+                          ", expected " + dtype_name(want));
+}
+
+// Runs on_cpu() for a CPU tensor, or on_gpu(stream handle) for a GPU one; a
+// CPU stream means the device's default stream, waited on (as in ops.h).
+template <typename OnCpu, typename OnGpu>
+void dispatch(const Tensor& out, [[maybe_unused]] const Stream& stream, OnCpu on_cpu,
+              [[maybe_unused]] OnGpu on_gpu) {
+  if (!out.device().is_cuda()) return on_cpu();
+#if LOCKSTEP_WITH_CUDA
+  const bool synchronous = !stream.device().is_cuda();
+  if (synchronous) set_current_device(out.device());
+  const Stream s = synchronous ? Stream::default_for(out.device()) : stream;
+  on_gpu(s.handle());
+  if (synchronous) s.synchronize();
+#endif
+}
+
+}  // namespace
+
+void Generator::uniform(Tensor& out, const Stream& stream) {
+  require_dtype("uniform", out, DType::f32);
+  const auto [seed, offset] = state_;
+  float* dst = out.data_as<float>();
+  const std::int64_t n = out.numel();
+  dispatch(
+      out, stream, [&] { kernels::cpu::uniform(seed, offset, dst, n); },
+      [&](kernels::CudaStream s) { kernels::cuda::uniform(seed, offset, dst, n, s); });
+  state_.offset += kernels::philox_words_used(kernels::RandomKind::uniform, n);
+}
+
+void Generator::normal(Tensor& out, float mean, float stddev, const Stream& stream) {
+  require_dtype("normal", out, DType::f32);
+  const auto [seed, offset] = state_;
+  float* dst = out.data_as<float>();
+  const std::int64_t n = out.numel();
+  dispatch(
+      out, stream, [&] { kernels::cpu::normal(seed, offset, dst, n, mean, stddev); },
+      [&](kernels::CudaStream s) { kernels::cuda::normal(seed, offset, dst, n, mean, stddev, s); });
+  state_.offset += kernels::philox_words_used(kernels::RandomKind::normal, n);
+}
+
+void Generator::bernoulli_mask(Tensor& out, float keep_prob, const Stream& stream) {
+  require_dtype("bernoulli_mask", out, DType::u8);
+  if (!(keep_prob >= 0.0f && keep_prob <= 1.0f))
+    throw InvalidArgument("Generator::bernoulli_mask: keep_prob " + std::to_string(keep_prob) +
+                          " is outside [0, 1]");
+  const auto [seed, offset] = state_;
+  std::uint8_t* dst = out.data_as<std::uint8_t>();
+  const std::int64_t n = out.numel();
+  dispatch(
+      out, stream, [&] { kernels::cpu::bernoulli_mask(seed, offset, dst, n, keep_prob); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::bernoulli_mask(seed, offset, dst, n, keep_prob, s);
+      });
+  state_.offset += kernels::philox_words_used(kernels::RandomKind::bernoulli, n);
+}
+
+void Generator::words(Tensor& out, const Stream& stream) {
+  require_dtype("words", out, DType::i32);
+  const auto [seed, offset] = state_;
+  auto* dst = reinterpret_cast<std::uint32_t*>(out.data_as<std::int32_t>());
+  const std::int64_t n = out.numel();
+  dispatch(
+      out, stream, [&] { kernels::cpu::random_words(seed, offset, dst, n); },
+      [&](kernels::CudaStream s) { kernels::cuda::random_words(seed, offset, dst, n, s); });
+  state_.offset += kernels::philox_words_used(kernels::RandomKind::words, n);
+}
+
+}  // namespace lockstep::core

@@ -1,0 +1,48 @@
+// Stream and Event: ordering of work on a device. On the CPU every operation
+// completes before it returns, so both are no-ops there; on CUDA they wrap
+// cudaStream_t and cudaEvent_t (created without timing: cheaper to record).
+#pragma once
+
+#include <memory>
+
+#include "engine/core/device.h"
+#include "kernels/stream.h"
+
+namespace lockstep::core {
+
+class Event;
+
+class Stream {
+ public:
+  // The CPU "stream": everything synchronous.
+  Stream() = default;
+  // The legacy default stream of a GPU.
+  static Stream default_for(Device device);
+  // A new non-blocking stream on `device` (cpu: the CPU stream).
+  static Stream create(Device device);
+
+  Device device() const { return device_; }
+  kernels::CudaStream handle() const { return handle_.get(); }
+  void synchronize() const;
+  // Work queued on this stream after the call waits until `event` has happened.
+  void wait(const Event& event) const;
+
+ private:
+  Device device_;
+  std::shared_ptr<CUstream_st> handle_;  // null: CPU, or the default stream
+};
+
+class Event {
+ public:
+  Event() = default;
+  // Records the point `stream` has reached.
+  void record(const Stream& stream);
+  void synchronize() const;
+  bool ready() const;  // has the recorded work finished?
+  CUevent_st* handle() const { return handle_.get(); }
+
+ private:
+  std::shared_ptr<CUevent_st> handle_;
+};
+
+}  // namespace lockstep::core

@@ -1,0 +1,140 @@
+// Tensor (engine/core/tensor.h). A CPU Stream means "synchronous": a copy that
+// touches a GPU but is given the CPU stream runs on the device's default
+// stream and waits for it before returning.
+#include "engine/core/tensor.h"
+
+#include <cstring>
+
+#include "engine/core/ops.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
+namespace lockstep::core {
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace detail {
+void throw_element_type_mismatch(DType dtype, std::size_t element_bytes) {
+  throw InvalidArgument(std::string("tensor of dtype ") + dtype_name(dtype) + " accessed as a " +
+                        std::to_string(element_bytes) +
+                        "-byte C++ type that does not store it (f32: float, f16/bf16: "
+                        "std::uint16_t, i32: std::int32_t, i64: std::int64_t, u8: std::uint8_t)");
+}
+}  // namespace detail
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Stream& stream) {
+  for (std::int64_t d : shape)
+    if (d < 0) throw InvalidArgument("tensor shape " + shape_str(shape) + " has a negative size");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = allocate(device, t.nbytes(), stream);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, const Stream& stream) {
+  Tensor t = empty(shape, dtype, device, stream);
+  t.fill_(0.0, stream);
+  return t;
+}
+
+Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, Device device,
+                         const Stream& stream) {
+  Tensor t = empty(shape, dtype, device, stream);
+  if (!device.is_cuda()) {
+    std::memcpy(t.data(), data, t.nbytes());
+    return t;
+  }
+#if LOCKSTEP_WITH_CUDA
+  const Stream s = stream.device().is_cuda() ? stream : Stream::default_for(device);
+  LOCKSTEP_CHECK_CUDA(
+      cudaMemcpyAsync(t.data(), data, t.nbytes(), cudaMemcpyHostToDevice, s.handle()));
+  if (!stream.device().is_cuda()) s.synchronize();
+#endif
+  return t;
+}
+
+std::int64_t Tensor::dim(int i) const {
+  const int rank = static_cast<int>(shape_.size());
+  if (i < -rank || i >= rank)
+    throw InvalidArgument("dimension " + std::to_string(i) + " is out of range for shape " +
+                          shape_str(shape_));
+  return shape_[i < 0 ? i + rank : i];
+}
+
+Tensor Tensor::view(std::int64_t element_offset, const Shape& shape) const {
+  const std::size_t element = dtype_size(dtype_);
+  const std::int64_t count = shape_numel(shape);
+  if (element_offset < 0 || count < 0 ||
+      (element_offset + count) * static_cast<std::int64_t>(element) >
+          static_cast<std::int64_t>(nbytes()))
+    throw InvalidArgument("view of " + shape_str(shape) + " at element " +
+                          std::to_string(element_offset) + " does not fit in a tensor of shape " +
+                          shape_str(shape_));
+  Tensor v = *this;
+  v.offset_bytes_ = offset_bytes_ + static_cast<std::size_t>(element_offset) * element;
+  v.shape_ = shape;
+  return v;
+}
+
+void Tensor::copy_from(const Tensor& src, const Stream& stream) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    throw InvalidArgument("copy_from: source " + shape_str(src.shape_) + " " +
+                          dtype_name(src.dtype_) + " does not match destination " +
+                          shape_str(shape_) + " " + dtype_name(dtype_) +
+                          " (cast or reshape the source first)");
+  if (!device().is_cuda() && !src.device().is_cuda()) {
+    std::memcpy(data(), src.data(), nbytes());
+    return;
+  }
+#if LOCKSTEP_WITH_CUDA
+  const Device gpu = device().is_cuda() ? device() : src.device();
+  const Stream s = stream.device().is_cuda() ? stream : Stream::default_for(gpu);
+  LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(data(), src.data(), nbytes(), cudaMemcpyDefault, s.handle()));
+  if (!stream.device().is_cuda()) s.synchronize();
+#else
+  (void)stream;
+#endif
+}
+
+Tensor Tensor::to(Device device, const Stream& stream) const {
+  Tensor out = empty(shape_, dtype_, device, stream.device() == device ? stream : Stream());
+  out.copy_from(*this, stream);
+  return out;
+}
+
+Tensor Tensor::cast(DType dtype, const Stream& stream) const {
+  Tensor out = empty(shape_, dtype, device(), stream);
+  ops::cast(*this, out, stream);
+  return out;
+}
+
+void Tensor::fill_(double value, const Stream& stream) { ops::fill(*this, value, stream); }
+
+void Tensor::copy_to_host(void* dst, const Stream& stream) const {
+  if (!device().is_cuda()) {
+    std::memcpy(dst, data(), nbytes());
+    return;
+  }
+#if LOCKSTEP_WITH_CUDA
+  const Stream s = stream.device().is_cuda() ? stream : Stream::default_for(device());
+  LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(dst, data(), nbytes(), cudaMemcpyDeviceToHost, s.handle()));
+  s.synchronize();
+#else
+  (void)stream;
+#endif
+}
+
+}  // namespace lockstep::core

@@ -1,0 +1,32 @@
+// Argument checks shared by the CPU and CUDA GEMMs (kernels/gemm.h).
+#include <string>
+
+#include "kernels/error.h"
+#include "kernels/gemm.h"
+
+namespace lockstep::kernels {
+
+void validate_gemm(const GemmArgs& g) {
+  auto fail = [](const std::string& what) { throw InvalidArgument("gemm: " + what); };
+  if (!is_floating(g.ab_type))
+    fail(std::string("A/B dtype ") + dtype_name(g.ab_type) + " is not f32, f16 or bf16");
+  if (g.c_type != DType::f32 && g.c_type != g.ab_type)
+    fail(std::string("C dtype ") + dtype_name(g.c_type) + " must be f32 or the input dtype " +
+         dtype_name(g.ab_type));
+  if (g.m < 0 || g.n < 0 || g.k < 0)
+    fail("negative size m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+         " k=" + std::to_string(g.k));
+  const std::int64_t a_cols = g.trans_a ? g.m : g.k;
+  const std::int64_t b_cols = g.trans_b ? g.k : g.n;
+  if (g.lda < std::max<std::int64_t>(1, a_cols))
+    fail("lda=" + std::to_string(g.lda) + " is smaller than A's row length " +
+         std::to_string(a_cols));
+  if (g.ldb < std::max<std::int64_t>(1, b_cols))
+    fail("ldb=" + std::to_string(g.ldb) + " is smaller than B's row length " +
+         std::to_string(b_cols));
+  if (g.ldc < std::max<std::int64_t>(1, g.n))
+    fail("ldc=" + std::to_string(g.ldc) + " is smaller than C's row length " + std::to_string(g.n));
+  if (g.m > 0 && g.n > 0 && (!g.c || (g.k > 0 && (!g.a || !g.b)))) fail("null data pointer");
+}
+
+}  // namespace lockstep::kernels

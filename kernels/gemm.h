@@ -1,0 +1,47 @@
+// GEMM on raw row-major buffers: C = alpha * op(A) op(B) + beta * C, with A and
+// B in f32, f16 or bf16, f32 accumulation, and C in f32 or the input type.
+// beta = 1 accumulates into C (how weight gradients land in the f32 buffer).
+// CPU: OpenBLAS (16-bit inputs are widened to f32 first). CUDA: cuBLASLt with
+// the heuristic's choice cached per shape, and a caller-provided workspace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/stream.h"
+
+namespace lockstep::kernels {
+
+struct GemmArgs {
+  bool trans_a = false;  // A is stored [k, m] instead of [m, k]
+  bool trans_b = false;  // B is stored [n, k] instead of [k, n]
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const void* a = nullptr;
+  std::int64_t lda = 0;  // row stride of A as stored
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  void* c = nullptr;
+  std::int64_t ldc = 0;
+  DType ab_type = DType::f32;  // type of A and B
+  DType c_type = DType::f32;   // f32, or ab_type
+};
+
+// Throws InvalidArgument naming the field at fault (types, sizes, strides).
+void validate_gemm(const GemmArgs& args);
+
+namespace cpu {
+void gemm(const GemmArgs& args);
+// Threads OpenBLAS may use for one GEMM (per process).
+void set_gemm_threads(int threads);
+}  // namespace cpu
+
+namespace cuda {
+// Workspace the caller provides to gemm(); cuBLASLt's recommendation for Hopper.
+constexpr std::size_t kGemmWorkspaceBytes = 32u << 20;
+void gemm(const GemmArgs& args, void* workspace, std::size_t workspace_bytes, CudaStream stream);
+}  // namespace cuda
+
+}  // namespace lockstep::kernels

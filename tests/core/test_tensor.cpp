@@ -1,0 +1,108 @@
+// Tensor, memory accounting, device parsing, the version check and the
+// Generator, on the CPU.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "engine/core/device.h"
+#include "engine/core/log.h"
+#include "engine/core/memory.h"
+#include "engine/core/ops.h"
+#include "engine/core/random.h"
+#include "engine/core/tensor.h"
+#include "engine/core/versions.h"
+#include "kernels/philox.h"
+
+using namespace lockstep;
+using namespace lockstep::core;
+
+TEST_CASE("views share storage and stay inside it", "[core][tensor]") {
+  Tensor flat = Tensor::zeros({10}, DType::f32);
+  Tensor w = flat.view(2, {2, 3});
+  w.fill_(5.0);
+  const auto values = flat.to_vector<float>();
+  CHECK(values == std::vector<float>{0, 0, 5, 5, 5, 5, 5, 5, 0, 0});
+  CHECK(w.storage() == flat.storage());
+  CHECK_THROWS_WITH(flat.view(8, {3}), Catch::Contains("[3]") && Catch::Contains("[10]"));
+  CHECK_THROWS_AS(flat.view(-1, {1}), InvalidArgument);
+}
+
+TEST_CASE("typed access checks the dtype", "[core][tensor]") {
+  Tensor t = Tensor::from_vector<std::int32_t>({1, 2, 3}, {3}, DType::i32);
+  CHECK(t.data_as<std::int32_t>()[2] == 3);
+  CHECK_THROWS_WITH(t.data_as<float>(), Catch::Contains("i32"));
+  CHECK_THROWS_WITH((Tensor::from_vector<float>({1, 2}, {3}, DType::f32)), Catch::Contains("[3]"));
+}
+
+TEST_CASE("casts and copies round-trip", "[core][tensor]") {
+  Tensor x = Tensor::from_vector<float>({0.5f, -2.0f, 1024.0f}, {3}, DType::f32);
+  Tensor h = x.cast(DType::f16);
+  CHECK(h.dtype() == DType::f16);
+  CHECK(h.cast(DType::f32).to_vector<float>() == x.to_vector<float>());
+  Tensor y = Tensor::empty({3}, DType::f32);
+  y.copy_from(x);
+  CHECK(y.to_vector<float>() == x.to_vector<float>());
+  Tensor wrong = Tensor::empty({4}, DType::f32);
+  CHECK_THROWS_WITH(wrong.copy_from(x), Catch::Contains("[3]") && Catch::Contains("[4]"));
+}
+
+TEST_CASE("matmul checks shapes and computes op(a) op(b)", "[core][ops]") {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}, DType::f32);
+  Tensor b = Tensor::from_vector<float>({1, 0, 0, 1, 1, 1}, {3, 2}, DType::f32);
+  Tensor c = Tensor::zeros({2, 2}, DType::f32);
+  ops::matmul(a, b, c);
+  CHECK(c.to_vector<float>() == std::vector<float>{4, 5, 10, 11});
+  ops::matmul(a, a, c, {.trans_b = true, .beta = 1.0f});  // c += a a^T
+  CHECK(c.to_vector<float>() == std::vector<float>{18, 37, 42, 88});
+  Tensor bad = Tensor::zeros({3, 3}, DType::f32);
+  CHECK_THROWS_WITH(ops::matmul(a, a, bad), Catch::Contains("[2, 3]"));
+}
+
+TEST_CASE("memory statistics count current and peak bytes", "[core][memory]") {
+  reset_peak_memory(Device::cpu());
+  const MemoryStats before = memory_stats(Device::cpu());
+  {
+    Tensor big = Tensor::empty({1 << 20}, DType::f32);
+    CHECK(memory_stats(Device::cpu()).current_bytes == before.current_bytes + (4u << 20));
+    CHECK(reinterpret_cast<std::uintptr_t>(big.data()) % 64 == 0);
+  }
+  const MemoryStats after = memory_stats(Device::cpu());
+  CHECK(after.current_bytes == before.current_bytes);
+  CHECK(after.peak_bytes >= before.current_bytes + (4u << 20));
+}
+
+TEST_CASE("devices parse and unusable GPUs are refused by name", "[core][device]") {
+  CHECK(parse_device("cpu") == Device::cpu());
+  CHECK(parse_device("cuda:3") == Device::cuda(3));
+  CHECK_THROWS_WITH(parse_device("gpu0"), Catch::Contains("gpu0"));
+  CHECK_THROWS_WITH(require_usable(Device::cuda(99)), Catch::Contains("cuda:99"));
+  CHECK_THROWS_WITH(parse_log_level("loud"), Catch::Contains("loud"));
+}
+
+TEST_CASE("library versions: older major fails, older minor warns", "[core][versions]") {
+  CHECK_FALSE(compare_library_version("NCCL", 22809, 22809));
+  CHECK_FALSE(compare_library_version("NCCL", 22809, 22900));
+  const auto warning = compare_library_version("cuBLASLt", 130100, 130002);
+  REQUIRE(warning);
+  CHECK_THAT(*warning, Catch::Contains("13.0.2") && Catch::Contains("13.1.0"));
+  CHECK_THROWS_WITH(compare_library_version("cuDNN", 91900, 81000),
+                    Catch::Contains("8.10.0") && Catch::Contains("9.19.0"));
+}
+
+TEST_CASE("a generator's state is all it takes to continue its stream", "[core][random]") {
+  Generator g(1234);
+  Tensor first = Tensor::empty({100}, DType::f32);
+  g.normal(first);
+  const GeneratorState saved = g.state();
+  CHECK(saved.offset == 100);
+  Tensor next = Tensor::empty({37}, DType::f32);
+  g.uniform(next);
+  Generator resumed;
+  resumed.set_state(saved);
+  Tensor again = Tensor::empty({37}, DType::f32);
+  resumed.uniform(again);
+  CHECK(again.to_vector<float>() == next.to_vector<float>());
+  Tensor mask = Tensor::empty({5}, DType::u8);
+  CHECK_THROWS_WITH(g.bernoulli_mask(mask, 1.5f), Catch::Contains("1.5"));
+  CHECK_THROWS_WITH(g.uniform(mask), Catch::Contains("u8"));
+}

@@ -1,0 +1,87 @@
+// CPU GEMM against a float64 triple loop, for odd shapes, every transpose
+// combination and each (input, output) dtype pair; tolerances from
+// tests/support/reference.h (f32 accumulation bound plus output rounding).
+#include <catch2/catch.hpp>
+
+#include "kernels/error.h"
+#include "kernels/gemm.h"
+#include "support/reference.h"
+
+using namespace lockstep;
+using lockstep::kernels::GemmArgs;
+
+namespace {
+
+struct Case {
+  DType ab, c;
+};
+
+void check_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, Case types,
+                float alpha, float beta) {
+  const auto a = test::random_matrix(m * k, types.ab, 1);
+  const auto b = test::random_matrix(k * n, types.ab, 2);
+  auto c = test::random_matrix(m * n, types.c, 3);
+  const auto ref = test::reference_gemm(ta, tb, m, n, k, alpha, a.values, b.values, beta, c.values);
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.alpha = alpha, g.beta = beta;
+  g.a = a.bytes.data(), g.lda = ta ? m : k;
+  g.b = b.bytes.data(), g.ldb = tb ? k : n;
+  g.c = c.bytes.data(), g.ldc = n;
+  g.ab_type = types.ab, g.c_type = types.c;
+  kernels::cpu::gemm(g);
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    const double got = test::decode(c.bytes, types.c, i);
+    const double tol = test::gemm_tolerance(ref.magnitude[i], ref.c[i], k, types.c);
+    if (std::fabs(got - ref.c[i]) > tol) {
+      FAIL_CHECK("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb << " "
+                      << dtype_name(types.ab) << "->" << dtype_name(types.c) << " element " << i
+                      << ": got " << got << ", float64 reference " << ref.c[i] << ", tolerance "
+                      << tol);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm matches a float64 loop for odd shapes, transposes and dtypes",
+          "[kernels][gemm]") {
+  const Case cases[] = {{DType::f32, DType::f32},
+                        {DType::f16, DType::f32},
+                        {DType::f16, DType::f16},
+                        {DType::bf16, DType::f32},
+                        {DType::bf16, DType::bf16}};
+  const std::int64_t sizes[] = {1, 7, 33, 129};
+  for (const Case& types : cases)
+    for (std::int64_t m : sizes)
+      for (std::int64_t n : sizes)
+        for (std::int64_t k : sizes)
+          for (int t = 0; t < 4; ++t) check_gemm(t & 1, t & 2, m, n, k, types, 1.0f, 0.0f);
+}
+
+TEST_CASE("cpu gemm applies alpha and accumulates with beta", "[kernels][gemm]") {
+  for (DType c_type : {DType::f32, DType::bf16}) {
+    const DType ab = c_type == DType::f32 ? DType::f32 : DType::bf16;
+    check_gemm(false, true, 33, 7, 129, {ab, c_type}, 0.5f, 1.0f);
+    check_gemm(true, false, 7, 33, 1, {ab, c_type}, -2.0f, 0.25f);
+  }
+}
+
+TEST_CASE("gemm rejects inconsistent arguments with a message naming them", "[kernels][gemm]") {
+  float a[4] = {}, b[4] = {}, c[4] = {};
+  GemmArgs g;
+  g.m = g.n = g.k = 2;
+  g.a = a, g.b = b, g.c = c;
+  g.lda = 1, g.ldb = 2, g.ldc = 2;
+  CHECK_THROWS_WITH(kernels::cpu::gemm(g),
+                    Catch::Contains("lda=1") && Catch::Contains("row length 2"));
+  g.lda = 2;
+  g.ab_type = DType::f16;
+  g.c_type = DType::bf16;
+  CHECK_THROWS_AS(kernels::cpu::gemm(g), InvalidArgument);
+  g.ab_type = DType::i32;
+  CHECK_THROWS_WITH(kernels::cpu::gemm(g), Catch::Contains("i32"));
+}
