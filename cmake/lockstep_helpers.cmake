@@ -4,6 +4,7 @@
 set(lockstep_warnings -Wall -Wextra)
 if(LOCKSTEP_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=address,undefined)
 endif()
@@ -14,7 +15,7 @@ endif()
 function(lockstep_component target export_name)
   add_library(${target} SHARED ${ARGN})
   add_library(lockstep::${export_name} ALIAS ${target})
-  set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name}
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name} INSTALL_RPATH "$ORIGIN"
                         CUDA_SEPARABLE_COMPILATION OFF)
   target_include_directories(${target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>

@@ -13,6 +13,21 @@
 namespace lockstep::core::ops {
 namespace {
 
+void same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (!(a.device() == b.device()))
+    throw InvalidArgument(std::string(op) + ": tensors on " + a.device().str() + " and " +
+                          b.device().str() + " (move one with .to())");
+}
+
+void same_layout(const char* op, const Tensor& a, const Tensor& b) {
+  same_device(op, a, b);
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    throw InvalidArgument(std::string(op) + ": operands " + shape_str(a.shape()) + " " +
+                          dtype_name(a.dtype()) + " and " + shape_str(b.shape()) + " " +
+                          dtype_name(b.dtype()) + " differ in shape or dtype");
+}
+
+#if LOCKSTEP_WITH_CUDA
 // The stream a GPU op runs on, and whether the op must wait for it (see ops.h).
 struct GpuStream {
   Stream stream;
@@ -32,21 +47,6 @@ GpuStream gpu_stream(Device device, const Stream& given) {
   return {Stream::default_for(device), true};
 }
 
-void same_device(const char* op, const Tensor& a, const Tensor& b) {
-  if (!(a.device() == b.device()))
-    throw InvalidArgument(std::string(op) + ": tensors on " + a.device().str() + " and " +
-                          b.device().str() + " (move one with .to())");
-}
-
-void same_layout(const char* op, const Tensor& a, const Tensor& b) {
-  same_device(op, a, b);
-  if (a.shape() != b.shape() || a.dtype() != b.dtype())
-    throw InvalidArgument(std::string(op) + ": operands " + shape_str(a.shape()) + " " +
-                          dtype_name(a.dtype()) + " and " + shape_str(b.shape()) + " " +
-                          dtype_name(b.dtype()) + " differ in shape or dtype");
-}
-
-#if LOCKSTEP_WITH_CUDA
 // One GEMM workspace per (device, stream): cuBLASLt may use it until the
 // GEMM finishes, so two streams must not share one. Kept for the process.
 void* gemm_workspace(Device device, kernels::CudaStream stream) {

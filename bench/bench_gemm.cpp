@@ -1,0 +1,177 @@
+// bench_gemm: GFLOP/s of lockstep's GEMM (core::ops::matmul, the path layers
+// use) against the raw library call on the same buffers in the same run:
+// cblas_sgemm (OpenBLAS) on the CPU, cublasGemmEx on a GPU. f16/bf16 on the
+// CPU are reported without a baseline: OpenBLAS 0.3.21 has no half GEMM.
+#include <cblas.h>
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "engine/core/device.h"
+#include "engine/core/ops.h"
+#include "engine/core/random.h"
+#include "kernels/gemm.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include <cublas_v2.h>
+
+#include "kernels/cuda/check.h"
+#endif
+
+using namespace lockstep;
+using namespace lockstep::core;
+
+namespace {
+
+struct Shape3 {
+  std::string kind;  // "square", "mlp-fwd", "mlp-dgrad", "mlp-wgrad"
+  std::int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+
+// Square sizes, and the three GEMMs of a Linear layer (in -> out, batch B):
+// forward y = x W^T, input gradient dx = dy W, weight gradient dW = dy^T x.
+std::vector<Shape3> shapes_for(const std::vector<std::int64_t>& squares, std::int64_t batch,
+                               std::int64_t in, std::int64_t out) {
+  std::vector<Shape3> shapes;
+  for (std::int64_t s : squares) shapes.push_back({"square", s, s, s, false, false});
+  shapes.push_back({"mlp-fwd", batch, out, in, false, true});
+  shapes.push_back({"mlp-dgrad", batch, in, out, false, false});
+  shapes.push_back({"mlp-wgrad", out, in, batch, true, false});
+  return shapes;
+}
+
+struct Result {
+  double lockstep_gflops;
+  std::optional<double> raw_gflops;
+};
+
+Tensor random_tensor(const core::Shape& shape, DType type, Device device, std::uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  Generator(seed).normal(t);
+  return t.cast(type).to(device);
+}
+
+Result run_cpu(const Shape3& s, DType type, int trials, double batch_s) {
+  Tensor a = random_tensor(s.trans_a ? core::Shape{s.k, s.m} : core::Shape{s.m, s.k}, type,
+                           Device::cpu(), 1);
+  Tensor b = random_tensor(s.trans_b ? core::Shape{s.n, s.k} : core::Shape{s.k, s.n}, type,
+                           Device::cpu(), 2);
+  Tensor c = Tensor::zeros({s.m, s.n}, type == DType::f32 ? DType::f32 : type);
+  const double flop = 2.0 * s.m * s.n * s.k;
+  auto ours = [&] { ops::matmul(a, b, c, {.trans_a = s.trans_a, .trans_b = s.trans_b}); };
+  auto no_sync = [] {};
+  if (type != DType::f32)
+    return {flop / bench::median_seconds(ours, no_sync, trials, batch_s) / 1e9, std::nullopt};
+  auto raw = [&] {
+    cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
+                s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data_as<float>(),
+                a.dim(1), b.data_as<float>(), b.dim(1), 0.0f, c.data_as<float>(), c.dim(1));
+  };
+  const auto [t_ours, t_raw] = bench::compare_seconds(ours, raw, no_sync, trials, batch_s);
+  return {flop / t_ours / 1e9, flop / t_raw / 1e9};
+}
+
+#if LOCKSTEP_WITH_CUDA
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::f16 ? CUDA_R_16F : t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+Result run_cuda(const Shape3& s, DType type, int trials, double batch_s) {
+  const Device gpu = Device::cuda(0);
+  Stream stream = Stream::create(gpu);
+  Tensor a = random_tensor(s.trans_a ? core::Shape{s.k, s.m} : core::Shape{s.m, s.k}, type, gpu, 1);
+  Tensor b = random_tensor(s.trans_b ? core::Shape{s.n, s.k} : core::Shape{s.k, s.n}, type, gpu, 2);
+  Tensor c = Tensor::zeros({s.m, s.n}, type, gpu);
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    LOCKSTEP_CHECK_CUBLAS(cublasCreate(&h));
+    return h;
+  }();
+  LOCKSTEP_CHECK_CUBLAS(cublasSetStream(handle, stream.handle()));
+  const float alpha = 1.0f, beta = 0.0f;
+  auto ours = [&] { ops::matmul(a, b, c, {.trans_a = s.trans_a, .trans_b = s.trans_b}, stream); };
+  // Row-major through column-major cuBLAS: C^T = op(B)^T op(A)^T.
+  auto raw = [&] {
+    LOCKSTEP_CHECK_CUBLAS(cublasGemmEx(
+        handle, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, s.n,
+        s.m, s.k, &alpha, b.data(), cuda_type(type), b.dim(1), a.data(), cuda_type(type), a.dim(1),
+        &beta, c.data(), cuda_type(type), c.dim(1), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  auto sync = [&] { stream.synchronize(); };
+  const double flop = 2.0 * s.m * s.n * s.k;
+  const auto [t_ours, t_raw] = bench::compare_seconds(ours, raw, sync, trials, batch_s);
+  return {flop / t_ours / 1e9, flop / t_raw / 1e9};
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_gemm: lockstep GEMM throughput against the raw BLAS call"};
+  std::string device_text = "cpu", json_path;
+  std::vector<std::string> dtype_names{"f32", "f16", "bf16"};
+  std::vector<std::int64_t> squares;
+  int threads = 1, trials = 5;
+  double batch_s = 0.1;
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", dtype_names, "input dtypes (C is the same type)")
+      ->capture_default_str();
+  app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)");
+  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")->capture_default_str();
+  app.add_option("--trials", trials, "timed batches per measurement (median reported)")
+      ->capture_default_str();
+  app.add_option("--batch-seconds", batch_s, "length of one timed batch")->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device device = parse_device(device_text);
+    require_usable(device);
+    kernels::cpu::set_gemm_threads(threads);
+    if (squares.empty())
+      squares = device.is_cuda() ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
+                                 : std::vector<std::int64_t>{128, 256, 512, 1024, 2048};
+    const auto shapes = device.is_cuda() ? shapes_for(squares, 8192, 4096, 4096)
+                                         : shapes_for(squares, 256, 784, 1024);
+    bench::JsonLines json(json_path);
+    fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14} {:>14} {:>7}\n", "shape", "m", "n", "k",
+               "dtype", "lockstep GF/s", device.is_cuda() ? "cuBLAS GF/s" : "OpenBLAS GF/s",
+               "ratio");
+    for (const std::string& name : dtype_names) {
+      const DType type = name == "f16" ? DType::f16 : name == "bf16" ? DType::bf16 : DType::f32;
+      if (name != dtype_name(type))
+        throw InvalidArgument("--dtype '" + name + "' is not f32, f16 or bf16");
+      for (const Shape3& s : shapes) {
+#if LOCKSTEP_WITH_CUDA
+        const Result r = device.is_cuda() ? run_cuda(s, type, trials, batch_s)
+                                          : run_cpu(s, type, trials, batch_s);
+#else
+        const Result r = run_cpu(s, type, trials, batch_s);
+#endif
+        std::optional<double> ratio;
+        if (r.raw_gflops) ratio = r.lockstep_gflops / *r.raw_gflops;
+        fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14.1f} {:>14} {:>7}\n", s.kind, s.m, s.n, s.k,
+                   name, r.lockstep_gflops,
+                   r.raw_gflops ? fmt::format("{:.1f}", *r.raw_gflops) : "-",
+                   ratio ? fmt::format("{:.3f}", *ratio) : "-");
+        json.write({bench::field("bench", "gemm"), bench::field("shape", s.kind),
+                    bench::field("m", static_cast<long long>(s.m)),
+                    bench::field("n", static_cast<long long>(s.n)),
+                    bench::field("k", static_cast<long long>(s.k)), bench::field("dtype", name),
+                    bench::field("device", device.str()),
+                    bench::field("threads", static_cast<long long>(device.is_cuda() ? 0 : threads)),
+                    bench::field("lockstep_gflops", r.lockstep_gflops),
+                    bench::field("raw_gflops", r.raw_gflops), bench::field("ratio", ratio)});
+      }
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_gemm: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

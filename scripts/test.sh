@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# README's test command: installs the Debian packages, builds lockstep (with
+# CUDA when nvcc is found) and runs the whole test suite with ctest.
+# Extra arguments go to cmake's configure step (e.g. -DLOCKSTEP_WITH_CUDA=OFF).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+build=${LOCKSTEP_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build "$build"
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
