@@ -10,7 +10,7 @@ packages=(
   catch2 libfmt-dev libopenblas-dev libcli11-dev
   clang-format
   dataset-fashion-mnist
-  python3-matplotlib
+  python3-matplotlib python3-h5py
 )
 
 missing=()
