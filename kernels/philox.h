@@ -1,12 +1,14 @@
 // Philox4x32-10 random numbers (Salmon et al., "Parallel random numbers: as
 // easy as 1, 2, 3", SC'11), on CPU and CUDA with identical bits.
 //
-// Note [Philox stream]: a generator's whole state is (seed, offset). The stream
+// Note [Philox stream]: a stream is named by a PhiloxKey (seed, stream id) and
 // is a sequence of 32-bit words; word w is lane w % 4 of the Philox block with
-// counter (w / 4 as 64 bits, 0, 0) and key (seed as 64 bits). A request for n
-// values starts at word `offset` and uses philox_words_used(kind, n) words, so
-// any element can be computed independently: no running state, nothing to
-// serialise but 16 bytes.
+// counter (w / 4 as 64 bits, stream id as 64 bits) and key (seed as 64 bits).
+// A request for n values starts at word `offset` and uses
+// philox_words_used(kind, n) words, so any element can be computed on its own:
+// a Generator's whole state is (seed, offset) on stream 0, and keyed users
+// (dropout: stream from (step, layer), offset from the global sample index)
+// need no state at all.
 #pragma once
 
 #include <array>
@@ -21,6 +23,11 @@ namespace lockstep::kernels {
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,
                                            std::array<std::uint32_t, 2> key);
 
+struct PhiloxKey {
+  std::uint64_t seed = 0;
+  std::uint64_t stream = 0;
+};
+
 enum class RandomKind { words, uniform, normal, bernoulli };
 
 // Words of the stream consumed by a request of n values: n, except normal,
@@ -32,22 +39,21 @@ constexpr std::int64_t philox_words_used(RandomKind kind, std::int64_t n) {
 // words: raw 32-bit words. uniform: [0, 1) from the top 24 bits of a word.
 // normal: Box-Muller from two words. bernoulli: 1 where uniform < keep_prob.
 namespace cpu {
-void random_words(std::uint64_t seed, std::uint64_t offset, std::uint32_t* out, std::int64_t n);
-void uniform(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n);
-void normal(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n, float mean,
+void random_words(PhiloxKey key, std::uint64_t offset, std::uint32_t* out, std::int64_t n);
+void uniform(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n);
+void normal(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n, float mean,
             float stddev);
-void bernoulli_mask(std::uint64_t seed, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
+void bernoulli_mask(PhiloxKey key, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
                     float keep_prob);
 }  // namespace cpu
 
 namespace cuda {
-void random_words(std::uint64_t seed, std::uint64_t offset, std::uint32_t* out, std::int64_t n,
+void random_words(PhiloxKey key, std::uint64_t offset, std::uint32_t* out, std::int64_t n,
                   CudaStream stream);
-void uniform(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n,
-             CudaStream stream);
-void normal(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n, float mean,
+void uniform(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n, CudaStream stream);
+void normal(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n, float mean,
             float stddev, CudaStream stream);
-void bernoulli_mask(std::uint64_t seed, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
+void bernoulli_mask(PhiloxKey key, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
                     float keep_prob, CudaStream stream);
 }  // namespace cuda
 

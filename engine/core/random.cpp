@@ -33,23 +33,25 @@ void dispatch(const Tensor& out, [[maybe_unused]] const Stream& stream, OnCpu on
 
 void Generator::uniform(Tensor& out, const Stream& stream) {
   require_dtype("uniform", out, DType::f32);
-  const auto [seed, offset] = state_;
+  const kernels::PhiloxKey key{state_.seed, 0};
+  const std::uint64_t offset = state_.offset;
   float* dst = out.data_as<float>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::uniform(seed, offset, dst, n); },
-      [&](kernels::CudaStream s) { kernels::cuda::uniform(seed, offset, dst, n, s); });
+      out, stream, [&] { kernels::cpu::uniform(key, offset, dst, n); },
+      [&](kernels::CudaStream s) { kernels::cuda::uniform(key, offset, dst, n, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::uniform, n);
 }
 
 void Generator::normal(Tensor& out, float mean, float stddev, const Stream& stream) {
   require_dtype("normal", out, DType::f32);
-  const auto [seed, offset] = state_;
+  const kernels::PhiloxKey key{state_.seed, 0};
+  const std::uint64_t offset = state_.offset;
   float* dst = out.data_as<float>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::normal(seed, offset, dst, n, mean, stddev); },
-      [&](kernels::CudaStream s) { kernels::cuda::normal(seed, offset, dst, n, mean, stddev, s); });
+      out, stream, [&] { kernels::cpu::normal(key, offset, dst, n, mean, stddev); },
+      [&](kernels::CudaStream s) { kernels::cuda::normal(key, offset, dst, n, mean, stddev, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::normal, n);
 }
 
@@ -58,25 +60,27 @@ void Generator::bernoulli_mask(Tensor& out, float keep_prob, const Stream& strea
   if (!(keep_prob >= 0.0f && keep_prob <= 1.0f))
     throw InvalidArgument("Generator::bernoulli_mask: keep_prob " + std::to_string(keep_prob) +
                           " is outside [0, 1]");
-  const auto [seed, offset] = state_;
+  const kernels::PhiloxKey key{state_.seed, 0};
+  const std::uint64_t offset = state_.offset;
   std::uint8_t* dst = out.data_as<std::uint8_t>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::bernoulli_mask(seed, offset, dst, n, keep_prob); },
+      out, stream, [&] { kernels::cpu::bernoulli_mask(key, offset, dst, n, keep_prob); },
       [&](kernels::CudaStream s) {
-        kernels::cuda::bernoulli_mask(seed, offset, dst, n, keep_prob, s);
+        kernels::cuda::bernoulli_mask(key, offset, dst, n, keep_prob, s);
       });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::bernoulli, n);
 }
 
 void Generator::words(Tensor& out, const Stream& stream) {
   require_dtype("words", out, DType::i32);
-  const auto [seed, offset] = state_;
+  const kernels::PhiloxKey key{state_.seed, 0};
+  const std::uint64_t offset = state_.offset;
   auto* dst = reinterpret_cast<std::uint32_t*>(out.data_as<std::int32_t>());
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::random_words(seed, offset, dst, n); },
-      [&](kernels::CudaStream s) { kernels::cuda::random_words(seed, offset, dst, n, s); });
+      out, stream, [&] { kernels::cpu::random_words(key, offset, dst, n); },
+      [&](kernels::CudaStream s) { kernels::cuda::random_words(key, offset, dst, n, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::words, n);
 }
 

@@ -15,32 +15,36 @@ std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,
 }
 
 namespace cpu {
+namespace {
+std::uint32_t word(PhiloxKey key, std::uint64_t w) {
+  return detail::philox_word(key.seed, key.stream, w);
+}
+}  // namespace
 
-void random_words(std::uint64_t seed, std::uint64_t offset, std::uint32_t* out, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::philox_word(seed, offset + i);
+void random_words(PhiloxKey key, std::uint64_t offset, std::uint32_t* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = word(key, offset + i);
 }
 
-void uniform(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = detail::word_to_uniform(detail::philox_word(seed, offset + i));
+void uniform(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = detail::word_to_uniform(word(key, offset + i));
 }
 
-void normal(std::uint64_t seed, std::uint64_t offset, float* out, std::int64_t n, float mean,
+void normal(PhiloxKey key, std::uint64_t offset, float* out, std::int64_t n, float mean,
             float stddev) {
   constexpr float kTwoPi = 6.283185307179586f;
   for (std::int64_t pair = 0; 2 * pair < n; ++pair) {
-    const float u1 = detail::word_to_uniform_open0(detail::philox_word(seed, offset + 2 * pair));
-    const float u2 = detail::word_to_uniform(detail::philox_word(seed, offset + 2 * pair + 1));
+    const float u1 = detail::word_to_uniform_open0(word(key, offset + 2 * pair));
+    const float u2 = detail::word_to_uniform(word(key, offset + 2 * pair + 1));
     const float radius = std::sqrt(-2.0f * std::log(u1));
     out[2 * pair] = mean + stddev * radius * std::cos(kTwoPi * u2);
     if (2 * pair + 1 < n) out[2 * pair + 1] = mean + stddev * radius * std::sin(kTwoPi * u2);
   }
 }
 
-void bernoulli_mask(std::uint64_t seed, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
+void bernoulli_mask(PhiloxKey key, std::uint64_t offset, std::uint8_t* out, std::int64_t n,
                     float keep_prob) {
   for (std::int64_t i = 0; i < n; ++i)
-    out[i] = detail::word_to_uniform(detail::philox_word(seed, offset + i)) < keep_prob ? 1 : 0;
+    out[i] = detail::word_to_uniform(word(key, offset + i)) < keep_prob ? 1 : 0;
 }
 
 }  // namespace cpu

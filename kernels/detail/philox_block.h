@@ -41,13 +41,18 @@ LOCKSTEP_HOST_DEVICE PhiloxBlock philox_block(std::uint32_t c0, std::uint32_t c1
   return PhiloxBlock{{c0, c1, c2, c3}};
 }
 
-// Word w of the stream for `seed` (Note [Philox stream]).
-LOCKSTEP_HOST_DEVICE std::uint32_t philox_word(std::uint64_t seed, std::uint64_t w) {
-  const std::uint64_t block = w >> 2;
-  const PhiloxBlock r =
-      philox_block(static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0u,
-                   0u, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
-  return r.v[w & 3];
+// Block b of stream (seed, stream) (Note [Philox stream] in kernels/philox.h).
+LOCKSTEP_HOST_DEVICE PhiloxBlock philox_stream_block(std::uint64_t seed, std::uint64_t stream,
+                                                     std::uint64_t block) {
+  return philox_block(static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+                      static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32),
+                      static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+}
+
+// Word w of stream (seed, stream).
+LOCKSTEP_HOST_DEVICE std::uint32_t philox_word(std::uint64_t seed, std::uint64_t stream,
+                                               std::uint64_t w) {
+  return philox_stream_block(seed, stream, w >> 2).v[w & 3];
 }
 
 // [0, 1): exact in f32, so CPU and CUDA agree bit for bit.

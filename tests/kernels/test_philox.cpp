@@ -19,13 +19,14 @@ TEST_CASE("philox4x32-10 reproduces the Random123 known-answer vectors", "[kerne
 }
 
 TEST_CASE("the word stream is the Philox blocks laid end to end", "[kernels][philox]") {
-  const std::uint64_t seed = 0x123456789abcdefull;
+  const std::uint64_t seed = 0x123456789abcdefull, stream = 0xfedcba9876543210ull;
   std::vector<std::uint32_t> words(13);
-  cpu::random_words(seed, 5, words.data(), 13);  // starts mid-block, ends mid-block
+  cpu::random_words({seed, stream}, 5, words.data(), 13);  // starts mid-block, ends mid-block
   for (std::uint64_t w = 5; w < 18; ++w) {
     const std::uint64_t block = w / 4;
     const auto r = philox4x32_10(
-        {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0, 0},
+        {static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+         static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)},
         {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
     CHECK(words[w - 5] == r[w % 4]);
   }
@@ -33,16 +34,16 @@ TEST_CASE("the word stream is the Philox blocks laid end to end", "[kernels][phi
 
 TEST_CASE("consecutive requests continue one stream", "[kernels][philox]") {
   std::vector<float> whole(1000), first(333), rest(667);
-  cpu::uniform(9, 0, whole.data(), 1000);
-  cpu::uniform(9, 0, first.data(), 333);
-  cpu::uniform(9, philox_words_used(RandomKind::uniform, 333), rest.data(), 667);
+  cpu::uniform({9, 0}, 0, whole.data(), 1000);
+  cpu::uniform({9, 0}, 0, first.data(), 333);
+  cpu::uniform({9, 0}, philox_words_used(RandomKind::uniform, 333), rest.data(), 667);
   first.insert(first.end(), rest.begin(), rest.end());
   CHECK(first == whole);
 
   std::vector<float> normals(100), head(40), tail(60);
-  cpu::normal(9, 0, normals.data(), 100, 0.0f, 1.0f);
-  cpu::normal(9, 0, head.data(), 40, 0.0f, 1.0f);
-  cpu::normal(9, philox_words_used(RandomKind::normal, 40), tail.data(), 60, 0.0f, 1.0f);
+  cpu::normal({9, 0}, 0, normals.data(), 100, 0.0f, 1.0f);
+  cpu::normal({9, 0}, 0, head.data(), 40, 0.0f, 1.0f);
+  cpu::normal({9, 0}, philox_words_used(RandomKind::normal, 40), tail.data(), 60, 0.0f, 1.0f);
   head.insert(head.end(), tail.begin(), tail.end());
   CHECK(head == normals);
   CHECK(philox_words_used(RandomKind::normal, 41) == 42);
@@ -54,8 +55,8 @@ TEST_CASE("consecutive requests continue one stream", "[kernels][philox]") {
 TEST_CASE("uniforms, normals and masks have the right moments", "[kernels][philox]") {
   const std::int64_t n = 1 << 20;
   std::vector<float> u(n), z(n);
-  cpu::uniform(42, 0, u.data(), n);
-  cpu::normal(42, 7, z.data(), n, 2.0f, 3.0f);
+  cpu::uniform({42, 0}, 0, u.data(), n);
+  cpu::normal({42, 0}, 7, z.data(), n, 2.0f, 3.0f);
   double su = 0, su2 = 0, sz = 0, sz2 = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     REQUIRE(u[i] >= 0.0f);
@@ -71,7 +72,7 @@ TEST_CASE("uniforms, normals and masks have the right moments", "[kernels][philo
   CHECK(std::fabs(var_z - 9.0) < 6 * 9.0 * std::sqrt(2.0) / 1024);
 
   std::vector<std::uint8_t> mask(n);
-  cpu::bernoulli_mask(42, 0, mask.data(), n, 0.9f);
+  cpu::bernoulli_mask({42, 0}, 0, mask.data(), n, 0.9f);
   double kept = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     REQUIRE(mask[i] <= 1);
