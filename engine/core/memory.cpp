@@ -17,7 +17,7 @@
 namespace lockstep::core {
 namespace {
 
-constexpr std::size_t kCpuAlignment = 64;
+constexpr std::size_t kCpuAlignment = 256;  // as cudaMalloc: flat-buffer views stay aligned
 constexpr int kMaxGpus = 64;
 
 struct Counter {

@@ -1,4 +1,5 @@
-// Memory for tensors. CPU: 64-byte aligned (a cache line, and AVX-512 loads).
+// Memory for tensors. CPU: 256-byte aligned, like cudaMalloc (so 256-byte
+// aligned views of a flat buffer are aligned in memory too; also cache lines).
 // Pinned host: cudaHostAlloc when a GPU is usable, else plain aligned memory.
 // GPU: CUDA's stream-ordered pool (cudaMallocAsync), with the release
 // threshold raised so freed blocks stay cached and the training loop never

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "engine/core/dispatch.h"
 #include "kernels/philox.h"
 
 namespace lockstep::core {
@@ -14,21 +15,6 @@ void require_dtype(const char* op, const Tensor& t, DType want) {
                           ", expected " + dtype_name(want));
 }
 
-// Runs on_cpu() for a CPU tensor, or on_gpu(stream handle) for a GPU one; a
-// CPU stream means the device's default stream, waited on (as in ops.h).
-template <typename OnCpu, typename OnGpu>
-void dispatch(const Tensor& out, [[maybe_unused]] const Stream& stream, OnCpu on_cpu,
-              [[maybe_unused]] OnGpu on_gpu) {
-  if (!out.device().is_cuda()) return on_cpu();
-#if LOCKSTEP_WITH_CUDA
-  const bool synchronous = !stream.device().is_cuda();
-  if (synchronous) set_current_device(out.device());
-  const Stream s = synchronous ? Stream::default_for(out.device()) : stream;
-  on_gpu(s.handle());
-  if (synchronous) s.synchronize();
-#endif
-}
-
 }  // namespace
 
 void Generator::uniform(Tensor& out, const Stream& stream) {
@@ -38,7 +24,7 @@ void Generator::uniform(Tensor& out, const Stream& stream) {
   float* dst = out.data_as<float>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::uniform(key, offset, dst, n); },
+      out.device(), stream, [&] { kernels::cpu::uniform(key, offset, dst, n); },
       [&](kernels::CudaStream s) { kernels::cuda::uniform(key, offset, dst, n, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::uniform, n);
 }
@@ -50,7 +36,7 @@ void Generator::normal(Tensor& out, float mean, float stddev, const Stream& stre
   float* dst = out.data_as<float>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::normal(key, offset, dst, n, mean, stddev); },
+      out.device(), stream, [&] { kernels::cpu::normal(key, offset, dst, n, mean, stddev); },
       [&](kernels::CudaStream s) { kernels::cuda::normal(key, offset, dst, n, mean, stddev, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::normal, n);
 }
@@ -65,7 +51,7 @@ void Generator::bernoulli_mask(Tensor& out, float keep_prob, const Stream& strea
   std::uint8_t* dst = out.data_as<std::uint8_t>();
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::bernoulli_mask(key, offset, dst, n, keep_prob); },
+      out.device(), stream, [&] { kernels::cpu::bernoulli_mask(key, offset, dst, n, keep_prob); },
       [&](kernels::CudaStream s) {
         kernels::cuda::bernoulli_mask(key, offset, dst, n, keep_prob, s);
       });
@@ -79,7 +65,7 @@ void Generator::words(Tensor& out, const Stream& stream) {
   auto* dst = reinterpret_cast<std::uint32_t*>(out.data_as<std::int32_t>());
   const std::int64_t n = out.numel();
   dispatch(
-      out, stream, [&] { kernels::cpu::random_words(key, offset, dst, n); },
+      out.device(), stream, [&] { kernels::cpu::random_words(key, offset, dst, n); },
       [&](kernels::CudaStream s) { kernels::cuda::random_words(key, offset, dst, n, s); });
   state_.offset += kernels::philox_words_used(kernels::RandomKind::words, n);
 }

@@ -1,0 +1,104 @@
+// Sequential and Residual (engine/nn/containers.h).
+#include "engine/nn/containers.h"
+
+#include "engine/core/dispatch.h"
+#include "engine/core/ops.h"
+#include "kernels/activation.h"
+
+namespace lockstep::engine {
+
+Sequential& Sequential::add(std::unique_ptr<Module> child) {
+  return add(std::to_string(unnamed_), std::move(child));
+}
+
+Sequential& Sequential::add(const std::string& name, std::unique_ptr<Module> child) {
+  add_child(name, std::move(child));
+  ++unnamed_;
+  return *this;
+}
+
+core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
+  core::Tensor h = x;
+  for (Module* child : children()) h = child->forward(h, ctx);
+  return h;
+}
+
+core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
+  core::Tensor g = dy;
+  const std::vector<Module*> chain = children();
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    g = (*it)->backward(g, ctx);
+    (*it)->report_ready(ctx);
+  }
+  return g;
+}
+
+Residual::Residual(std::unique_ptr<Sequential> inner, std::unique_ptr<Module> shortcut,
+                   const std::string& shortcut_name, bool relu_after_add)
+    : Module("Residual"), relu_after_add_(relu_after_add) {
+  inner_ = static_cast<Sequential*>(&add_child("", std::move(inner)));
+  shortcut_ = shortcut ? &add_child(shortcut_name, std::move(shortcut)) : nullptr;
+}
+
+core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
+  core::Tensor a = inner_->forward(x, ctx);
+  core::Tensor b = shortcut_ ? shortcut_->forward(x, ctx) : x;
+  if (a.shape() != b.shape())
+    throw InvalidArgument(describe() + ": inner branch gives " + core::shape_str(a.shape()) +
+                          " but the shortcut gives " + core::shape_str(b.shape()) +
+                          " (give the shortcut a downsample that matches)");
+  core::Tensor y = core::Tensor::empty(a.shape(), a.dtype(), a.device(), ctx.stream);
+  core::ops::add(a, b.dtype() == a.dtype() ? b : b.cast(a.dtype(), ctx.stream), y, ctx.stream);
+  if (relu_after_add_) {
+    core::dispatch(
+        y.device(), ctx.stream,
+        [&] {
+          kernels::cpu::activation_forward(kernels::Activation::relu, y.data(), y.data(), y.dtype(),
+                                           y.numel());
+        },
+        [&](kernels::CudaStream s) {
+          kernels::cuda::activation_forward(kernels::Activation::relu, y.data(), y.data(),
+                                            y.dtype(), y.numel(), s);
+        });
+    if (training()) output_ = y;
+  }
+  return y;
+}
+
+core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
+  core::Tensor g = dy;
+  if (relu_after_add_) {
+    const core::Tensor d =
+        dy.dtype() == output_.dtype() ? dy : dy.cast(output_.dtype(), ctx.stream);
+    g = core::Tensor::empty(d.shape(), d.dtype(), d.device(), ctx.stream);
+    core::dispatch(
+        g.device(), ctx.stream,
+        [&] {
+          kernels::cpu::activation_backward(kernels::Activation::relu, d.data(), output_.data(),
+                                            g.data(), g.dtype(), g.numel());
+        },
+        [&](kernels::CudaStream s) {
+          kernels::cuda::activation_backward(kernels::Activation::relu, d.data(), output_.data(),
+                                             g.data(), g.dtype(), g.numel(), s);
+        });
+    output_ = core::Tensor();
+  }
+  core::Tensor dx = inner_->backward(g, ctx);
+  inner_->report_ready(ctx);
+  core::Tensor d_short = g;
+  if (shortcut_) {
+    d_short = shortcut_->backward(g, ctx);
+    shortcut_->report_ready(ctx);
+  }
+  core::Tensor sum = core::Tensor::empty(dx.shape(), dx.dtype(), dx.device(), ctx.stream);
+  core::ops::add(dx, d_short.dtype() == dx.dtype() ? d_short : d_short.cast(dx.dtype(), ctx.stream),
+                 sum, ctx.stream);
+  return sum;
+}
+
+void Residual::append_ready_order(std::vector<Parameter*>& out) {
+  inner_->append_ready_order(out);
+  if (shortcut_) shortcut_->append_ready_order(out);
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,25 @@
+// Embedding: a lookup table weight [vocab, dim] (init normal(0, 1), as
+// PyTorch) indexed by integer tensors (i64 or i32) of any shape; the output
+// is f32 [..., dim]. Its backward returns no input gradient (indices have none).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/nn/module.h"
+
+namespace lockstep::engine {
+
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t vocab, std::int64_t dim);
+  core::Tensor forward(const core::Tensor& indices, Context& ctx) override;
+  core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  void reset_parameters(core::Generator& rng) override;
+
+ private:
+  std::int64_t vocab_, dim_;
+  Parameter* weight_;
+  core::Tensor indices_;
+};
+
+}  // namespace lockstep::engine

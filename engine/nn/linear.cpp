@@ -1,0 +1,92 @@
+// Linear (engine/nn/linear.h).
+#include "engine/nn/linear.h"
+
+#include <cmath>
+#include <string>
+
+#include "engine/core/dispatch.h"
+#include "engine/core/ops.h"
+#include "kernels/bias.h"
+
+namespace lockstep::engine {
+
+void init_uniform(core::Tensor& value, core::Generator& rng, float bound) {
+  if (value.device().is_cuda())
+    throw InvalidArgument("init_uniform: initialise parameters before moving them to a GPU");
+  rng.uniform(value);
+  float* v = value.data_as<float>();
+  for (std::int64_t i = 0; i < value.numel(); ++i) v[i] = (2.0f * v[i] - 1.0f) * bound;
+}
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
+    : Module("Linear"), in_features_(in_features), out_features_(out_features) {
+  if (in_features <= 0 || out_features <= 0)
+    throw InvalidArgument("Linear(" + std::to_string(in_features) + ", " +
+                          std::to_string(out_features) + "): sizes must be positive");
+  weight_ = &add_parameter("weight", {out_features, in_features}, ParamRole::weight);
+  if (bias) bias_ = &add_parameter("bias", {out_features}, ParamRole::bias);
+}
+
+void Linear::reset_parameters(core::Generator& rng) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
+  init_uniform(weight_->value, rng, bound);
+  if (bias_) init_uniform(bias_->value, rng, bound);
+}
+
+const core::Tensor& Linear::weight_as(DType type, const core::Stream& stream) {
+  if (type == DType::f32) return weight_->value;
+  if (!low_weight_.defined() || low_weight_.dtype() != type ||
+      low_weight_version_ != weight_->version || low_weight_source_ != weight_->value.data()) {
+    low_weight_ = weight_->value.cast(type, stream);
+    low_weight_version_ = weight_->version;
+    low_weight_source_ = weight_->value.data();
+  }
+  return low_weight_;
+}
+
+core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
+  if (x.shape().size() != 2 || x.dim(1) != in_features_)
+    shape_error(x, "expects [batch, " + std::to_string(in_features_) +
+                       "] (check the previous layer's output size)");
+  const DType type = ctx.autocast.value_or(DType::f32);
+  const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
+  core::Tensor y = core::Tensor::empty({x.dim(0), out_features_}, type, x.device(), ctx.stream);
+  core::ops::matmul(input, weight_as(type, ctx.stream), y, {.trans_b = true}, ctx.stream);
+  if (bias_) {
+    const float* b = bias_->value.data_as<float>();
+    const std::int64_t rows = y.dim(0);
+    core::dispatch(
+        y.device(), ctx.stream,
+        [&] { kernels::cpu::add_bias(y.data(), type, b, rows, out_features_); },
+        [&](kernels::CudaStream s) {
+          kernels::cuda::add_bias(y.data(), type, b, rows, out_features_, s);
+        });
+  }
+  input_ = training() ? input : core::Tensor();
+  return y;
+}
+
+core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
+  if (!input_.defined())
+    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  const DType type = input_.dtype();
+  const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
+  if (weight_->requires_grad)  // dW += dy^T x, straight into the f32 gradient
+    core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = 1.0f}, ctx.stream);
+  if (bias_ && bias_->requires_grad) {
+    float* db = bias_->grad.data_as<float>();
+    const std::int64_t rows = g.dim(0);
+    core::dispatch(
+        g.device(), ctx.stream,
+        [&] { kernels::cpu::bias_grad(g.data(), type, rows, out_features_, db); },
+        [&](kernels::CudaStream s) {
+          kernels::cuda::bias_grad(g.data(), type, rows, out_features_, db, s);
+        });
+  }
+  core::Tensor dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
+  core::ops::matmul(g, weight_as(type, ctx.stream), dx, {}, ctx.stream);
+  input_ = core::Tensor();
+  return dx;
+}
+
+}  // namespace lockstep::engine

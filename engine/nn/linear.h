@@ -1,0 +1,43 @@
+// Linear: y = x W^T + b for x [batch, in_features], W [out, in] (PyTorch's
+// layout). Under autocast the GEMMs run in f16/bf16 with f32 accumulation on a
+// low-precision copy of W made once per weight version (once per optimizer
+// step, not per micro-batch), and dW lands in the f32 gradient directly
+// (GEMM with an f32 C and beta = 1).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/nn/module.h"
+
+namespace lockstep::engine {
+
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true);
+
+  core::Tensor forward(const core::Tensor& x, Context& ctx) override;
+  core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  void reset_parameters(core::Generator& rng) override;
+
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  // The weight in `type`: the f32 value itself, or the cached low copy.
+  const core::Tensor& weight_as(DType type, const core::Stream& stream);
+
+  std::int64_t in_features_, out_features_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  core::Tensor input_;  // in the compute type, kept for backward (training only)
+  core::Tensor low_weight_;
+  std::uint64_t low_weight_version_ = 0;
+  const void* low_weight_source_ = nullptr;  // the f32 storage it was cast from
+};
+
+// PyTorch's default init for Linear and Conv2d: kaiming_uniform_(a = sqrt(5)) on
+// the weight and uniform(+-1/sqrt(fan_in)) on the bias, which both reduce to
+// uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)). The tensor must be on the CPU.
+void init_uniform(core::Tensor& value, core::Generator& rng, float bound);
+
+}  // namespace lockstep::engine

@@ -1,0 +1,117 @@
+// Cross-entropy, MSE and accuracy (engine/nn/loss.h).
+#include "engine/nn/loss.h"
+
+#include <string>
+
+#include "engine/core/dispatch.h"
+#include "engine/core/ops.h"
+#include "kernels/classification.h"
+
+namespace lockstep::engine {
+namespace {
+
+kernels::ClassificationShape classification_shape(const char* who, const core::Tensor& logits,
+                                                  const core::Tensor& labels,
+                                                  std::int64_t ignore_index) {
+  if (logits.shape().size() != 2)
+    throw InvalidArgument(std::string(who) + ": logits have shape " +
+                          core::shape_str(logits.shape()) + ", expected [rows, classes]");
+  if (labels.shape() != core::Shape{logits.dim(0)} ||
+      (labels.dtype() != DType::i64 && labels.dtype() != DType::i32))
+    throw InvalidArgument(std::string(who) + ": labels are " + core::shape_str(labels.shape()) +
+                          " " + dtype_name(labels.dtype()) + ", expected [" +
+                          std::to_string(logits.dim(0)) + "] i64 or i32");
+  if (!(labels.device() == logits.device()))
+    throw InvalidArgument(std::string(who) + ": labels on " + labels.device().str() +
+                          ", logits on " + logits.device().str());
+  return {logits.dim(0), logits.dim(1), ignore_index, labels.dtype()};
+}
+
+core::Tensor as_f32(const core::Tensor& t, const core::Stream& stream) {
+  return t.dtype() == DType::f32 ? t : t.cast(DType::f32, stream);
+}
+
+}  // namespace
+
+core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits, const core::Tensor& labels,
+                                       Context& ctx) {
+  const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
+  const core::Tensor x = as_f32(logits, ctx.stream);
+  const core::Device device = x.device();
+  probs_ = core::Tensor::empty(x.shape(), DType::f32, device, ctx.stream);
+  count_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  core::Tensor loss = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  const float* in = x.data_as<float>();
+  float *probs = probs_.data_as<float>(), *out = loss.data_as<float>(),
+        *count = count_.data_as<float>();
+  core::dispatch(
+      device, ctx.stream,
+      [&] { kernels::cpu::softmax_xent_forward(s, in, labels.data(), probs, out, count); },
+      [&](kernels::CudaStream stream) {
+        core::Tensor workspace = core::Tensor::empty({2 * s.rows}, DType::f32, device, ctx.stream);
+        kernels::cuda::softmax_xent_forward(s, in, labels.data(), probs, out, count,
+                                            workspace.data(), stream);
+      });
+  labels_ = labels;
+  logits_dtype_ = logits.dtype();
+  return loss;
+}
+
+core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
+  if (!probs_.defined()) throw InvalidArgument("CrossEntropyLoss: backward without a forward");
+  const auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
+  core::Tensor dlogits =
+      core::Tensor::empty(probs_.shape(), DType::f32, probs_.device(), ctx.stream);
+  const float *probs = probs_.data_as<float>(), *count = count_.data_as<float>();
+  float* out = dlogits.data_as<float>();
+  core::dispatch(
+      probs_.device(), ctx.stream,
+      [&] { kernels::cpu::softmax_xent_backward(s, probs, labels_.data(), count, dloss, out); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::softmax_xent_backward(s, probs, labels_.data(), count, dloss, out, stream);
+      });
+  probs_ = labels_ = core::Tensor();
+  return logits_dtype_ == DType::f32 ? dlogits : dlogits.cast(logits_dtype_, ctx.stream);
+}
+
+core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor& target,
+                              Context& ctx) {
+  if (prediction.shape() != target.shape())
+    throw InvalidArgument("MSELoss: prediction " + core::shape_str(prediction.shape()) +
+                          " and target " + core::shape_str(target.shape()) + " differ in shape");
+  prediction_dtype_ = prediction.dtype();
+  diff_ = core::Tensor::empty(prediction.shape(), DType::f32, prediction.device(), ctx.stream);
+  diff_.copy_from(as_f32(prediction, ctx.stream), ctx.stream);
+  core::ops::axpy(-1.0f, as_f32(target, ctx.stream), diff_, ctx.stream);
+  core::Tensor loss = core::ops::sum_squares(diff_, ctx.stream);
+  core::ops::scale(loss, 1.0f / static_cast<float>(std::max<std::int64_t>(1, diff_.numel())),
+                   ctx.stream);
+  return loss;
+}
+
+core::Tensor MSELoss::backward(float dloss, Context& ctx) {
+  if (!diff_.defined()) throw InvalidArgument("MSELoss: backward without a forward");
+  core::Tensor grad = diff_;  // d/dp mean((p - t)^2) = 2 (p - t) / n
+  core::ops::scale(grad, 2.0f * dloss / static_cast<float>(std::max<std::int64_t>(1, grad.numel())),
+                   ctx.stream);
+  diff_ = core::Tensor();
+  return prediction_dtype_ == DType::f32 ? grad : grad.cast(prediction_dtype_, ctx.stream);
+}
+
+core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,
+                           const core::Stream& stream, std::int64_t ignore_index) {
+  const auto s = classification_shape("count_correct", logits, labels, ignore_index);
+  const core::Tensor x = as_f32(logits, stream);
+  core::Tensor correct = core::Tensor::empty({1}, DType::f32, x.device(), stream);
+  const float* in = x.data_as<float>();
+  float* out = correct.data_as<float>();
+  core::dispatch(
+      x.device(), stream, [&] { kernels::cpu::count_correct(s, in, labels.data(), out); },
+      [&](kernels::CudaStream cuda_stream) {
+        core::Tensor workspace = core::Tensor::empty({2 * s.rows}, DType::f32, x.device(), stream);
+        kernels::cuda::count_correct(s, in, labels.data(), out, workspace.data(), cuda_stream);
+      });
+  return correct;
+}
+
+}  // namespace lockstep::engine

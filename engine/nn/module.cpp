@@ -1,0 +1,124 @@
+// Module tree bookkeeping (engine/nn/module.h): names, traversal, ready order.
+#include "engine/nn/module.h"
+
+#include "kernels/error.h"
+
+namespace lockstep::engine {
+namespace {
+std::string join(const std::string& path, const std::string& name) {
+  if (name.empty()) return path;
+  return path.empty() ? name : path + "." + name;
+}
+}  // namespace
+
+std::string Module::describe() const {
+  return type_name_ + " '" + (path_.empty() ? "<root>" : path_) + "'";
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (Child& c : children_) c.module->train(on);
+}
+
+void Module::assign_names(const std::string& path) {
+  path_ = path;
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i].name = join(path, parameter_names_[i]);
+  for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i].name = join(path, buffer_names_[i]);
+  for (Child& c : children_) c.module->assign_names(join(path, c.name));
+}
+
+std::vector<Module*> Module::children() const {
+  std::vector<Module*> out;
+  for (const Child& c : children_) out.push_back(c.module.get());
+  return out;
+}
+
+std::vector<Parameter*> Module::own_parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter& p : parameters_) out.push_back(&p);
+  return out;
+}
+
+std::vector<Buffer*> Module::own_buffers() {
+  std::vector<Buffer*> out;
+  for (Buffer& b : buffers_) out.push_back(&b);
+  return out;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out = own_parameters();
+  for (Child& c : children_)
+    for (Parameter* p : c.module->parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<Buffer*> Module::buffers() {
+  std::vector<Buffer*> out = own_buffers();
+  for (Child& c : children_)
+    for (Buffer* b : c.module->buffers()) out.push_back(b);
+  return out;
+}
+
+std::vector<Parameter*> Module::ready_order() {
+  std::vector<Parameter*> out;
+  append_ready_order(out);
+  return out;
+}
+
+void Module::append_ready_order(std::vector<Parameter*>& out) {
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it)
+    it->module->append_ready_order(out);
+  for (Parameter& p : parameters_)
+    if (p.requires_grad) out.push_back(&p);
+}
+
+void Module::report_ready(Context& ctx) {
+  if (!ctx.on_grad_ready) return;
+  for (Parameter& p : parameters_)
+    if (p.requires_grad) ctx.on_grad_ready(p);
+}
+
+Parameter& Module::add_parameter(const std::string& name, const core::Shape& shape,
+                                 ParamRole role) {
+  Parameter& p = parameters_.emplace_back();
+  parameter_names_.push_back(name);
+  p.name = join(path_, name);
+  p.role = role;
+  p.value = core::Tensor::zeros(shape, DType::f32);
+  p.grad = core::Tensor::zeros(shape, DType::f32);
+  return p;
+}
+
+Buffer& Module::add_buffer(const std::string& name, core::Tensor value) {
+  Buffer& b = buffers_.emplace_back();
+  buffer_names_.push_back(name);
+  b.name = join(path_, name);
+  b.value = std::move(value);
+  return b;
+}
+
+Module& Module::add_child(const std::string& name, std::unique_ptr<Module> child) {
+  if (!child) throw InvalidArgument(describe() + ": child '" + name + "' is null");
+  Module& ref = *child;
+  children_.push_back({name, std::move(child)});
+  ref.assign_names(join(path_, name));
+  ref.train(training_);
+  return ref;
+}
+
+void Module::shape_error(const core::Tensor& x, const std::string& expected) const {
+  throw InvalidArgument(describe() + ": input has shape " + core::shape_str(x.shape()) + ", " +
+                        expected);
+}
+
+void initialize(Module& root, std::uint64_t seed) {
+  core::Generator rng(seed);
+  std::function<void(Module&)> visit = [&](Module& m) {
+    m.reset_parameters(rng);
+    for (Module* c : m.children()) visit(*c);
+  };
+  visit(root);
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,134 @@
+// Module: a layer or a container of layers with an explicit backward, in the
+// style of Torch7's nn. forward(x) keeps what backward needs (in training
+// mode only); backward(dy) accumulates parameter gradients and returns dx.
+// Parameters and buffers have dotted names from the tree (fc1.weight) and
+// PyTorch's layouts, so weights move to and from PyTorch by name.
+//
+// Note [grad-ready order]: after a child's backward, its container reports the
+// child's own parameters as ready through Context::on_grad_ready. The order is
+// static and known before the first step (ready_order()): a leaf reports its
+// parameters in registration order, Sequential reports its children last to
+// first, Residual its inner branch and then its shortcut. ParameterStore lays
+// the flat buffers out in this order, so gradient buckets are contiguous.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/random.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+
+namespace lockstep::engine {
+
+// What a parameter is, for optimizer groups (no weight decay on biases and
+// normalisation parameters is the usual choice).
+enum class ParamRole { weight, bias, norm };
+
+struct Parameter {
+  std::string name;    // dotted path from the root, once names are assigned
+  core::Tensor value;  // f32
+  core::Tensor grad;   // f32, same shape; undefined while frozen
+  ParamRole role = ParamRole::weight;
+  bool requires_grad = true;
+  // Bumped whenever `value` changes (optimizer step, load): modules key
+  // caches derived from the value (the autocast low-precision copy) on it.
+  std::uint64_t version = 0;
+};
+
+struct Buffer {
+  std::string name;
+  core::Tensor value;
+};
+
+// What one forward/backward call needs besides its input.
+struct Context {
+  core::Stream stream;
+  // f16 or bf16: Linear and Conv2d compute in that type (f32 accumulation).
+  std::optional<DType> autocast;
+  // Dropout masks are Philox at (seed, stream from (step, layer), global sample
+  // index): the same for a sample whatever the number of ranks.
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;
+  std::int64_t first_sample = 0;  // global index of this micro-batch's row 0
+  // Called once per trainable parameter when its gradient is complete
+  // (Note [grad-ready order]); may be empty.
+  std::function<void(Parameter&)> on_grad_ready;
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual core::Tensor forward(const core::Tensor& x, Context& ctx) = 0;
+  virtual core::Tensor backward(const core::Tensor& dy, Context& ctx) = 0;
+  // PyTorch's default initialisation of this module's own parameters.
+  virtual void reset_parameters(core::Generator& /*rng*/) {}
+
+  const std::string& type_name() const { return type_name_; }
+  // Dotted path from the root ("layer1.0.conv1"); "" for the root.
+  const std::string& path() const { return path_; }
+  // "Linear 'fc2'": how error messages name a layer.
+  std::string describe() const;
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  // Gives every module its path and every parameter and buffer its dotted
+  // name. Call on the root once the tree is built (ParameterStore does).
+  void assign_names(const std::string& path = "");
+
+  // The tree, in forward (registration) order.
+  std::vector<Module*> children() const;
+  std::vector<Parameter*> parameters();  // recursive
+  std::vector<Buffer*> buffers();        // recursive
+  std::vector<Parameter*> own_parameters();
+  std::vector<Buffer*> own_buffers();
+  // Trainable parameters in the order their gradients become ready.
+  std::vector<Parameter*> ready_order();
+
+  // Reports this module's own trainable parameters to ctx.on_grad_ready;
+  // containers call it on each child after that child's backward.
+  void report_ready(Context& ctx);
+  // Appends this subtree's trainable parameters in ready order; containers
+  // whose backward visits children differently override it.
+  virtual void append_ready_order(std::vector<Parameter*>& out);
+
+ protected:
+  Parameter& add_parameter(const std::string& name, const core::Shape& shape, ParamRole role);
+  Buffer& add_buffer(const std::string& name, core::Tensor value);
+  // Takes ownership; a child added with an empty name is transparent in
+  // dotted names (its children appear at this module's level).
+  Module& add_child(const std::string& name, std::unique_ptr<Module> child);
+  // Throws InvalidArgument naming this layer, the input shape and what it expects.
+  [[noreturn]] void shape_error(const core::Tensor& x, const std::string& expected) const;
+
+ private:
+  struct Child {
+    std::string name;
+    std::unique_ptr<Module> module;
+  };
+  std::string type_name_;
+  std::string path_;
+  bool training_ = true;
+  std::deque<Parameter> parameters_;  // deque: references stay valid
+  std::vector<std::string> parameter_names_;
+  std::deque<Buffer> buffers_;
+  std::vector<std::string> buffer_names_;
+  std::vector<Child> children_;
+};
+
+// Draws every parameter's initial value from Philox(seed), module by module in
+// forward order, so that a seed reproduces a model.
+void initialize(Module& root, std::uint64_t seed);
+
+}  // namespace lockstep::engine

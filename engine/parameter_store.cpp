@@ -1,0 +1,55 @@
+// ParameterStore (engine/parameter_store.h).
+#include "engine/parameter_store.h"
+
+#include "engine/core/ops.h"
+
+namespace lockstep::engine {
+
+ParameterStore::ParameterStore(Module& model, core::Device device, const core::Stream& stream)
+    : device_(device) {
+  model.assign_names();
+  std::int64_t offset = 0;
+  for (Parameter* p : model.ready_order()) {
+    slots_.push_back({p, offset, p->value.numel()});
+    index_[p] = slots_.size() - 1;
+    offset += (p->value.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
+  }
+  values_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
+  grads_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
+  for (const Slot& s : slots_) {
+    Parameter& p = *s.parameter;
+    core::Tensor view = values_.view(s.offset, p.value.shape());
+    view.copy_from(p.value, stream);
+    p.value = view;
+    p.grad = grads_.view(s.offset, view.shape());
+    ++p.version;
+  }
+  for (Parameter* p : model.parameters()) {
+    if (p->requires_grad) continue;
+    if (!(p->value.device() == device)) p->value = p->value.to(device, stream);
+    p->grad = core::Tensor();
+    ++p->version;
+  }
+  for (Buffer* b : model.buffers())
+    if (!(b->value.device() == device)) b->value = b->value.to(device, stream);
+}
+
+std::size_t ParameterStore::index_of(const Parameter& p) const {
+  auto it = index_.find(&p);
+  if (it == index_.end())
+    throw InvalidArgument("parameter '" + p.name +
+                          "' is not in this ParameterStore (frozen, or from another model)");
+  return it->second;
+}
+
+void ParameterStore::zero_grad(const core::Stream& stream) { grads_.fill_(0.0, stream); }
+
+core::Tensor ParameterStore::make_state_buffer(const core::Stream& stream) const {
+  return core::Tensor::zeros({values_.numel()}, DType::f32, device_, stream);
+}
+
+void ParameterStore::bump_versions() {
+  for (const Slot& s : slots_) ++s.parameter->version;
+}
+
+}  // namespace lockstep::engine

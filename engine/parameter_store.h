@@ -1,0 +1,58 @@
+// ParameterStore: every trainable parameter of a model in one flat f32 value
+// buffer and one flat f32 gradient buffer, laid out in ready order (Note
+// [grad-ready order] in engine/nn/module.h), each parameter at a 256-byte
+// aligned offset. Each Parameter's value and grad become views into them.
+// Consequences, all intended: a gradient bucket is a contiguous slice (no copy
+// for an f32 allreduce); zero_grad is one fill; optimizer state gets flat
+// buffers of the same layout, updated by a few launches driven by slots().
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/nn/module.h"
+
+namespace lockstep::engine {
+
+class ParameterStore {
+ public:
+  static constexpr std::int64_t kAlignElements = 64;  // 256 bytes of f32
+
+  struct Slot {
+    Parameter* parameter;
+    std::int64_t offset;  // elements into the flat buffers
+    std::int64_t numel;
+  };
+
+  // Names the tree (Module::assign_names), moves every parameter and buffer of
+  // `model` to `device`, and re-points trainable parameters into the flat
+  // buffers (values copied, gradients zeroed). Frozen parameters keep their own
+  // value and no gradient.
+  ParameterStore(Module& model, core::Device device, const core::Stream& stream = {});
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+
+  core::Device device() const { return device_; }
+  const std::vector<Slot>& slots() const { return slots_; }  // ready order
+  core::Tensor& values() { return values_; }
+  core::Tensor& grads() { return grads_; }
+  std::int64_t size() const { return values_.numel(); }  // elements, padding included
+  // Position of `p` in slots(); throws InvalidArgument for a foreign parameter.
+  std::size_t index_of(const Parameter& p) const;
+
+  void zero_grad(const core::Stream& stream = {});
+  // A zero-filled flat buffer with this layout, for optimizer state.
+  core::Tensor make_state_buffer(const core::Stream& stream = {}) const;
+  // Marks every value as changed (Parameter::version), after an optimizer
+  // step or a load wrote the flat value buffer.
+  void bump_versions();
+
+ private:
+  core::Device device_;
+  std::vector<Slot> slots_;
+  std::unordered_map<const Parameter*, std::size_t> index_;
+  core::Tensor values_, grads_;
+};
+
+}  // namespace lockstep::engine

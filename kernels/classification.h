@@ -1,0 +1,53 @@
+// Softmax cross-entropy and accuracy over f32 logits [rows, classes] with
+// integer labels (i64 or i32) [rows]. Rows whose label is ignore_index do not
+// count: the loss is the mean over the counted rows (PyTorch's reduction
+// 'mean' with ignore_index). Results are one-element f32 outputs in the
+// logits' memory, so a GPU step needs no host synchronisation.
+//
+// A label outside [0, classes) that is not ignore_index is an error on the
+// CPU; on CUDA (which cannot throw from a kernel) such a row is not counted,
+// and the data loader is what checks labels against the model's classes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/stream.h"
+
+namespace lockstep::kernels {
+
+struct ClassificationShape {
+  std::int64_t rows = 0;
+  std::int64_t classes = 0;
+  std::int64_t ignore_index = -100;
+  DType label_type = DType::i64;
+};
+
+namespace cpu {
+// probs: softmax of the logits, kept for backward. loss and count: f32[1].
+void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
+                          float* probs, float* loss, float* count);
+// dlogits = (probs - onehot(label)) * dloss / count on counted rows, 0 elsewhere.
+void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
+                           const float* count, float dloss, float* dlogits);
+// correct: f32[1], rows whose largest logit (first on ties) is the label.
+void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
+                   float* correct);
+}  // namespace cpu
+
+namespace cuda {
+// Scratch the CUDA forward and count_correct need: 2 * rows f32 values.
+inline std::size_t classification_workspace_bytes(std::int64_t rows) {
+  return static_cast<std::size_t>(2 * rows) * sizeof(float);
+}
+void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
+                          float* probs, float* loss, float* count, void* workspace,
+                          CudaStream stream);
+void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
+                           const float* count, float dloss, float* dlogits, CudaStream stream);
+void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
+                   float* correct, void* workspace, CudaStream stream);
+}  // namespace cuda
+
+}  // namespace lockstep::kernels

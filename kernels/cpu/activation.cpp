@@ -1,0 +1,30 @@
+// CPU activations (kernels/activation.h).
+#include "kernels/activation.h"
+
+#include "kernels/detail/activation_math.h"
+#include "kernels/detail/cpu_float.h"
+
+namespace lockstep::kernels::cpu {
+
+void activation_forward(Activation act, const void* x, void* y, DType type, std::int64_t n) {
+  detail::require_float(type, "activation_forward");
+  if (type == DType::f32) {
+    const auto* in = static_cast<const float*>(x);
+    auto* out = static_cast<float*>(y);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::activation_value(act, in[i]);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i)
+    detail::store_f32(y, type, i, detail::activation_value(act, detail::load_f32(x, type, i)));
+}
+
+void activation_backward(Activation act, const void* dy, const void* x, void* dx, DType type,
+                         std::int64_t n) {
+  detail::require_float(type, "activation_backward");
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float d = detail::activation_derivative(act, detail::load_f32(x, type, i));
+    detail::store_f32(dx, type, i, detail::load_f32(dy, type, i) * d);
+  }
+}
+
+}  // namespace lockstep::kernels::cpu

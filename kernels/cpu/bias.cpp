@@ -1,0 +1,33 @@
+// CPU bias and bias gradient (kernels/bias.h).
+#include "kernels/bias.h"
+
+#include <vector>
+
+#include "kernels/detail/cpu_float.h"
+
+namespace lockstep::kernels::cpu {
+
+void add_bias(void* y, DType type, const float* bias, std::int64_t rows, std::int64_t cols) {
+  detail::require_float(type, "add_bias");
+  if (type == DType::f32) {
+    auto* out = static_cast<float*>(y);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) out[i * cols + j] += bias[j];
+    return;
+  }
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const std::int64_t k = i * cols + j;
+      detail::store_f32(y, type, k, detail::load_f32(y, type, k) + bias[j]);
+    }
+}
+
+void bias_grad(const void* dy, DType type, std::int64_t rows, std::int64_t cols, float* db) {
+  detail::require_float(type, "bias_grad");
+  std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) acc[j] += detail::load_f32(dy, type, i * cols + j);
+  for (std::int64_t j = 0; j < cols; ++j) db[j] = static_cast<float>(db[j] + acc[j]);
+}
+
+}  // namespace lockstep::kernels::cpu

@@ -1,0 +1,79 @@
+// CPU softmax cross-entropy and accuracy (kernels/classification.h).
+#include "kernels/classification.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/error.h"
+
+namespace lockstep::kernels::cpu {
+namespace {
+
+std::int64_t label_at(const ClassificationShape& s, const void* labels, std::int64_t i) {
+  return s.label_type == DType::i32 ? static_cast<const std::int32_t*>(labels)[i]
+                                    : static_cast<const std::int64_t*>(labels)[i];
+}
+
+// The label of row i, or -1 when the row is ignored; throws on out-of-range.
+std::int64_t counted_label(const ClassificationShape& s, const void* labels, std::int64_t i) {
+  const std::int64_t label = label_at(s, labels, i);
+  if (label == s.ignore_index) return -1;
+  if (label < 0 || label >= s.classes)
+    throw InvalidArgument("cross-entropy: label " + std::to_string(label) + " of row " +
+                          std::to_string(i) + " is outside [0, " + std::to_string(s.classes) +
+                          ") (check the dataset's labels against the model's classes)");
+  return label;
+}
+
+}  // namespace
+
+void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
+                          float* probs, float* loss, float* count) {
+  double total = 0.0;
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < s.rows; ++i) {
+    const float* row = logits + i * s.classes;
+    float* p = probs + i * s.classes;
+    float max = row[0];
+    for (std::int64_t j = 1; j < s.classes; ++j) max = std::fmax(max, row[j]);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < s.classes; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+    for (std::int64_t j = 0; j < s.classes; ++j)
+      p[j] = static_cast<float>(std::exp(static_cast<double>(row[j] - max)) / sum);
+    const std::int64_t label = counted_label(s, labels, i);
+    if (label < 0) continue;
+    total += std::log(sum) - static_cast<double>(row[label] - max);
+    ++counted;
+  }
+  *count = static_cast<float>(counted);
+  *loss = counted ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
+}
+
+void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
+                           const float* count, float dloss, float* dlogits) {
+  const float scale = *count > 0 ? dloss / *count : 0.0f;
+  for (std::int64_t i = 0; i < s.rows; ++i) {
+    const std::int64_t label = counted_label(s, labels, i);
+    for (std::int64_t j = 0; j < s.classes; ++j) {
+      const std::int64_t k = i * s.classes + j;
+      dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? 1.0f : 0.0f)) * scale;
+    }
+  }
+}
+
+void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
+                   float* correct) {
+  std::int64_t hits = 0;
+  for (std::int64_t i = 0; i < s.rows; ++i) {
+    const std::int64_t label = counted_label(s, labels, i);
+    if (label < 0) continue;
+    const float* row = logits + i * s.classes;
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < s.classes; ++j)
+      if (row[j] > row[best]) best = j;
+    hits += best == label;
+  }
+  *correct = static_cast<float>(hits);
+}
+
+}  // namespace lockstep::kernels::cpu

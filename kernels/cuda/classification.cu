@@ -1,0 +1,150 @@
+// CUDA softmax cross-entropy and accuracy (kernels/classification.h). One
+// block per row computes the row's softmax and loss into the workspace; one
+// block then adds the rows in order (f64): deterministic, no host sync.
+#include "kernels/classification.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_float.cuh"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+using detail::kThreads;
+
+__device__ std::int64_t label_at(const ClassificationShape& s, const void* labels, std::int64_t i) {
+  return s.label_type == DType::i32 ? static_cast<const std::int32_t*>(labels)[i]
+                                    : static_cast<const std::int64_t*>(labels)[i];
+}
+
+// The row's label when it counts (see the header on out-of-range labels), else -1.
+__device__ std::int64_t counted_label(const ClassificationShape& s, const void* labels,
+                                      std::int64_t i) {
+  const std::int64_t label = label_at(s, labels, i);
+  return (label == s.ignore_index || label < 0 || label >= s.classes) ? -1 : label;
+}
+
+__device__ double block_max(double v, double* lanes) {
+  lanes[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride)
+      lanes[threadIdx.x] = fmax(lanes[threadIdx.x], lanes[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const double r = lanes[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ double block_sum(double v, double* lanes) {
+  lanes[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) lanes[threadIdx.x] += lanes[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double r = lanes[0];
+  __syncthreads();
+  return r;
+}
+
+// row_loss[i], row_counted[i] for one row per block.
+__global__ void xent_rows(ClassificationShape s, const float* logits, const void* labels,
+                          float* probs, float* row_loss, float* row_counted) {
+  __shared__ double lanes[kThreads];
+  const std::int64_t i = blockIdx.x;
+  const float* row = logits + i * s.classes;
+  double m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
+    m = fmax(m, static_cast<double>(row[j]));
+  const float max = static_cast<float>(block_max(m, lanes));
+  double e = 0.0;
+  for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
+    e += exp(static_cast<double>(row[j] - max));
+  const double sum = block_sum(e, lanes);
+  for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
+    probs[i * s.classes + j] = static_cast<float>(exp(static_cast<double>(row[j] - max)) / sum);
+  if (threadIdx.x == 0) {
+    const std::int64_t label = counted_label(s, labels, i);
+    row_counted[i] = label < 0 ? 0.0f : 1.0f;
+    row_loss[i] =
+        label < 0 ? 0.0f : static_cast<float>(log(sum) - static_cast<double>(row[label] - max));
+  }
+}
+
+// out_a = sum(a) / max(sum(b), 1) or sum(a) (divide = false); out_b = sum(b).
+__global__ void finish_rows(const float* a, const float* b, std::int64_t rows, bool divide,
+                            float* out_a, float* out_b) {
+  __shared__ double lanes[kThreads];
+  double sa = 0.0, sb = 0.0;
+  for (std::int64_t i = threadIdx.x; i < rows; i += kThreads) {
+    sa += a[i];
+    sb += b[i];
+  }
+  const double ta = block_sum(sa, lanes), tb = block_sum(sb, lanes);
+  if (threadIdx.x == 0) {
+    *out_a = static_cast<float>(divide ? (tb > 0 ? ta / tb : 0.0) : ta);
+    if (out_b) *out_b = static_cast<float>(tb);
+  }
+}
+
+__global__ void xent_backward_kernel(ClassificationShape s, const float* probs, const void* labels,
+                                     const float* count, float dloss, float* dlogits) {
+  const float scale = *count > 0 ? dloss / *count : 0.0f;
+  const std::int64_t n = s.rows * s.classes;
+  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t i = k / s.classes, j = k % s.classes;
+    const std::int64_t label = counted_label(s, labels, i);
+    dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? 1.0f : 0.0f)) * scale;
+  }
+}
+
+__global__ void correct_rows(ClassificationShape s, const float* logits, const void* labels,
+                             float* row_correct, float* row_counted) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < s.rows;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t label = counted_label(s, labels, i);
+    const float* row = logits + i * s.classes;
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < s.classes; ++j)
+      if (row[j] > row[best]) best = j;
+    row_correct[i] = (label >= 0 && best == label) ? 1.0f : 0.0f;
+    row_counted[i] = label >= 0 ? 1.0f : 0.0f;
+  }
+}
+
+}  // namespace
+
+void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
+                          float* probs, float* loss, float* count, void* workspace,
+                          CudaStream stream) {
+  auto* row_loss = static_cast<float*>(workspace);
+  float* row_counted = row_loss + s.rows;
+  if (s.rows > 0)
+    xent_rows<<<static_cast<unsigned>(s.rows), kThreads, 0, stream>>>(s, logits, labels, probs,
+                                                                      row_loss, row_counted);
+  finish_rows<<<1, kThreads, 0, stream>>>(row_loss, row_counted, s.rows, true, loss, count);
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+}
+
+void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
+                           const float* count, float dloss, float* dlogits, CudaStream stream) {
+  if (s.rows * s.classes == 0) return;
+  xent_backward_kernel<<<detail::grid_for(s.rows * s.classes), kThreads, 0, stream>>>(
+      s, probs, labels, count, dloss, dlogits);
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+}
+
+void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
+                   float* correct, void* workspace, CudaStream stream) {
+  auto* row_correct = static_cast<float*>(workspace);
+  float* row_counted = row_correct + s.rows;
+  if (s.rows > 0)
+    correct_rows<<<detail::grid_for(s.rows), kThreads, 0, stream>>>(s, logits, labels, row_correct,
+                                                                    row_counted);
+  finish_rows<<<1, kThreads, 0, stream>>>(row_correct, row_counted, s.rows, false, correct,
+                                          nullptr);
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace lockstep::kernels::cuda
