@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# README's demo command. Until the training demo lands, it builds lockstep and
-# runs its most complete program: bench_gemm, lockstep's GEMM against
-# OpenBLAS on this machine's CPU (and against cuBLAS on a GPU when one is usable).
+# README's demo command: installs what lockstep needs, builds it, converts
+# Fashion-MNIST (Debian's dataset-fashion-mnist) into HDF5 shards, trains the
+# cnn preset with `mpirun -np 2` (on the GPU when one is usable, else the CPU),
+# prints progress and the final test accuracy, and plots the curves to a PNG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build=${LOCKSTEP_BUILD_DIR:-build}
+out=${LOCKSTEP_DEMO_DIR:-out/demo}
+epochs=${LOCKSTEP_DEMO_EPOCHS:-3}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target bench_gemm
-"$build"/bench/bench_gemm --device cpu --threads 1 --dtype f32 --sizes 256,512,1024 --trials 3
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  "$build"/bench/bench_gemm --device cuda
-fi
+cmake --build "$build" --target lockstep-train lockstep-shard
+
+mkdir -p "$out"
+[ -d "$out/data/train" ] || "$build"/examples/shard/lockstep-shard fashion-mnist \
+  --src /usr/share/datasets/fashion-mnist --out "$out/data" --shards 4
+
+# OpenMPI refuses to run as root unless told that it is on purpose.
+[ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+rm -f "$out/metrics.jsonl"
+mpirun -np 2 --bind-to none "$build"/examples/train/lockstep-train \
+  --data "$out/data/train" --val-data "$out/data/test" --model cnn --epochs "$epochs" \
+  --batch-size 32 --optimizer sgd --lr 0.05 --momentum 0.9 --schedule cosine --warmup 100 \
+  --threads 1 --log-every 100 --metrics "$out/metrics.jsonl" --checkpoint-dir "$out/checkpoints"
+
+/usr/bin/python3 tools/plot_metrics.py "$out/metrics.jsonl" "$out/curves.png"

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin
-  libhdf5-dev hdf5-tools
+  libhdf5-dev hdf5-tools zlib1g-dev
   catch2 libfmt-dev libopenblas-dev libcli11-dev
   clang-format
   dataset-fashion-mnist

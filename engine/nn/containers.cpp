@@ -14,7 +14,19 @@ Sequential& Sequential::add(std::unique_ptr<Module> child) {
 Sequential& Sequential::add(const std::string& name, std::unique_ptr<Module> child) {
   add_child(name, std::move(child));
   ++unnamed_;
+  set_input_grad(input_grad());
   return *this;
+}
+
+// Child i must return dx when this container must, or when a child before it
+// has trainable parameters (whose gradients need that dx).
+void Sequential::set_input_grad(bool on) {
+  Module::set_input_grad(on);
+  bool needed = on;
+  for (Module* child : children()) {
+    child->set_input_grad(needed);
+    needed = needed || !child->ready_order().empty();
+  }
 }
 
 core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
@@ -29,6 +41,7 @@ core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     g = (*it)->backward(g, ctx);
     (*it)->report_ready(ctx);
+    if (!g.defined()) break;  // the children before need no gradient (set_input_grad)
   }
   return g;
 }
@@ -90,10 +103,17 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
     d_short = shortcut_->backward(g, ctx);
     shortcut_->report_ready(ctx);
   }
+  if (!input_grad()) return core::Tensor();
   core::Tensor sum = core::Tensor::empty(dx.shape(), dx.dtype(), dx.device(), ctx.stream);
   core::ops::add(dx, d_short.dtype() == dx.dtype() ? d_short : d_short.cast(dx.dtype(), ctx.stream),
                  sum, ctx.stream);
   return sum;
+}
+
+void Residual::set_input_grad(bool on) {
+  Module::set_input_grad(on);
+  inner_->set_input_grad(on);
+  if (shortcut_) shortcut_->set_input_grad(on);
 }
 
 void Residual::append_ready_order(std::vector<Parameter*>& out) {

@@ -29,6 +29,7 @@ class Sequential : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  void set_input_grad(bool on) override;
 
  private:
   std::size_t unnamed_ = 0;
@@ -46,6 +47,7 @@ class Residual : public Module {
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
   void append_ready_order(std::vector<Parameter*>& out) override;
+  void set_input_grad(bool on) override;
 
  private:
   Sequential* inner_;

@@ -83,8 +83,11 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
           kernels::cuda::bias_grad(g.data(), type, rows, out_features_, db, s);
         });
   }
-  core::Tensor dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
-  core::ops::matmul(g, weight_as(type, ctx.stream), dx, {}, ctx.stream);
+  core::Tensor dx;
+  if (input_grad()) {
+    dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
+    core::ops::matmul(g, weight_as(type, ctx.stream), dx, {}, ctx.stream);
+  }
   input_ = core::Tensor();
   return dx;
 }

@@ -83,6 +83,13 @@ class Module {
   void eval() { train(false); }
   bool training() const { return training_; }
 
+  // Whether backward must return dx. The root's input is data, which needs
+  // no gradient: programs call set_input_grad(false) on the root, containers
+  // pass it to the first layer, and a layer that honours it skips a GEMM or
+  // a convolution (backward then returns an undefined tensor).
+  virtual void set_input_grad(bool on) { input_grad_ = on; }
+  bool input_grad() const { return input_grad_; }
+
   // Gives every module its path and every parameter and buffer its dotted
   // name. Call on the root once the tree is built (ParameterStore does).
   void assign_names(const std::string& path = "");
@@ -120,6 +127,7 @@ class Module {
   std::string type_name_;
   std::string path_;
   bool training_ = true;
+  bool input_grad_ = true;
   std::deque<Parameter> parameters_;  // deque: references stay valid
   std::vector<std::string> parameter_names_;
   std::deque<Buffer> buffers_;

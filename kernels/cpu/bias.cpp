@@ -25,8 +25,14 @@ void add_bias(void* y, DType type, const float* bias, std::int64_t rows, std::in
 void bias_grad(const void* dy, DType type, std::int64_t rows, std::int64_t cols, float* db) {
   detail::require_float(type, "bias_grad");
   std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) acc[j] += detail::load_f32(dy, type, i * cols + j);
+  if (type == DType::f32) {
+    const auto* g = static_cast<const float*>(dy);
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) acc[j] += g[i * cols + j];
+  } else {
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) acc[j] += detail::load_f32(dy, type, i * cols + j);
+  }
   for (std::int64_t j = 0; j < cols; ++j) db[j] = static_cast<float>(db[j] + acc[j]);
 }
 

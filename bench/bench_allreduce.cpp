@@ -1,0 +1,362 @@
+// bench_allreduce: lockstep's allreduce against the raw library call on the
+// same buffers in the same run (MPI_Allreduce on host buffers, ncclAllReduce
+// on a GPU), 4 KiB to 256 MiB, with nccl-tests' algbw and busbw; then the
+// gradient synchroniser's own cost: a synthetic backward pass with
+// synchronisation against the same pass without, at the ranks it runs on.
+// Run it under mpiexec (e.g. mpiexec -n 2); rank 0 prints and writes JSON.
+#include <fmt/core.h>
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "comm/gradient_synchronizer.h"
+#include "comm/host_buffer.h"
+#include "comm/world.h"
+#include "engine/core/ops.h"
+#include "engine/core/random.h"
+#include "kernels/gemm.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include "comm/detail/check_nccl.h"
+#include "comm/detail/nccl_communicator.h"
+#endif
+
+using namespace lockstep;
+using comm::ReduceOp;
+using core::Tensor;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::vector<std::int64_t> sizes;
+  int trials = 5;
+  bool huge_pages = true;
+  bench::JsonLines* json = nullptr;
+};
+
+// The slowest rank's seconds: a collective is as fast as its last rank.
+double slowest(MPI_Comm comm, double seconds) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return seconds;
+}
+
+// Median seconds per call of `ours` and `raw`, in alternating batches. Every
+// rank runs the same number of calls (a collective cannot be calibrated per
+// rank): enough for about 64 MiB per batch, at least 2 and at most 20000.
+template <typename Ours, typename Raw, typename Sync>
+std::pair<double, std::optional<double>> time_pair(MPI_Comm comm, std::int64_t bytes, int trials,
+                                                   Ours&& ours, std::optional<Raw> raw,
+                                                   Sync&& sync) {
+  const int calls = static_cast<int>(std::clamp<std::int64_t>((64 << 20) / bytes, 2, 20000));
+  auto batch = [&](auto&& run) {
+    MPI_Barrier(comm);
+    const auto start = Clock::now();
+    for (int i = 0; i < calls; ++i) run();
+    sync();
+    return slowest(comm, std::chrono::duration<double>(Clock::now() - start).count()) / calls;
+  };
+  batch(ours);  // warm-up: connections, first-touch of pages
+  if (raw) batch(*raw);
+  std::vector<double> a, b;
+  for (int t = 0; t < trials; ++t) {
+    a.push_back(batch(ours));
+    if (raw) b.push_back(batch(*raw));
+  }
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::optional<double> raw_s;
+  if (raw) raw_s = b[b.size() / 2];
+  return {a[a.size() / 2], raw_s};
+}
+
+void report_row(const Config& config, int ranks, const std::string& device, std::int64_t bytes,
+                DType dtype, ReduceOp op, double ours_s, std::optional<double> raw_s) {
+  const double bus_factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 0.0;
+  const double algbw = static_cast<double>(bytes) / ours_s / 1e9;
+  std::optional<double> raw_busbw, ratio;
+  if (raw_s) {
+    raw_busbw = static_cast<double>(bytes) / *raw_s / 1e9 * bus_factor;
+    ratio = *raw_s / ours_s;  // equals the busbw ratio, and is defined at one rank
+  }
+  fmt::print("{:>11} {:>5} {:>4} {:>11.1f} {:>9.2f} {:>9.2f} {:>11} {:>9} {:>7}\n", bytes,
+             dtype_name(dtype), comm::reduce_op_name(op), ours_s * 1e6, algbw, algbw * bus_factor,
+             raw_s ? fmt::format("{:.1f}", *raw_s * 1e6) : "-",
+             raw_busbw ? fmt::format("{:.2f}", *raw_busbw) : "-",
+             ratio ? fmt::format("{:.3f}", *ratio) : "-");
+  config.json->write(
+      {bench::field("bench", "allreduce"), bench::field("device", device),
+       bench::field("ranks", static_cast<long long>(ranks)),
+       bench::field("size_bytes", static_cast<long long>(bytes)),
+       bench::field("dtype", dtype_name(dtype)), bench::field("op", comm::reduce_op_name(op)),
+       bench::field("huge_pages", config.huge_pages ? "yes" : "no"),
+       bench::field("lockstep_time_us", ours_s * 1e6), bench::field("lockstep_algbw_gbs", algbw),
+       bench::field("lockstep_busbw_gbs", algbw * bus_factor),
+       bench::field("raw_time_us", raw_s ? std::optional(*raw_s * 1e6) : std::nullopt),
+       bench::field("raw_busbw_gbs", raw_busbw), bench::field("ratio", ratio)});
+}
+
+void print_header(bool rank0, const char* raw_name) {
+  if (!rank0) return;
+  fmt::print("{:>11} {:>5} {:>4} {:>11} {:>9} {:>9} {:>11} {:>9} {:>7}\n", "bytes", "dtype", "op",
+             "lockstep us", "algbw", "busbw", fmt::format("{} us", raw_name), "raw busbw", "ratio");
+}
+
+// Host buffers: lockstep's MPI communicator against MPI_Allreduce on the same
+// buffer. MPI has no 16-bit float type, so those rows have no baseline; avg
+// (sum, then a division pass) is compared with the raw sum, the closest MPI has.
+void run_host(comm::World& world, const Config& config, const std::vector<DType>& dtypes) {
+  MPI_Comm raw_comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+  const bool rank0 = world.rank() == 0;
+  print_header(rank0, "MPI");
+  for (DType dtype : dtypes)
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      if (dtype != DType::f32 && op == ReduceOp::avg) continue;
+      for (std::int64_t bytes : config.sizes) {
+        const std::int64_t count = bytes / static_cast<std::int64_t>(dtype_size(dtype));
+        Tensor buffer = config.huge_pages ? comm::empty_host_buffer({count}, dtype)
+                                          : Tensor::empty({count}, dtype);
+        buffer.fill_(0.0);  // sums of zeros stay zero however often they run
+        void* data = buffer.data();
+        auto ours = [&] { world.host().allreduce(data, count, dtype, op); };
+        std::optional<std::function<void()>> raw;
+        if (dtype == DType::f32)
+          raw = [&] {
+            MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                          raw_comm);
+          };
+        const auto [ours_s, raw_s] = time_pair(raw_comm, bytes, config.trials, ours, raw, [] {});
+        if (rank0) report_row(config, world.size(), "cpu", bytes, dtype, op, ours_s, raw_s);
+      }
+    }
+  MPI_Comm_free(&raw_comm);
+}
+
+#if LOCKSTEP_WITH_CUDA
+// Device buffers: lockstep's NCCL communicator against ncclAllReduce on the
+// same communicator, buffer and stream.
+void run_gpu(comm::World& world, const Config& config, const std::vector<DType>& dtypes) {
+  auto& nccl = dynamic_cast<comm::detail::NcclCommunicator&>(world.for_device(world.device()));
+  const core::Stream stream = core::Stream::create(world.device());
+  const bool rank0 = world.rank() == 0;
+  print_header(rank0, "NCCL");
+  for (DType dtype : dtypes)
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
+      for (std::int64_t bytes : config.sizes) {
+        const std::int64_t count = bytes / static_cast<std::int64_t>(dtype_size(dtype));
+        Tensor buffer = Tensor::zeros({count}, dtype, world.device(), stream);
+        void* data = buffer.data();
+        const ncclDataType_t type = dtype == DType::f16    ? ncclFloat16
+                                    : dtype == DType::bf16 ? ncclBfloat16
+                                                           : ncclFloat32;
+        auto ours = [&] { nccl.allreduce(data, count, dtype, op, stream); };
+        std::optional<std::function<void()>> raw = [&] {
+          LOCKSTEP_CHECK_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), type,
+                                            op == ReduceOp::sum ? ncclSum : ncclAvg, nccl.handle(),
+                                            stream.handle()));
+        };
+        const auto [ours_s, raw_s] = time_pair(MPI_COMM_WORLD, bytes, config.trials, ours, raw,
+                                               [&] { stream.synchronize(); });
+        if (rank0)
+          report_row(config, world.size(), world.device().str(), bytes, dtype, op, ours_s, raw_s);
+      }
+}
+#endif
+
+// The synthetic backward pass of an MLP: per layer, from the last, the input
+// gradient (dy W) and the weight gradient (dy^T x) as GEMMs into the flat
+// gradient buffer, then the weight's and bias's readiness.
+struct SyntheticModel {
+  int layers, width, batch;
+  Tensor gradients;
+  std::vector<comm::GradientSegment> segments;
+  std::vector<Tensor> weights;
+  Tensor x, dy, dx;
+
+  SyntheticModel(int layers_, int width_, int batch_)
+      : layers(layers_), width(width_), batch(batch_) {
+    std::int64_t offset = 0;
+    for (int l = layers - 1; l >= 0; --l)
+      for (bool bias : {true, false}) {
+        const core::Shape shape = bias ? core::Shape{width} : core::Shape{width, width};
+        segments.push_back({fmt::format("fc{}.{}", l, bias ? "bias" : "weight"), offset,
+                            core::shape_numel(shape), shape});
+        offset = (offset + core::shape_numel(shape) + 63) / 64 * 64;
+      }
+    gradients = comm::empty_host_buffer({offset}, DType::f32);
+    gradients.fill_(0.0);
+    core::Generator rng(1);
+    for (int l = 0; l < layers; ++l) {
+      weights.push_back(Tensor::empty({width, width}, DType::f32));
+      rng.normal(weights.back(), 0.0f, 0.02f);
+    }
+    x = Tensor::empty({batch, width}, DType::f32);
+    dy = Tensor::empty({batch, width}, DType::f32);
+    dx = Tensor::empty({batch, width}, DType::f32);
+    rng.normal(x, 0.0f, 1.0f);
+    rng.normal(dy, 0.0f, 1.0f);
+  }
+
+  void backward(comm::GradientSynchronizer& sync) {
+    for (int l = layers - 1; l >= 0; --l) {
+      const std::size_t bias = static_cast<std::size_t>(2 * (layers - 1 - l));
+      Tensor db = gradients.view(segments[bias].offset, {width});
+      db.fill_(0.5);
+      sync.mark_ready(bias);
+      core::ops::matmul(dy, weights[static_cast<std::size_t>(l)], dx);
+      Tensor dw = gradients.view(segments[bias + 1].offset, {width, width});
+      core::ops::matmul(dy, x, dw, {.trans_a = true});
+      sync.mark_ready(bias + 1);
+    }
+  }
+};
+
+// Median over steps of the slowest rank's step time.
+template <typename Step>
+double median_step_seconds(int steps, Step&& step) {
+  step();  // warm-up
+  std::vector<double> seconds;
+  for (int s = 0; s < steps; ++s) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = Clock::now();
+    step();
+    seconds.push_back(
+        slowest(MPI_COMM_WORLD, std::chrono::duration<double>(Clock::now() - start).count()));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+void run_overlap(comm::World& world, const Config& config, int layers, int width, int batch,
+                 int steps) {
+  const bool rank0 = world.rank() == 0;
+  if (rank0)
+    fmt::print(
+        "\nsynchroniser cost, synthetic backward: {} layers {}x{}, batch {}, {} ranks\n"
+        "{:>10} {:>8} {:>12} {:>12} {:>11} {:>11} {:>9} {:>9}\n",
+        layers, width, width, batch, world.size(), "bucket MiB", "buckets", "no sync ms",
+        "synced ms", "comm ms", "exposed ms", "exposed", "hidden");
+  for (std::size_t cap_mib : {std::size_t{25}, std::size_t{4}}) {
+    SyntheticModel model(layers, width, batch);
+    comm::GradientSynchronizer sync(
+        world.host(),
+        {Tensor::zeros({model.gradients.numel()}, DType::f32), model.gradients, model.segments, {}},
+        {.bucket_cap_bytes = cap_mib << 20, .first_bucket_cap_bytes = std::size_t{1} << 20});
+    std::int64_t step = 0;
+    const double alone = median_step_seconds(steps, [&] {
+      auto guard = sync.no_sync();
+      model.backward(sync);
+    });
+    const double synced = median_step_seconds(steps, [&] {
+      sync.begin_step(step++);
+      model.backward(sync);
+      sync.finish();
+    });
+    const double comm_only = median_step_seconds(steps, [&] {
+      sync.begin_step(step++);
+      for (std::size_t s = 0; s < model.segments.size(); ++s) sync.mark_ready(s);
+      sync.finish();
+    });
+    const double exposed = std::max(0.0, synced - alone);
+    const double share = exposed / synced;
+    const double hidden = comm_only > 0 ? std::max(0.0, 1.0 - exposed / comm_only) : 1.0;
+    if (!rank0) continue;
+    fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>11.2f} {:>11.2f} {:>8.1f}% {:>8.1f}%\n",
+               cap_mib, sync.buckets().size(), alone * 1e3, synced * 1e3, comm_only * 1e3,
+               exposed * 1e3, share * 100, hidden * 100);
+    config.json->write(
+        {bench::field("bench", "sync_overlap"), bench::field("device", "cpu"),
+         bench::field("ranks", static_cast<long long>(world.size())),
+         bench::field("layers", static_cast<long long>(layers)),
+         bench::field("width", static_cast<long long>(width)),
+         bench::field("batch", static_cast<long long>(batch)),
+         bench::field("bucket_cap_mib", static_cast<long long>(cap_mib)),
+         bench::field("buckets", static_cast<long long>(sync.buckets().size())),
+         bench::field("step_ms_without_sync", alone * 1e3),
+         bench::field("step_ms_with_sync", synced * 1e3),
+         bench::field("comm_ms_alone", comm_only * 1e3), bench::field("exposed_ms", exposed * 1e3),
+         bench::field("exposed_share", share), bench::field("hidden_share", hidden)});
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "bench_allreduce: lockstep's allreduce against the raw MPI/NCCL call, and the "
+      "gradient synchroniser's exposed communication (run under mpiexec)"};
+  std::string device_text = "cpu", json_path;
+  std::vector<std::string> dtype_names{"f32", "bf16"};
+  Config config;
+  bool no_huge_pages = false, skip_overlap = false, skip_allreduce = false;
+  int layers = 8, width = 1024, batch = 64, steps = 10;
+  app.add_option("--device", device_text, "cpu (MPI) or cuda (NCCL)")->capture_default_str();
+  app.add_option("--dtype", dtype_names, "f32, bf16, f16")->capture_default_str();
+  app.add_option("--sizes", config.sizes, "message sizes in bytes (default 4 KiB..256 MiB, x4)");
+  app.add_option("--trials", config.trials, "timed batches per size (median)")
+      ->capture_default_str();
+  app.add_flag("--no-huge-pages", no_huge_pages, "host buffers on ordinary 4 KiB pages");
+  app.add_flag("--skip-allreduce", skip_allreduce, "only the synchroniser's cost");
+  app.add_flag("--skip-overlap", skip_overlap, "only the allreduce table");
+  app.add_option("--layers", layers, "synthetic backward: layers")->capture_default_str();
+  app.add_option("--width", width, "synthetic backward: layer width")->capture_default_str();
+  app.add_option("--batch", batch, "synthetic backward: batch per rank")->capture_default_str();
+  app.add_option("--steps", steps, "synthetic backward: timed steps (median)")
+      ->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::unique_ptr<comm::World> world;
+  try {
+    const core::Device device = core::parse_device(device_text);
+    world = comm::init(argc, argv, {.use_gpu = device.is_cuda()});
+    if (!world->uses_mpi())
+      throw InvalidArgument("bench_allreduce needs MPI: run it under mpiexec (e.g. -n 2)");
+    if (device.is_cuda() && !world->device().is_cuda())
+      throw InvalidArgument("--device cuda: no GPU is bound to this rank");
+    config.huge_pages = !no_huge_pages;
+    if (config.sizes.empty())
+      for (std::int64_t bytes = 4 << 10; bytes <= (std::int64_t{256} << 20); bytes *= 4)
+        config.sizes.push_back(bytes);
+    std::vector<DType> dtypes;
+    for (const std::string& name : dtype_names) {
+      const DType type = name == "bf16" ? DType::bf16 : name == "f16" ? DType::f16 : DType::f32;
+      if (name != dtype_name(type))
+        throw InvalidArgument("--dtype '" + name + "' is not f32, bf16 or f16");
+      dtypes.push_back(type);
+    }
+    kernels::cpu::set_gemm_threads(1);
+    bench::JsonLines json(world->rank() == 0 ? json_path : "");
+    config.json = &json;
+    if (world->rank() == 0)
+      fmt::print("allreduce over {} ranks, {} buffers{}\n", world->size(), device.str(),
+                 device.is_cuda()    ? ""
+                 : config.huge_pages ? " on huge pages"
+                                     : " on 4 KiB pages");
+    if (!skip_allreduce) {
+#if LOCKSTEP_WITH_CUDA
+      if (device.is_cuda())
+        run_gpu(*world, config, dtypes);
+      else
+        run_host(*world, config, dtypes);
+#else
+      run_host(*world, config, dtypes);
+#endif
+    }
+    if (!skip_overlap) run_overlap(*world, config, layers, width, batch, steps);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_allreduce: {}\n", e.what());
+    if (world && world->size() > 1) world->abort(e.what(), 1);
+    return 1;
+  }
+  world->shutdown();
+  return 0;
+}

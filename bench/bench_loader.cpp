@@ -1,0 +1,338 @@
+// bench_loader: samples/s and GB/s of the DataLoader reading one random
+// permutation of a dataset in batches, against baselines measured in the same
+// run on the same batches: the floor (one pread per row, by the same number of
+// threads, at the offsets HDF5 reports) and h5py's sorted fancy indexing
+// (bench/bench_loader_h5py.py under Debian's /usr/bin/python3). With
+// --device cuda also the batches delivered to GPU memory against raw preads
+// plus a plain cudaMemcpyAsync, and the loader's pinned host-to-device copy
+// against a plain cudaMemcpyAsync of pinned memory.
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/report.h"
+#include "engine/core/memory.h"
+#include "io/loader.h"
+#include "io/shard_writer.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
+using namespace lockstep;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Reads every shard once, so that every measurement starts from a warm page cache.
+void warm_page_cache(const io::Dataset& data) {
+  std::vector<char> buffer(16 << 20);
+  for (const io::ShardInfo& shard : data.shards()) {
+    std::ifstream file(shard.path, std::ios::binary);
+    while (file.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) ||
+           file.gcount() > 0) {
+    }
+  }
+}
+
+// The floor: per shard an fd and the file offset of row 0 of 'inputs', asked
+// of HDF5 directly; then one pread per row, nothing else.
+class RawReader {
+ public:
+  explicit RawReader(const io::Dataset& data) : row_bytes_(data.sample_bytes()) {
+    for (const io::ShardInfo& shard : data.shards()) {
+      const hid_t file = H5Fopen(shard.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      const hid_t set = file < 0 ? -1 : H5Dopen2(file, "inputs", H5P_DEFAULT);
+      const haddr_t offset = set < 0 ? HADDR_UNDEF : H5Dget_offset(set);
+      if (set >= 0) H5Dclose(set);
+      if (file >= 0) H5Fclose(file);
+      if (offset == HADDR_UNDEF)
+        throw IoError("the pread baseline needs contiguous shards; '" + shard.path.string() +
+                      "' is not (write the dataset with lockstep-shard)");
+      shards_.push_back(
+          {::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC), offset, shard.first_row + shard.rows});
+    }
+  }
+  ~RawReader() {
+    for (const Shard& s : shards_) ::close(s.fd);
+  }
+  void read_row(std::int64_t row, void* dst) const {
+    std::size_t i = 0;
+    while (row >= shards_[i].end) ++i;
+    const std::int64_t first = i == 0 ? 0 : shards_[i - 1].end;
+    const auto offset = static_cast<off_t>(shards_[i].offset + (row - first) * row_bytes_);
+    if (::pread(shards_[i].fd, dst, row_bytes_, offset) != static_cast<ssize_t>(row_bytes_))
+      throw IoError("pread baseline: short read");
+  }
+
+ private:
+  struct Shard {
+    int fd;
+    std::uint64_t offset;
+    std::int64_t end;
+  };
+  std::size_t row_bytes_;
+  std::vector<Shard> shards_;
+};
+
+// Seconds for as many threads as `buffers` (one batch each) to read every
+// batch of `order`, thread t taking batches t, t + threads, ...;
+// `after_batch(t)` runs on the reading thread after each batch.
+template <typename AfterBatch>
+double raw_epoch(const RawReader& reader, const std::vector<std::int64_t>& order,
+                 std::int64_t batch, std::size_t row_bytes, const std::vector<std::byte*>& buffers,
+                 AfterBatch&& after_batch) {
+  const std::int64_t batches = static_cast<std::int64_t>(order.size()) / batch;
+  const int threads = static_cast<int>(buffers.size());
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (std::int64_t b = t; b < batches; b += threads) {
+        for (std::int64_t i = 0; i < batch; ++i)
+          reader.read_row(order[b * batch + i], buffers[t] + i * row_bytes);
+        after_batch(t);
+      }
+    });
+  for (std::thread& t : pool) t.join();
+  return seconds_since(start);
+}
+
+double loader_epoch(io::DataLoader& loader, const core::Stream& stream) {
+  const auto start = Clock::now();
+  loader.start_epoch(0);
+  while (loader.next()) {
+  }
+  stream.synchronize();
+  return seconds_since(start);
+}
+
+struct Row {
+  std::string what, baseline;
+  double samples_per_s, gbs;
+  std::optional<double> baseline_samples_per_s, baseline_gbs;
+};
+
+// h5py reading the same batches: the script prints samples/s and GB/s.
+std::optional<Row> run_h5py(const std::string& python, const std::string& script,
+                            const fs::path& data, const std::vector<std::int64_t>& order,
+                            std::int64_t batch) {
+  const fs::path order_file =
+      fs::temp_directory_path() / fmt::format("bench_loader_{}.i64", getpid());
+  std::ofstream(order_file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(order.data()),
+             static_cast<std::streamsize>(order.size() * sizeof(std::int64_t)));
+  const std::string command = fmt::format("{} {} --data {} --order {} --batch {}", python, script,
+                                          data.string(), order_file.string(), batch);
+  FILE* pipe = popen(command.c_str(), "r");
+  double samples_per_s = 0, gbs = 0;
+  const bool parsed = pipe && std::fscanf(pipe, "%lf %lf", &samples_per_s, &gbs) == 2;
+  const int status = pipe ? pclose(pipe) : -1;
+  fs::remove(order_file);
+  if (!parsed || status != 0) {
+    fmt::print(stderr, "bench_loader: h5py baseline failed ({}); is python3-h5py installed?\n",
+               command);
+    return std::nullopt;
+  }
+  return Row{"", "h5py", 0, 0, samples_per_s, gbs};
+}
+
+#if LOCKSTEP_WITH_CUDA
+// The loader's pinned host-to-device copy against a plain cudaMemcpyAsync of
+// pinned batches of the same size. Reads must not be the bottleneck here, so
+// the loader reads a cache-resident dataset: one shard of 8 batches, listed
+// 40 times.
+Row measure_h2d(const io::Dataset& data, const io::SamplerOptions& sampler, int threads,
+                core::Device device, int trials) {
+  const std::int64_t batch = sampler.micro_batch, rows = std::min(8 * batch, data.size());
+  const fs::path dir = fs::temp_directory_path() / fmt::format("bench_loader_{}", getpid());
+  fs::create_directories(dir);
+  std::vector<std::int64_t> first(rows);
+  for (std::int64_t i = 0; i < rows; ++i) first[i] = i;
+  std::vector<std::byte> inputs(rows * data.sample_bytes());
+  data.read_inputs(first, inputs.data());
+  io::ShardWriter writer(dir / "hot.h5",
+                         {data.format().input_dtype, data.format().sample_shape, DType::i64}, rows);
+  writer.append(inputs.data(), data.labels().data(), rows);
+  writer.close();
+  const io::Dataset hot = io::Dataset::open(std::vector<fs::path>(40, dir / "hot.h5"));
+  fs::remove_all(dir);  // the open shard stays readable
+
+  const core::Stream consumer = core::Stream::create(device);
+  io::DataLoader loader(
+      hot, {.sampler = sampler, .threads = threads, .device = device, .stream = consumer});
+  const std::int64_t batches = hot.size() / batch;
+  const std::size_t batch_bytes = batch * data.sample_bytes();
+  auto host = core::allocate_pinned(batch_bytes);
+  auto target = core::allocate(device, batch_bytes, consumer);
+  auto plain = [&] {
+    const auto start = Clock::now();
+    for (std::int64_t b = 0; b < batches; ++b)
+      LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(target->data(), host->data(), batch_bytes,
+                                          cudaMemcpyHostToDevice, consumer.handle()));
+    consumer.synchronize();
+    return seconds_since(start);
+  };
+  std::vector<double> ours, base;
+  for (int t = 0; t < trials; ++t) {
+    ours.push_back(loader_epoch(loader, consumer));
+    base.push_back(plain());
+  }
+  const double samples = static_cast<double>(batches * batch);
+  const double gb = samples * static_cast<double>(data.sample_bytes()) / 1e9;
+  return {"h2d (cuda)",      "cudaMemcpyAsync",      samples / median(ours),
+          gb / median(ours), samples / median(base), gb / median(base)};
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_loader: DataLoader throughput against raw pread and h5py"};
+  std::string data_dir, json_path, device_text = "cpu", python = "/usr/bin/python3";
+  std::string script = LOCKSTEP_BENCH_SOURCE_DIR "/bench_loader_h5py.py";
+  std::int64_t batch = 256;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int trials = 5, depth = 0;
+  std::uint64_t seed = 1;
+  app.add_option("--data", data_dir, "dataset directory (lockstep-shard synthetic ...)")
+      ->required();
+  app.add_option("--batch", batch, "micro-batch (one rank)")->capture_default_str();
+  app.add_option("--threads", threads, "loader threads, and pread baseline threads")
+      ->capture_default_str();
+  app.add_option("--depth", depth, "loader buffers (0: its default, 2 * threads + 2)")
+      ->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--trials", trials, "epochs per measurement (median reported)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "permutation seed")->capture_default_str();
+  app.add_option("--python", python, "python with h5py, or '' to skip h5py")->capture_default_str();
+  app.add_option("--h5py-script", script, "the h5py side of the benchmark")->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const core::Device device = core::parse_device(device_text);
+    core::require_usable(device);
+    const io::Dataset data = io::Dataset::open(data_dir);
+    const std::size_t row_bytes = data.sample_bytes();
+    const io::SamplerOptions sampler{.micro_batch = batch, .seed = seed};
+    const std::vector<std::int64_t> order = io::DistributedSampler(data.size(), sampler).order(0);
+    const std::int64_t batches = data.size() / batch;
+    const double samples = static_cast<double>(batches * batch);
+    const double bytes = samples * static_cast<double>(row_bytes);
+    warm_page_cache(data);
+    fmt::print(
+        "bench_loader: {} samples of {} ({} B), batch {}, {} threads, {} batches "
+        "({:.2f} GB) per epoch, median of {} epochs\n",
+        data.size(), data.format().str(), row_bytes, batch, threads, batches, bytes / 1e9, trials);
+
+    const RawReader reader(data);
+    std::vector<Row> rows;
+    io::DataLoader cpu_loader(data, {.sampler = sampler, .threads = threads, .depth = depth});
+    std::vector<std::vector<std::byte>> host(threads, std::vector<std::byte>(batch * row_bytes));
+    std::vector<std::byte*> host_buffers;
+    for (auto& h : host) host_buffers.push_back(h.data());
+    std::vector<double> ours, floor;
+    for (int t = 0; t < trials; ++t) {
+      ours.push_back(loader_epoch(cpu_loader, {}));
+      floor.push_back(raw_epoch(reader, order, batch, row_bytes, host_buffers, [](int) {}));
+    }
+    const double ours_s = median(ours), floor_s = median(floor);
+    rows.push_back({"loader (cpu)", "pread", samples / ours_s, bytes / ours_s / 1e9,
+                    samples / floor_s, bytes / floor_s / 1e9});
+    if (!python.empty())
+      if (auto h5py = run_h5py(python, script, data_dir, order, batch)) {
+        h5py->what = "loader (cpu)";
+        h5py->samples_per_s = rows[0].samples_per_s;
+        h5py->gbs = rows[0].gbs;
+        rows.push_back(*h5py);
+      }
+#if LOCKSTEP_WITH_CUDA
+    if (device.is_cuda()) {
+      // Batches in GPU memory: the loader against raw preads into pinned
+      // buffers, each followed by a plain cudaMemcpyAsync on its thread's stream.
+      const core::Stream consumer = core::Stream::create(device);
+      io::DataLoader gpu_loader(data, {.sampler = sampler,
+                                       .threads = threads,
+                                       .depth = depth,
+                                       .device = device,
+                                       .stream = consumer});
+      std::vector<std::shared_ptr<core::Storage>> pinned, on_device;
+      std::vector<std::byte*> pinned_buffers;
+      std::vector<core::Stream> streams;
+      for (int t = 0; t < threads; ++t) {
+        pinned.push_back(core::allocate_pinned(batch * row_bytes));
+        pinned_buffers.push_back(static_cast<std::byte*>(pinned.back()->data()));
+        streams.push_back(core::Stream::create(device));
+        on_device.push_back(core::allocate(device, batch * row_bytes, streams.back()));
+      }
+      auto copy = [&](int t) {
+        LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(on_device[t]->data(), pinned[t]->data(),
+                                            batch * row_bytes, cudaMemcpyHostToDevice,
+                                            streams[t].handle()));
+        streams[t].synchronize();
+      };
+      std::vector<double> gpu, raw_gpu;
+      for (int t = 0; t < trials; ++t) {
+        gpu.push_back(loader_epoch(gpu_loader, consumer));
+        raw_gpu.push_back(raw_epoch(reader, order, batch, row_bytes, pinned_buffers, copy));
+      }
+      const double g = median(gpu), r = median(raw_gpu);
+      rows.push_back({"loader (cuda)", "pread+memcpy", samples / g, bytes / g / 1e9, samples / r,
+                      bytes / r / 1e9});
+      rows.push_back(measure_h2d(data, sampler, threads, device, trials));
+    }
+#endif
+    bench::JsonLines json(json_path);
+    fmt::print("{:<14} {:>12} {:>8} {:>14} {:>12} {:>8} {:>7}\n", "lockstep", "samples/s", "GB/s",
+               "baseline", "samples/s", "GB/s", "ratio");
+    for (const Row& row : rows) {
+      const double ratio = row.samples_per_s / *row.baseline_samples_per_s;
+      fmt::print("{:<14} {:>12.0f} {:>8.2f} {:>14} {:>12.0f} {:>8.2f} {:>7.3f}\n", row.what,
+                 row.samples_per_s, row.gbs, row.baseline, *row.baseline_samples_per_s,
+                 *row.baseline_gbs, ratio);
+      json.write({bench::field("bench", "loader"), bench::field("lockstep", row.what),
+                  bench::field("baseline", row.baseline), bench::field("device", device.str()),
+                  bench::field("batch", static_cast<long long>(batch)),
+                  bench::field("threads", static_cast<long long>(threads)),
+                  bench::field("depth", static_cast<long long>(depth)),
+                  bench::field("sample_bytes", static_cast<long long>(row_bytes)),
+                  bench::field("samples", static_cast<long long>(samples)),
+                  bench::field("lockstep_samples_per_s", row.samples_per_s),
+                  bench::field("lockstep_gbs", row.gbs),
+                  bench::field("baseline_samples_per_s", row.baseline_samples_per_s),
+                  bench::field("baseline_gbs", row.baseline_gbs), bench::field("ratio", ratio)});
+    }
+    const io::LoaderStats stats = cpu_loader.stats();
+    fmt::print("consumer wait (cpu loader): {:.3f} ms per batch\n",
+               1e3 * stats.wait_s / std::max<std::int64_t>(1, stats.batches));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_loader: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,189 @@
+// bench_step: single-process training-step throughput (forward, cross-entropy,
+// backward, SGD with momentum) of a model preset, against PyTorch running the
+// same step in the same run (bench/torch_step.py), and for mlp against the
+// floor of its GEMMs alone (cblas_sgemm on the same shapes).
+#include <cblas.h>
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "engine/core/memory.h"
+#include "engine/core/random.h"
+#include "engine/models.h"
+#include "engine/nn/loss.h"
+#include "engine/optim/loss_scaler.h"
+#include "engine/optim/sgd.h"
+#include "engine/parameter_store.h"
+#include "kernels/gemm.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+
+namespace {
+
+struct Measure {
+  double ms_per_step;
+  std::size_t peak_bytes;
+};
+
+Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<DType> autocast,
+                     core::Device device, int steps) {
+  auto model = make_model(name);
+  initialize(*model, 1);
+  const core::Stream stream = core::Stream::create(device);
+  ParameterStore store(*model, device, stream);
+  SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9}, stream);
+  LossScaler scaler = LossScaler::for_autocast(autocast);
+  const ModelPreset& preset = model_preset(name);
+  core::Shape shape{batch};
+  shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+  core::Tensor x = core::Tensor::empty(shape, DType::f32, device, stream);
+  core::Generator(2).normal(x, 0.0f, 1.0f, stream);
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
+  for (std::int64_t i = 0; i < batch; ++i) labels[i] = i % preset.classes;
+  const core::Tensor y = core::Tensor::from_vector(labels, {batch}, DType::i64, device, stream);
+  CrossEntropyLoss loss;
+  Context ctx;
+  ctx.stream = stream;
+  ctx.autocast = autocast;
+  auto step = [&] {
+    store.zero_grad(stream);
+    loss.forward(model->forward(x, ctx), y, ctx);
+    model->backward(loss.backward(scaler.scale(), ctx), ctx);
+    scaler.unscale(store.grads(), stream);
+    if (scaler.update(stream)) sgd.step(stream);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  stream.synchronize();
+  core::reset_peak_memory(device);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  stream.synchronize();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {1e3 * s / steps, core::memory_stats(device).peak_bytes};
+}
+
+// PyTorch's figures for the same step, or nothing when it cannot run here.
+std::optional<Measure> run_torch(const std::string& python, const std::string& name,
+                                 std::int64_t batch, const std::string& precision,
+                                 core::Device device, int steps, int threads) {
+  const std::string cmd = fmt::format(
+      "{} " LOCKSTEP_BENCH_DIR "/torch_step.py --model {} --batch {} --precision {} --device {} --steps {} "
+      "--threads {} 2>/dev/null",
+      python, name, batch, precision, device.is_cuda() ? "cuda" : "cpu", steps, threads);
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::array<char, 4096> line{};
+  std::string out;
+  while (std::fgets(line.data(), line.size(), pipe)) out += line.data();
+  if (::pclose(pipe) != 0) return std::nullopt;
+  double ms = 0, peak = 0;
+  const auto at = out.find("\"ms_per_step\": ");
+  const auto at_peak = out.find("\"peak_bytes\": ");
+  if (at == std::string::npos || std::sscanf(out.c_str() + at + 15, "%lf", &ms) != 1)
+    return std::nullopt;
+  if (at_peak != std::string::npos) std::sscanf(out.c_str() + at_peak + 14, "%lf", &peak);
+  return Measure{ms, static_cast<std::size_t>(peak)};
+}
+
+// mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
+// floor a step cannot beat on the CPU.
+double mlp_gemm_ms(std::int64_t batch, int steps) {
+  const std::int64_t dims[] = {784, 512, 512, 10};
+  std::vector<float> a(batch * 784, 0.5f), w(512 * 784, 0.25f), out(batch * 512), dw(512 * 784);
+  auto gemms = [&] {
+    for (int l = 0; l < 3; ++l) {
+      const std::int64_t in = dims[l], o = dims[l + 1];
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, o, in, 1, a.data(), in, w.data(),
+                  in, 0, out.data(), o);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, in, batch, 1, out.data(), o, a.data(),
+                  in, 1, dw.data(), in);
+      if (l > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, o, 1, out.data(), o,
+                    w.data(), in, 0, a.data(), in);
+    }
+  };
+  return 1e3 * bench::median_seconds(
+                   gemms, [] {}, 5, 0.05 * steps / 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_step: training-step throughput of a model preset against PyTorch"};
+  std::string model = "mlp", precision = "fp32", device_text = "cpu", json_path;
+  std::string python = "/usr/bin/python3";
+  std::int64_t batch = 128;
+  int steps = 30, threads = 1;
+  bool baseline = true;
+  app.add_option("--model", model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  app.add_option("--batch", batch, "batch size")->capture_default_str();
+  app.add_option("--precision", precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (OpenBLAS; PyTorch's intra-op threads)")
+      ->capture_default_str();
+  app.add_option("--python", python, "python with torch, for the baseline")->capture_default_str();
+  app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const core::Device device = core::parse_device(device_text);
+    core::require_usable(device);
+    kernels::cpu::set_gemm_threads(threads);
+    std::optional<DType> autocast;
+    if (precision == "fp16")
+      autocast = DType::f16;
+    else if (precision == "bf16")
+      autocast = DType::bf16;
+    else if (precision != "fp32")
+      throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
+
+    const Measure ours = run_lockstep(model, batch, autocast, device, steps);
+    std::optional<Measure> torch;
+    if (baseline) torch = run_torch(python, model, batch, precision, device, steps, threads);
+    std::optional<double> gemm_ms;
+    if (model == "mlp" && !device.is_cuda() && precision == "fp32")
+      gemm_ms = mlp_gemm_ms(batch, steps);
+
+    const double samples_per_s = 1e3 * batch / ours.ms_per_step;
+    std::optional<double> torch_sps, ratio, gemm_ratio;
+    if (torch) {
+      torch_sps = 1e3 * batch / torch->ms_per_step;
+      ratio = samples_per_s / *torch_sps;
+    }
+    if (gemm_ms) gemm_ratio = ours.ms_per_step / *gemm_ms;
+    fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10} {:>12} {:>14} {:>8} {:>12}\n", "model", "batch",
+               "prec", "device", "ms/step", "samples/s", "torch samp/s", "ratio", "peak MiB");
+    fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10.2f} {:>12.0f} {:>14} {:>8} {:>12.1f}\n", model,
+               batch, precision, device.str(), ours.ms_per_step, samples_per_s,
+               torch_sps ? fmt::format("{:.0f}", *torch_sps) : "-",
+               ratio ? fmt::format("{:.3f}", *ratio) : "-", ours.peak_bytes / 1048576.0);
+    if (gemm_ms)
+      fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
+                 *gemm_ratio);
+    bench::JsonLines json(json_path);
+    json.write({bench::field("bench", "step"), bench::field("model", model),
+                bench::field("batch", static_cast<long long>(batch)),
+                bench::field("precision", precision), bench::field("device", device.str()),
+                bench::field("threads", static_cast<long long>(threads)),
+                bench::field("samples_per_s", samples_per_s),
+                bench::field("ms_per_step", ours.ms_per_step),
+                bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
+                bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
+                bench::field("torch_peak_bytes",
+                             torch ? std::optional<double>(torch->peak_bytes) : std::nullopt),
+                bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio)});
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_step: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,155 @@
+// GradientSynchronizer: the data-parallel reducer (PyTorch DDP's Reducer).
+// It averages the flat gradient buffer over the ranks in buckets, each
+// reduced as soon as backward has written its last gradient, so that
+// communication overlaps the rest of backward. It depends on core types only
+// (comm/ sits below engine/): the engine's ParameterStore hands it flat
+// buffers and a segment table, and its modules call mark_ready.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/buckets.h"
+#include "comm/communicator.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+
+namespace lockstep::comm {
+
+namespace detail {
+class BucketRunner;
+}
+
+// A tensor the model keeps besides its parameters (BatchNorm's running
+// statistics): not trained, but every rank must hold rank 0's values.
+struct NamedBuffer {
+  std::string name;
+  core::Tensor tensor;
+};
+
+// The model as the synchroniser sees it.
+struct SynchronizedModel {
+  core::Tensor parameters;                // flat f32 values
+  core::Tensor gradients;                 // flat f32 gradients, the same layout
+  std::vector<GradientSegment> segments;  // in ready order (Note [ready order])
+  std::vector<NamedBuffer> buffers;       // broadcast from rank 0 at every begin_step
+};
+
+struct SynchronizerOptions {
+  // PyTorch DDP's defaults: 25 MiB buckets, the first one 1 MiB so that
+  // communication starts early in backward.
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  // f32, or bf16/f16 on the wire (the buffer stays f32): half the bytes, at
+  // the cost of rounding each rank's gradient and each partial sum.
+  DType wire_dtype = DType::f32;
+  // The stream backward writes gradients on (GPU buffers); buckets start
+  // after it and the averaged gradients are ready on it after finish().
+  // Default: the device's default stream. Unused for host buffers.
+  core::Stream compute_stream{};
+};
+
+// Note [ready order]: segments are listed in the order their gradients become
+// ready during backward (reverse forward order for a Sequential) and are laid
+// out in that order in the flat buffers, each at a 256-byte aligned offset.
+// mark_ready(i) refers to segments[i]. Modules may report in another order
+// (out-of-order readiness is correct, it only overlaps less), but the layout
+// must follow the list: that keeps every bucket a contiguous slice.
+//
+// One training step:
+//
+//   sync.begin_step(step);               // rank 0's buffers to every rank
+//   for (each accumulation micro-batch but the last) {
+//     auto guard = sync.no_sync();       // gradients accumulate locally
+//     forward; backward;                 // modules call mark_ready(i): no-ops here
+//   }
+//   forward; backward;                   // mark_ready(i) starts buckets as they fill
+//   sync.finish();                       // gradients now hold the average over ranks
+//   optimizer step;
+//
+// Every rank must run the same sequence of calls: they drive collectives.
+// One thread calls the synchroniser; the buffers must stay alive with it.
+class GradientSynchronizer {
+ public:
+  // Collective. Checks the model's layout and that every rank built the same
+  // model (names, shapes, dtypes and order of parameters and buffers; on a
+  // difference every rank throws InvalidArgument naming it and the ranks),
+  // then copies rank 0's parameters and buffers to every rank and plans the
+  // buckets. `comm` must take buffers on the model's device (World::for_device)
+  // and outlive the synchroniser. Host buffers get a duplicate of `comm` for
+  // the communication thread.
+  GradientSynchronizer(Communicator& comm, SynchronizedModel model,
+                       SynchronizerOptions options = {});
+  ~GradientSynchronizer();
+  GradientSynchronizer(const GradientSynchronizer&) = delete;
+  GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
+
+  // Opens step `step` (named in watchdog messages): broadcasts rank 0's
+  // buffers and expects every segment to be reported once by the next
+  // synchronised backward. Throws when the previous step was not finished.
+  void begin_step(std::int64_t step);
+
+  // Segment `segment`'s gradient is complete for this backward (on the
+  // compute stream, for GPU buffers). Starts the reduction of every bucket
+  // that is now complete and whose predecessors have started
+  // (Note [bucket order]). Under no_sync it only checks the index. Throws
+  // InvalidArgument for an unknown index or a segment reported twice.
+  void mark_ready(std::size_t segment);
+
+  // Waits until every bucket is averaged (host), or makes the compute stream
+  // wait for it (GPU). Throws InvalidArgument naming the first parameter
+  // that was never reported ready, after reducing the buckets anyway so that
+  // no other rank waits for this one (Note [missing readiness]).
+  void finish();
+
+  // While a NoSync lives, backward passes accumulate gradients locally and
+  // communicate nothing: the accumulation micro-batches of a step.
+  class NoSync {
+   public:
+    explicit NoSync(GradientSynchronizer& sync);
+    ~NoSync();
+    NoSync(NoSync&& other) noexcept;  // for std::optional<NoSync> in accumulation loops
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+
+   private:
+    GradientSynchronizer* sync_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  const std::vector<GradientSegment>& segments() const { return model_.segments; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  std::int64_t step() const { return step_; }
+
+ private:
+  void check_model() const;
+  void pack_buffers();
+  void plan();
+  void broadcast_buffers();
+  void reduce_bucket(std::size_t bucket, const core::Stream& stream);
+  void launch_ready_buckets();
+
+  Communicator& comm_;
+  SynchronizedModel model_;
+  SynchronizerOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::string> bucket_names_;   // for watchdog messages
+  std::vector<std::size_t> bucket_of_;      // segment -> bucket
+  std::vector<std::size_t> pending_;        // per bucket: segments not yet ready
+  std::vector<char> ready_;                 // per segment
+  std::size_t next_launch_ = 0;             // buckets [0, next_launch_) have started
+  std::vector<core::Tensor> buffer_packs_;  // per buffer dtype (undefined for one buffer)
+  std::vector<std::vector<std::size_t>> pack_members_;
+  core::Tensor wire_;                          // scratch for a 16-bit wire format
+  std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
+  std::unique_ptr<detail::BucketRunner> runner_;
+  std::int64_t step_ = -1;
+  bool in_step_ = false;
+  int no_sync_depth_ = 0;
+};
+
+}  // namespace lockstep::comm

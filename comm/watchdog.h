@@ -1,0 +1,170 @@
+// The communication watchdog: every collective runs under it, so that a rank
+// that dies or stalls ends the job with a message instead of a silent hang.
+// Its thread checks the collectives in flight against a timeout
+// (LOCKSTEP_COMM_TIMEOUT, default 10 minutes), polls asynchronous errors
+// (NCCL), and on a failure asks the other ranks what they are doing, so that
+// the message names the operation, the step and the ranks that did not arrive.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace lockstep::comm {
+
+using Seconds = std::chrono::duration<double>;
+
+inline constexpr Seconds kDefaultCommTimeout{600.0};
+
+// A timeout in seconds ("600", "2.5"); throws InvalidArgument unless positive.
+Seconds parse_timeout_seconds(std::string_view text);
+// LOCKSTEP_COMM_TIMEOUT when set, else kDefaultCommTimeout.
+Seconds comm_timeout_from_env();
+
+// What a watched collective is, enough to name it in a message.
+struct OperationInfo {
+  const char* name = "";       // "allreduce"
+  std::string communicator;    // the communicator's label, "world"
+  std::uint64_t sequence = 0;  // how many collectives that communicator ran before this one
+  std::int64_t count = 0;      // elements
+  DType dtype = DType::f32;
+  std::string context;     // what it is for (OperationContext); may be empty
+  std::int64_t step = -1;  // the training step (Watchdog::set_step); -1 before the first
+
+  // "world#57": equal on every rank that is in this collective.
+  std::string key() const;
+  // "allreduce #57 on 'world' (262144 f32; gradient bucket 2 of 3) at step 12"
+  std::string describe() const;
+};
+
+// Names what the collectives issued by this thread are for while it lives,
+// e.g. "gradient bucket 2 of 5 (fc2.weight .. fc1.bias)". The innermost wins.
+class OperationContext {
+ public:
+  explicit OperationContext(std::string what);
+  ~OperationContext();
+  OperationContext(const OperationContext&) = delete;
+  OperationContext& operator=(const OperationContext&) = delete;
+
+  // This thread's innermost context, or an empty string.
+  static const std::string& current();
+
+ private:
+  std::string what_;
+  const OperationContext* outer_;
+};
+
+// How a watchdog learns what the other ranks are doing. Every rank's watchdog
+// serves questions all the time; the MPI implementation is
+// comm/detail/mpi_peer_channel.h.
+class PeerChannel {
+ public:
+  virtual ~PeerChannel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Answers the questions that other ranks have sent with `status()`.
+  virtual void serve(const std::function<std::string()>& status) = 0;
+  // Asks every other rank and waits up to `grace` for the answers, serving
+  // questions meanwhile. Entry r is rank r's answer; nullopt for this rank
+  // and for ranks that did not answer in time.
+  virtual std::vector<std::optional<std::string>> ask_all(
+      Seconds grace, const std::function<std::string()>& status) = 0;
+};
+
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Receives the message of each failure, on the watchdog thread. The World's
+  // handler ends the process (Note [watchdog ends the process], world.cpp).
+  using Handler = std::function<void(const std::string& message)>;
+  // Polled on the watchdog thread: an error text once the source has failed.
+  using ErrorSource = std::function<std::optional<std::string>()>;
+
+ private:
+  struct Item {
+    OperationInfo info;
+    Clock::time_point start;
+    std::function<bool()> done;  // asynchronous collectives only
+    bool reported = false;
+  };
+
+ public:
+  Watchdog(Seconds timeout, Handler handler, std::unique_ptr<PeerChannel> peers = nullptr);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  Seconds timeout() const { return timeout_; }
+  void set_step(std::int64_t step) { step_ = step; }
+  std::int64_t step() const { return step_; }
+
+  // Watches a blocking collective from construction to destruction; fills in
+  // the step and the thread's OperationContext. A null watchdog watches nothing.
+  class Scope {
+   public:
+    Scope(Watchdog* watchdog, OperationInfo info);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Watchdog* watchdog_;
+    std::list<Item>::iterator item_;
+  };
+
+  // Watches an asynchronous collective (NCCL) until `done()` returns true.
+  // `done` runs on the watchdog thread; an exception from it is a failure.
+  void watch_async(OperationInfo info, std::function<bool()> done);
+
+  int add_error_source(ErrorSource source);
+  void remove_error_source(int id);
+
+  // This rank's state as peers receive it: the keys of its collectives in
+  // flight on the first line (maybe empty), then one sentence.
+  std::string status() const;
+
+  // Ends the thread and releases the peer channel; later collectives go
+  // unwatched. Called before MPI_Finalize; idempotent.
+  void stop();
+
+ private:
+  struct Failure {
+    std::string head;
+    std::string key;  // of the collective that timed out; empty for errors
+  };
+
+  std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done);
+  void finish(std::list<Item>::iterator item);
+  void run();
+  std::optional<Failure> find_failure();
+  void report(const Failure& failure);
+  std::string in_flight_text() const;  // mutex_ held
+
+  const Seconds timeout_;
+  const Handler handler_;
+  std::unique_ptr<PeerChannel> peers_;
+  std::atomic<std::int64_t> step_{-1};
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::list<Item> in_flight_;
+  std::optional<std::pair<OperationInfo, Clock::time_point>> last_finished_;
+  std::vector<std::pair<int, ErrorSource>> sources_;
+  int next_source_id_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace lockstep::comm

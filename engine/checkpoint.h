@@ -1,0 +1,60 @@
+// What a checkpoint holds and how a run is put back from it (the format is
+// in docs/checkpoints.md; the files themselves in engine/checkpoint_file.h).
+//
+// /model/<param>, /buffers/<buffer>: f32 weights and buffers in PyTorch
+// layouts by name; /optimizer/<param>/<state>: momentum_buffer, or exp_avg
+// and exp_avg_sq; root attributes: format_version, step, epoch, position,
+// loss_scale, scaler_growth_tracker, optimizer.step, rng_seed, rng_offset,
+// world_size, global_batch, and config.<field> for every fingerprinted field.
+//
+// Note [resume fingerprint]: the config.* attributes are what a resume may
+// not change (model, optimizer and its hyper-parameters, global batch,
+// precision, seed, dataset); steps, epochs, logging, checkpoint cadence,
+// threads and the world size (with the same global batch) may change. A
+// difference is an error naming the field and both values.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "engine/checkpoint_file.h"
+#include "engine/nn/module.h"
+#include "engine/optim/loss_scaler.h"
+#include "engine/optim/optimizer.h"
+
+namespace lockstep::engine {
+
+inline constexpr std::int64_t kCheckpointFormatVersion = 1;
+
+struct TrainingState {
+  std::int64_t step = 0;      // steps taken
+  std::int64_t epoch = 0;     // the epoch in progress
+  std::int64_t position = 0;  // global samples of that epoch consumed
+  LossScalerState scaler{1.0f, 0};
+  std::uint64_t seed = 0;
+  int world_size = 1;
+  std::int64_t global_batch = 0;
+  std::map<std::string, std::string> config;  // Note [resume fingerprint]
+};
+
+// Copies the model, its buffers and the optimizer state to the host.
+CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
+                                      const TrainingState& state, const core::Stream& stream);
+
+// Checks the format version, the model's parameter names and shapes and the
+// fingerprint against `config` (Note [resume fingerprint]), then copies
+// weights, buffers and optimizer state into the live objects. Returns the
+// saved state; `file` names the checkpoint in errors.
+TrainingState restore_checkpoint(const CheckpointContents& contents, const std::string& file,
+                                 Module& model, Optimizer& optimizer,
+                                 const std::map<std::string, std::string>& config,
+                                 const core::Stream& stream);
+
+// Weights only: every trainable parameter from /model/<name> of any HDF5
+// file with that layout (and /buffers/<name> when present). Missing or
+// misshapen parameters are errors naming them.
+void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream);
+
+}  // namespace lockstep::engine

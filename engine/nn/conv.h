@@ -1,0 +1,50 @@
+// Conv2d: 2-D convolution over NCHW inputs with PyTorch's arguments, layout
+// (weight [out, in/groups, kh, kw]) and initialisation. Under autocast it
+// computes in f16/bf16 with f32 accumulation on a low-precision copy of the
+// weight made once per weight version, as Linear does; the weight gradient
+// ends in the f32 gradient (CUDA: cast-added from cuDNN's 16-bit result).
+// Also Size2, the (h, w) pair the spatial layers take.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/nn/module.h"
+#include "kernels/conv.h"
+
+namespace lockstep::engine {
+
+// A 2-D size; one integer means the same in both directions, as in PyTorch.
+struct Size2 {
+  std::int64_t h, w;
+  Size2(std::int64_t both) : h(both), w(both) {}  // implicit: Conv2d(1, 32, 3)
+  Size2(std::int64_t height, std::int64_t width) : h(height), w(width) {}
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+         Size2 padding = 0, Size2 dilation = 1, std::int64_t groups = 1, bool bias = true);
+
+  core::Tensor forward(const core::Tensor& x, Context& ctx) override;
+  core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  void reset_parameters(core::Generator& rng) override;
+
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  kernels::Conv2dShape shape_for(const core::Tensor& x) const;
+  // The weight in `type`: the f32 value itself, or the cached low copy.
+  const core::Tensor& weight_as(DType type, const core::Stream& stream);
+
+  kernels::Conv2dShape config_;  // everything but the input's batch and size
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  core::Tensor input_;  // in the compute type, kept for backward (training only)
+  DType input_dtype_ = DType::f32;
+  core::Tensor low_weight_;
+  std::uint64_t low_weight_version_ = 0;
+  const void* low_weight_source_ = nullptr;  // the f32 storage it was cast from
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,210 @@
+// MaxPool2d, AvgPool2d and GlobalAvgPool2d (engine/nn/pooling.h).
+#include "engine/nn/pooling.h"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/core/dispatch.h"
+
+namespace lockstep::engine {
+namespace {
+
+kernels::Pool2dShape make_config(const std::string& layer, Size2 kernel, Size2 stride,
+                                 Size2 padding) {
+  kernels::Pool2dShape s;
+  s.kernel_h = kernel.h;
+  s.kernel_w = kernel.w;
+  s.stride_h = stride.h;
+  s.stride_w = stride.w;
+  s.pad_h = padding.h;
+  s.pad_w = padding.w;
+  if (s.kernel_h <= 0 || s.kernel_w <= 0 || s.stride_h <= 0 || s.stride_w <= 0)
+    throw InvalidArgument(layer + ": kernel size and stride must be positive");
+  if (s.pad_h < 0 || s.pad_w < 0 || 2 * s.pad_h > s.kernel_h || 2 * s.pad_w > s.kernel_w)
+    throw InvalidArgument(layer + ": padding " + std::to_string(s.pad_h) + "x" +
+                          std::to_string(s.pad_w) + " must be at most half the kernel " +
+                          std::to_string(s.kernel_h) + "x" + std::to_string(s.kernel_w));
+  return s;
+}
+
+// Smallest input sizes that give one output.
+std::int64_t min_h(const kernels::Pool2dShape& s) {
+  return std::max<std::int64_t>(1, s.kernel_h - 2 * s.pad_h);
+}
+std::int64_t min_w(const kernels::Pool2dShape& s) {
+  return std::max<std::int64_t>(1, s.kernel_w - 2 * s.pad_w);
+}
+
+bool fits(const core::Tensor& x, const kernels::Pool2dShape& s) {
+  return x.shape().size() == 4 && x.dim(0) >= 1 && x.dim(1) >= 1 && x.dim(2) >= min_h(s) &&
+         x.dim(3) >= min_w(s);
+}
+
+std::string expectation(const kernels::Pool2dShape& s) {
+  return "expects [batch, channels, H, W] with H >= " + std::to_string(min_h(s)) +
+         " and W >= " + std::to_string(min_w(s));
+}
+
+kernels::Pool2dShape with_input(kernels::Pool2dShape s, const core::Tensor& x) {
+  s.batch = x.dim(0);
+  s.channels = x.dim(1);
+  s.in_h = x.dim(2);
+  s.in_w = x.dim(3);
+  return s;
+}
+
+void require_float(const Module& m, const core::Tensor& t) {
+  if (!is_floating(t.dtype()))
+    throw InvalidArgument(m.describe() + ": dtype " + dtype_name(t.dtype()) +
+                          " is not a float type");
+}
+
+// The output gradient in the input's dtype, after checking its shape and device.
+core::Tensor gradient_in(const Module& m, const core::Tensor& dy, const core::Shape& expected,
+                         const PoolRecord& input, const core::Stream& stream) {
+  if (dy.shape() != expected || !(dy.device() == input.device))
+    throw InvalidArgument(m.describe() + ": gradient " + core::shape_str(dy.shape()) + " on " +
+                          dy.device().str() + ", the output was " + core::shape_str(expected) +
+                          " on " + input.device.str());
+  require_float(m, dy);
+  return dy.dtype() == input.dtype ? dy : dy.cast(input.dtype, stream);
+}
+
+core::Shape input_shape(const kernels::Pool2dShape& s) {
+  return {s.batch, s.channels, s.in_h, s.in_w};
+}
+
+core::Shape output_shape(const kernels::Pool2dShape& s) {
+  return {s.batch, s.channels, s.out_h(), s.out_w()};
+}
+
+std::optional<PoolRecord> record(bool training, const kernels::Pool2dShape& s,
+                                 const core::Tensor& x) {
+  if (!training) return std::nullopt;
+  return PoolRecord{s, x.dtype(), x.device()};
+}
+
+[[noreturn]] void no_forward(const Module& m) {
+  throw InvalidArgument(m.describe() + ": backward without a training-mode forward");
+}
+
+}  // namespace
+
+MaxPool2d::MaxPool2d(Size2 kernel_size, Size2 stride, Size2 padding)
+    : Module("MaxPool2d"), config_(make_config("MaxPool2d", kernel_size, stride, padding)) {}
+
+core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
+  if (!fits(x, config_)) shape_error(x, expectation(config_));
+  require_float(*this, x);
+  const kernels::Pool2dShape s = with_input(config_, x);
+  core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
+  core::Tensor argmax;
+  if (training()) argmax = core::Tensor::empty(output_shape(s), DType::i32, x.device(), ctx.stream);
+  std::int32_t* indices = training() ? argmax.data_as<std::int32_t>() : nullptr;
+  core::dispatch(
+      x.device(), ctx.stream,
+      [&] { kernels::cpu::max_pool2d_forward(s, x.dtype(), x.data(), y.data(), indices); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::max_pool2d_forward(s, x.dtype(), x.data(), y.data(), indices, stream);
+      });
+  argmax_ = argmax;
+  pending_ = record(training(), s, x);
+  return y;
+}
+
+core::Tensor MaxPool2d::backward(const core::Tensor& dy, Context& ctx) {
+  if (!pending_) no_forward(*this);
+  const kernels::Pool2dShape s = pending_->shape;
+  const DType type = pending_->dtype;
+  const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
+  const std::int32_t* indices = argmax_.data_as<std::int32_t>();
+  core::dispatch(
+      g.device(), ctx.stream,
+      [&] { kernels::cpu::max_pool2d_backward(s, type, g.data(), indices, dx.data()); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::max_pool2d_backward(s, type, g.data(), indices, dx.data(), stream);
+      });
+  pending_.reset();
+  argmax_ = core::Tensor();
+  return dx;
+}
+
+AvgPool2d::AvgPool2d(Size2 kernel_size, Size2 stride, Size2 padding, bool count_include_pad)
+    : Module("AvgPool2d"),
+      config_(make_config("AvgPool2d", kernel_size, stride, padding)),
+      count_include_pad_(count_include_pad) {}
+
+core::Tensor AvgPool2d::forward(const core::Tensor& x, Context& ctx) {
+  if (!fits(x, config_)) shape_error(x, expectation(config_));
+  require_float(*this, x);
+  const kernels::Pool2dShape s = with_input(config_, x);
+  core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
+  core::dispatch(
+      x.device(), ctx.stream,
+      [&] {
+        kernels::cpu::avg_pool2d_forward(s, x.dtype(), count_include_pad_, x.data(), y.data());
+      },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::avg_pool2d_forward(s, x.dtype(), count_include_pad_, x.data(), y.data(),
+                                          stream);
+      });
+  pending_ = record(training(), s, x);
+  return y;
+}
+
+core::Tensor AvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
+  if (!pending_) no_forward(*this);
+  const kernels::Pool2dShape s = pending_->shape;
+  const DType type = pending_->dtype;
+  const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
+  core::dispatch(
+      g.device(), ctx.stream,
+      [&] { kernels::cpu::avg_pool2d_backward(s, type, count_include_pad_, g.data(), dx.data()); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::avg_pool2d_backward(s, type, count_include_pad_, g.data(), dx.data(),
+                                           stream);
+      });
+  pending_.reset();
+  return dx;
+}
+
+core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
+  if (x.shape().size() != 4 || x.numel() == 0) shape_error(x, "expects [batch, channels, H, W]");
+  require_float(*this, x);
+  const kernels::Pool2dShape s = with_input({}, x);
+  const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
+  core::Tensor y =
+      core::Tensor::empty({s.batch, s.channels, 1, 1}, x.dtype(), x.device(), ctx.stream);
+  core::dispatch(
+      x.device(), ctx.stream,
+      [&] {
+        kernels::cpu::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data());
+      },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data(),
+                                               stream);
+      });
+  pending_ = record(training(), s, x);
+  return y;
+}
+
+core::Tensor GlobalAvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
+  if (!pending_) no_forward(*this);
+  const kernels::Pool2dShape s = pending_->shape;
+  const DType type = pending_->dtype;
+  const core::Tensor g = gradient_in(*this, dy, {s.batch, s.channels, 1, 1}, *pending_, ctx.stream);
+  const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
+  core::dispatch(
+      g.device(), ctx.stream,
+      [&] { kernels::cpu::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data()); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data(), stream);
+      });
+  pending_.reset();
+  return dx;
+}
+
+}  // namespace lockstep::engine

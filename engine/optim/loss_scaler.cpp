@@ -1,0 +1,92 @@
+// LossScaler (engine/optim/loss_scaler.h). The update rule is GradScaler's
+// (_amp_update_scale_): on inf/NaN scale *= backoff and the tracker resets;
+// otherwise the tracker counts up and, on reaching growth_interval, the scale
+// grows (only to a finite value) and the tracker resets.
+#include "engine/optim/loss_scaler.h"
+
+#include <cmath>
+#include <string>
+
+#include "engine/core/dispatch.h"
+#include "kernels/optimizer.h"
+
+namespace lockstep::engine {
+
+LossScaler::LossScaler(LossScalerOptions options) : options_(options) {
+  if (!options_.enabled) {
+    scale_ = 1.0f;
+    return;
+  }
+  if (!(options_.init_scale > 0.0f) || !std::isfinite(options_.init_scale) ||
+      !(options_.growth_factor > 1.0f) || !(options_.backoff_factor > 0.0f) ||
+      !(options_.backoff_factor < 1.0f) || options_.growth_interval < 1)
+    throw InvalidArgument(
+        "LossScaler: init_scale " + std::to_string(options_.init_scale) + ", growth_factor " +
+        std::to_string(options_.growth_factor) + ", backoff_factor " +
+        std::to_string(options_.backoff_factor) + ", growth_interval " +
+        std::to_string(options_.growth_interval) +
+        " (need a finite init_scale > 0, growth > 1, 0 < backoff < 1, interval >= 1)");
+  scale_ = options_.init_scale;
+}
+
+LossScaler LossScaler::for_autocast(std::optional<DType> autocast) {
+  LossScalerOptions options;
+  options.enabled = autocast == DType::f16;
+  return LossScaler(options);
+}
+
+void LossScaler::unscale(core::Tensor& grads, const core::Stream& stream) {
+  if (!enabled()) return;
+  if (grads.dtype() != DType::f32)
+    throw InvalidArgument(std::string("LossScaler::unscale: gradients are ") +
+                          dtype_name(grads.dtype()) + ", expected the f32 flat gradient buffer");
+  if (unscaled_)
+    throw InvalidArgument("LossScaler::unscale called twice in one step (call update() between)");
+  const core::Device device = grads.device();
+  if (!found_nonfinite_.defined() || !(found_nonfinite_.device() == device))
+    found_nonfinite_ = core::Tensor::empty({1}, DType::i32, device, stream);
+  found_nonfinite_.fill_(0.0, stream);
+  float* data = grads.data_as<float>();
+  const std::int64_t n = grads.numel();
+  const float inv_scale = 1.0f / scale_;
+  std::int32_t* flag = found_nonfinite_.data_as<std::int32_t>();
+  core::dispatch(
+      device, stream, [&] { kernels::cpu::unscale_and_check(data, n, inv_scale, flag); },
+      [&](kernels::CudaStream cuda_stream) {
+        kernels::cuda::unscale_and_check(data, n, inv_scale, flag, cuda_stream);
+      });
+  unscaled_ = true;
+}
+
+bool LossScaler::update(const core::Stream& stream) {
+  if (!enabled()) return true;
+  if (!unscaled_) throw InvalidArgument("LossScaler::update without unscale() in this step");
+  unscaled_ = false;
+  std::int32_t found = 0;
+  found_nonfinite_.copy_to_host(&found, stream);
+  if (found != 0) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+    return false;
+  }
+  if (++growth_tracker_ == options_.growth_interval) {
+    const float grown = scale_ * options_.growth_factor;
+    if (std::isfinite(grown)) scale_ = grown;
+    growth_tracker_ = 0;
+  }
+  return true;
+}
+
+void LossScaler::set_state(const LossScalerState& state) {
+  if (!enabled()) return;
+  if (!(state.scale > 0.0f) || !std::isfinite(state.scale) || state.growth_tracker < 0 ||
+      state.growth_tracker >= options_.growth_interval)
+    throw InvalidArgument("LossScaler: state (scale " + std::to_string(state.scale) +
+                          ", growth tracker " + std::to_string(state.growth_tracker) +
+                          ") is invalid for growth_interval " +
+                          std::to_string(options_.growth_interval));
+  scale_ = state.scale;
+  growth_tracker_ = state.growth_tracker;
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,65 @@
+// LossScaler: dynamic loss scaling for f16 training, with torch.amp.GradScaler's
+// contract. The loss gradient is multiplied by scale() before backward; after
+// the gradients are allreduced, unscale() multiplies them by 1/scale and
+// checks them for inf/NaN in one pass, and update() decides: skip the step and
+// halve the scale, or step and double the scale after growth_interval clean
+// steps in a row. The check runs on allreduced gradients, so every rank
+// decides the same without an extra collective.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+
+namespace lockstep::engine {
+
+struct LossScalerOptions {
+  bool enabled = true;  // false: scale 1, no unscaling, no check, never skip
+  float init_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int64_t growth_interval = 2000;
+};
+
+struct LossScalerState {
+  float scale;
+  std::int64_t growth_tracker;  // clean steps in a row since the scale last changed
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(LossScalerOptions options = {});
+  // Enabled under f16 autocast only: bf16 has f32's exponent range, and f32
+  // needs no scaling (GradScaler's usual use).
+  static LossScaler for_autocast(std::optional<DType> autocast);
+
+  bool enabled() const { return options_.enabled; }
+  // Multiply the loss gradient by this before backward (1 when disabled).
+  float scale() const { return scale_; }
+
+  // Multiplies the flat f32 gradient buffer by 1/scale and records whether any
+  // element was inf or NaN, in one pass; the flag stays on the gradients'
+  // device and nothing waits. Call once per step, after the allreduce and
+  // before clipping. No-op when disabled.
+  void unscale(core::Tensor& grads, const core::Stream& stream = {});
+  // Reads the flag that unscale() left: this is the step's host
+  // synchronisation (it waits for `stream`). Backs off or grows the scale and
+  // returns whether the optimizer should step (false: skip it, the gradients
+  // had an inf or NaN). Always true when disabled.
+  [[nodiscard]] bool update(const core::Stream& stream = {});
+
+  // For checkpoints. A disabled scaler keeps scale 1 and ignores set_state.
+  LossScalerState state() const { return {scale_, growth_tracker_}; }
+  void set_state(const LossScalerState& state);
+
+ private:
+  LossScalerOptions options_;
+  float scale_;
+  std::int64_t growth_tracker_ = 0;
+  core::Tensor found_nonfinite_;  // i32[1] on the gradients' device
+  bool unscaled_ = false;         // unscale() ran since the last update()
+};
+
+}  // namespace lockstep::engine

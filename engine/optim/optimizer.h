@@ -1,0 +1,106 @@
+// Optimizer: the base of SGD and AdamW (engine/optim/sgd.h, adamw.h), which
+// update every trainable parameter in one pass over the ParameterStore's flat
+// buffers. Parameter groups (their own lr and weight decay) interleave in the
+// flat layout, so a segment table built once maps runs of the buffers to
+// groups. State (momentum, Adam moments) lives in flat buffers of the same
+// layout and is read and written by parameter name, for checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/parameter_store.h"
+#include "kernels/optimizer.h"
+
+namespace lockstep::engine {
+
+struct ParamGroup {
+  std::vector<Parameter*> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+};
+
+// The usual two groups: [0] the weights (ParamRole::weight) with weight_decay,
+// [1] biases and normalisation parameters without. Either may be empty; both
+// are kept so that group indices mean the same for every model.
+std::vector<ParamGroup> decay_groups(const ParameterStore& store, double lr, double weight_decay);
+// One group with weight decay on every parameter, as torch.optim does by default.
+std::vector<ParamGroup> single_group(const ParameterStore& store, double lr, double weight_decay);
+
+// One parameter's share of one state buffer; a checkpoint stores it as
+// /optimizer/<parameter>/<state>.
+struct OptimizerStateTensor {
+  std::string parameter;  // Parameter::name
+  std::string state;      // PyTorch's names: momentum_buffer, exp_avg, exp_avg_sq
+  core::Tensor value;     // a view into the flat state buffer, shaped like the parameter
+};
+
+struct OptimizerScalar {
+  std::string name;
+  std::int64_t value;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter from store.grads() and then bumps the parameter
+  // versions (autocast weight copies are keyed on them).
+  void step(const core::Stream& stream = {});
+  // Optimizer steps taken. Every group steps together, so one count serves
+  // them all: the t of AdamW's bias corrections, SGD's first momentum step.
+  std::int64_t steps() const { return steps_; }
+
+  std::size_t group_count() const { return groups_.size(); }
+  double lr(std::size_t group) const { return group_at(group).lr; }
+  void set_lr(std::size_t group, double lr);
+  // The lr the group was built with, which schedulers scale (torch's initial_lr).
+  double initial_lr(std::size_t group) const { return group_at(group).initial_lr; }
+  double weight_decay(std::size_t group) const { return group_at(group).weight_decay; }
+
+  // Every (parameter, state) pair, in store order; writing through a view
+  // writes the state.
+  std::vector<OptimizerStateTensor> state_tensors() const;
+  // Copies `value` (the parameter's shape, f32, any device) into that state.
+  void set_state_tensor(const std::string& parameter, const std::string& state,
+                        const core::Tensor& value, const core::Stream& stream = {});
+  // {"step", steps()}: with the state tensors, all a resumed run needs.
+  std::vector<OptimizerScalar> scalar_state() const;
+  void set_scalar_state(const std::string& name, std::int64_t value);
+
+ protected:
+  // Checks the groups (each stored parameter in exactly one) and builds the
+  // segment table, on the store's device too.
+  Optimizer(std::string type_name, ParameterStore& store, std::vector<ParamGroup> groups,
+            const core::Stream& stream);
+  // A zero-filled flat state buffer, listed by state_tensors() under `name`.
+  core::Tensor add_state(const std::string& name, const core::Stream& stream);
+  // Runs the update for step t = steps() + 1.
+  virtual void launch(const core::Stream& stream) = 0;
+
+  ParameterStore& store() { return store_; }
+  const std::vector<kernels::OptimizerSegment>& segments() const { return segments_; }
+  // The same table in GPU memory; null on the CPU.
+  const kernels::OptimizerSegment* device_segments() const;
+
+ private:
+  struct Group {
+    double lr, initial_lr, weight_decay;
+  };
+  const Group& group_at(std::size_t group) const;
+  const ParameterStore::Slot& slot_named(const std::string& parameter) const;
+
+  std::string type_name_;  // "SGD", "AdamW": for messages
+  ParameterStore& store_;
+  std::vector<Group> groups_;
+  std::vector<kernels::OptimizerSegment> segments_;
+  core::Tensor device_segments_;  // u8 bytes of segments_ on a GPU store
+  std::vector<std::pair<std::string, core::Tensor>> state_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,80 @@
+// Stop requests, the progress line and the metrics file (engine/run_control.h).
+#include "engine/run_control.h"
+
+#include <fmt/core.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <mutex>
+
+#include "comm/step_agreement.h"
+#include "kernels/error.h"
+
+namespace lockstep::engine {
+namespace {
+
+std::atomic<int> g_interrupts{0};
+
+extern "C" void on_interrupt(int /*signal*/) {
+  if (g_interrupts.fetch_add(1) >= 1) std::_Exit(130);  // the second Ctrl-C: at once
+  comm::request_stop();
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    comm::install_stop_handlers({SIGTERM, SIGUSR1});
+    struct sigaction action {};
+    action.sa_handler = on_interrupt;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+  });
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+std::string progress_line(std::int64_t step, std::int64_t total_steps, double loss, double lr,
+                          double samples_per_s, double eta_s) {
+  return fmt::format("step {}/{}  loss {:.4f}  lr {:.4g}  {:.0f} samples/s  ETA {}", step,
+                     total_steps, loss, lr, samples_per_s, format_duration(eta_s));
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw IoError("cannot open the metrics file " + path + " for appending");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const std::string& fields) {
+  if (!file_) return;
+  fmt::print(file_, "{{{}}}\n", fields);
+  std::fflush(file_);
+}
+
+void EtaClock::start(std::int64_t first_step) {
+  start_ = std::chrono::steady_clock::now();
+  first_step_ = first_step;
+}
+
+double EtaClock::eta_s(std::int64_t step, std::int64_t total_steps) const {
+  const std::int64_t done = step - first_step_;
+  if (done <= 0) return -1;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  return elapsed / static_cast<double>(done) * static_cast<double>(total_steps - step);
+}
+
+}  // namespace lockstep::engine

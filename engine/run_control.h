@@ -1,0 +1,55 @@
+// How a training run is told to stop, and how it reports progress.
+//
+// Note [stop requests]: SIGINT (Ctrl-C) asks the run to finish the current
+// step and exit cleanly; a second SIGINT exits at once. SIGUSR1 (which mpirun
+// forwards to every rank) and SIGTERM ask the same. A handler only sets
+// comm's stop flag, which the Trainer carries in the per-step loss allreduce
+// (comm::agree_on_step), so a request made on any rank stops every rank at
+// the same step, and with checkpointing on, the run saves there first.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace lockstep::engine {
+
+// Installs the handlers of Note [stop requests] (idempotent).
+void install_signal_handlers();
+
+// The progress line programs print on rank 0:
+// "step 120/1000  loss 0.4123  lr 0.1  5230 samples/s  ETA 2m13s".
+std::string progress_line(std::int64_t step, std::int64_t total_steps, double loss, double lr,
+                          double samples_per_s, double eta_s);
+// "2m13s", "1h04m", "45s".
+std::string format_duration(double seconds);
+
+// Appends one JSON object per line to a file (the --metrics file): appending
+// means a resumed run continues the file instead of overwriting it.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // "" writes nothing
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  // `fields` is the inside of the object: "\"step\": 3, \"loss\": 0.5".
+  void write(const std::string& fields);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// Seconds left at the rate seen since `start`: a running estimate of the
+// remaining steps' time, from the mean step time after the first step.
+class EtaClock {
+ public:
+  void start(std::int64_t first_step);
+  double eta_s(std::int64_t step, std::int64_t total_steps) const;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  std::int64_t first_step_ = 0;
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,145 @@
+// Trainer (engine/trainer.h).
+#include "engine/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "comm/step_agreement.h"
+#include "engine/optim/clip.h"
+
+namespace lockstep::engine {
+namespace {
+
+comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
+  comm::SynchronizedModel m;
+  m.parameters = store.values();
+  m.gradients = store.grads();
+  for (const ParameterStore::Slot& s : store.slots())
+    m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
+  for (Buffer* b : model.buffers()) m.buffers.push_back({b->name, b->value});
+  return m;
+}
+
+}  // namespace
+
+Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
+                 LossScaler& scaler, comm::World& world, TrainerOptions options,
+                 core::Stream stream)
+    : model_(model),
+      store_(store),
+      optimizer_(optimizer),
+      scheduler_(std::move(scheduler)),
+      scaler_(scaler),
+      world_(world),
+      options_(std::move(options)),
+      stream_(std::move(stream)) {
+  if (options_.accumulation < 1)
+    throw InvalidArgument("--accum must be at least 1, got " +
+                          std::to_string(options_.accumulation));
+  options_.sync.compute_stream = stream_;
+  sync_ = std::make_unique<comm::GradientSynchronizer>(
+      world_.for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
+  model_.train();
+}
+
+Context Trainer::make_context(std::int64_t micro_batch, std::int64_t rows) {
+  Context ctx;
+  ctx.stream = stream_;
+  ctx.autocast = options_.autocast;
+  ctx.seed = options_.seed;
+  ctx.step = static_cast<std::uint64_t>(steps_);
+  ctx.first_sample = (micro_batch * world_.size() + world_.rank()) * rows;
+  return ctx;
+}
+
+std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
+  const auto start = std::chrono::steady_clock::now();
+  const int k_total = options_.accumulation;
+  std::vector<io::Batch> batches;
+  for (int k = 0; k < k_total; ++k) {
+    std::optional<io::Batch> b = loader.next();
+    if (!b) return std::nullopt;
+    batches.push_back(std::move(*b));
+  }
+  store_.zero_grad(stream_);
+  sync_->begin_step(steps_);
+  const float dloss = scaler_.scale() / static_cast<float>(k_total);
+  std::vector<core::Tensor> losses, counts;
+  for (int k = 0; k < k_total; ++k) {
+    std::optional<comm::GradientSynchronizer::NoSync> quiet;
+    if (k + 1 < k_total) quiet.emplace(sync_->no_sync());
+    const io::Batch& batch = batches[k];
+    Context ctx = make_context(k, batch.inputs.dim(0));
+    ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
+    const core::Tensor logits = model_.forward(batch.inputs, ctx);
+    losses.push_back(loss_.forward(logits, batch.labels, ctx));
+    counts.push_back(loss_.counted_rows());
+    model_.backward(loss_.backward(dloss, ctx), ctx);
+    model_.report_ready(ctx);
+  }
+  sync_->finish();
+
+  StepResult r;
+  scaler_.unscale(store_.grads(), stream_);
+  r.loss_scale = scaler_.scale();
+  const bool finite = scaler_.update(stream_);  // the step's host synchronisation
+  r.skipped = !finite;
+  r.grad_norm = !finite ? NAN
+                : options_.max_grad_norm > 0
+                    ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
+                    : grad_norm(store_.grads(), stream_);
+  scheduler_.apply(optimizer_, steps_);
+  r.lr = optimizer_.lr(0);
+  if (finite) optimizer_.step(stream_);
+
+  double loss_sum = 0.0;
+  std::int64_t samples = 0;
+  for (std::size_t k = 0; k < losses.size(); ++k) {
+    const double count = counts[k].to_vector<float>(stream_)[0];
+    loss_sum += losses[k].to_vector<float>(stream_)[0] * count;
+    samples += static_cast<std::int64_t>(count);
+  }
+  const comm::StepTotals totals = comm::agree_on_step(world_.host(), loss_sum, samples);
+  r.step = ++steps_;
+  r.loss = totals.mean_loss();
+  r.samples = totals.samples;
+  r.stop = totals.stop;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+EvalResult Trainer::evaluate(io::DataLoader& loader) {
+  model_.eval();
+  loader.start_epoch(0);
+  double sums[3] = {0, 0, 0};  // loss * rows, correct rows, rows
+  Context ctx = make_context(0, 0);
+  while (std::optional<io::Batch> batch = loader.next()) {
+    if (batch->valid == 0) continue;
+    // Rows [0, valid) are real; the rest is padding (Note [padding], io/sampler.h).
+    const core::Tensor inputs = batch->inputs.view(0, [&] {
+      core::Shape s = batch->inputs.shape();
+      s[0] = batch->valid;
+      return s;
+    }());
+    const core::Tensor labels = batch->labels.view(0, {batch->valid});
+    const core::Tensor logits = model_.forward(inputs, ctx);
+    const double mean = loss_.forward(logits, labels, ctx).to_vector<float>(stream_)[0];
+    sums[0] += mean * static_cast<double>(batch->valid);
+    sums[1] += count_correct(logits, labels, stream_).to_vector<float>(stream_)[0];
+    sums[2] += static_cast<double>(batch->valid);
+  }
+  model_.train();
+  core::Tensor totals = core::Tensor::from_vector<float>(
+      {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2])}, {3},
+      DType::f32);
+  world_.host().allreduce(totals, comm::ReduceOp::sum);
+  const auto t = totals.to_vector<float>();
+  EvalResult r;
+  r.samples = static_cast<std::int64_t>(t[2]);
+  r.loss = t[2] > 0 ? t[0] / t[2] : 0.0;
+  r.accuracy = t[2] > 0 ? t[1] / t[2] : 0.0;
+  return r;
+}
+
+}  // namespace lockstep::engine

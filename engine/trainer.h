@@ -1,0 +1,92 @@
+// Trainer: one optimizer step over K micro-batches of this rank's share of a
+// global batch, with autocast, loss scaling, gradient averaging across ranks
+// (comm::GradientSynchronizer, overlapped with backward), clipping, the lr
+// schedule and the per-step agreement that gives every rank the global mean
+// loss and any stop request; and evaluation over a whole evaluation set.
+//
+// Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
+// micro-batches of B rows give the update of one batch of K*B rows. Only the
+// last micro-batch communicates (no_sync before it). Dropout keys use the
+// row's position in the step's global batch, (k * world + rank) * B + row,
+// which is the same for any split of that batch (Note [dropout keys]).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "comm/gradient_synchronizer.h"
+#include "comm/world.h"
+#include "engine/nn/loss.h"
+#include "engine/nn/module.h"
+#include "engine/optim/loss_scaler.h"
+#include "engine/optim/lr_scheduler.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parameter_store.h"
+#include "io/loader.h"
+
+namespace lockstep::engine {
+
+struct TrainerOptions {
+  int accumulation = 1;           // K micro-batches per optimizer step
+  std::optional<DType> autocast;  // f16 or bf16
+  double max_grad_norm = 0.0;     // clip to this global norm; 0: no clipping
+  std::uint64_t seed = 0;         // dropout keys
+  comm::SynchronizerOptions sync;
+};
+
+struct StepResult {
+  std::int64_t step = 0;  // optimizer steps taken, this one included
+  double loss = 0.0;      // mean over the whole global batch, before the update
+  double lr = 0.0;        // of group 0
+  float loss_scale = 1.0f;
+  double grad_norm = 0.0;    // after unscaling, before clipping; inf/NaN when skipped
+  bool skipped = false;      // inf/NaN gradients: no update
+  bool stop = false;         // a rank was asked to stop (Note [stop requests])
+  std::int64_t samples = 0;  // global samples in this step
+  double seconds = 0.0;
+};
+
+struct EvalResult {
+  double loss = 0.0;      // mean over the evaluation set (padding not counted)
+  double accuracy = 0.0;  // in [0, 1]
+  std::int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  // Collective (builds the synchroniser: checks every rank built the same
+  // model, then copies rank 0's parameters and buffers to all).
+  Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
+          LossScaler& scaler, comm::World& world, TrainerOptions options, core::Stream stream);
+
+  // Takes K micro-batches from `loader` and one optimizer step. nullopt when
+  // the epoch has fewer than K micro-batches left (they are left unused).
+  std::optional<StepResult> step(io::DataLoader& loader);
+  // Loss and accuracy over the loader's whole epoch 0, every rank its share.
+  EvalResult evaluate(io::DataLoader& loader);
+
+  // Steps taken, skipped ones included (the scheduler's and dropout's step;
+  // the optimizer counts only the updates it made).
+  std::int64_t steps() const { return steps_; }
+  // Continues a resumed run at `steps` (the checkpoint's step).
+  void set_steps(std::int64_t steps) { steps_ = steps; }
+  const core::Stream& stream() const { return stream_; }
+
+ private:
+  Context make_context(std::int64_t micro_batch, std::int64_t rows);
+
+  Module& model_;
+  ParameterStore& store_;
+  Optimizer& optimizer_;
+  LrScheduler scheduler_;
+  LossScaler& scaler_;
+  comm::World& world_;
+  TrainerOptions options_;
+  core::Stream stream_;
+  std::unique_ptr<comm::GradientSynchronizer> sync_;
+  CrossEntropyLoss loss_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace lockstep::engine

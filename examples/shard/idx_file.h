@@ -1,0 +1,33 @@
+// Reading IDX files (the MNIST family's format: a big-endian header, then
+// raw bytes), gzipped as Debian's dataset-fashion-mnist ships them. Streams
+// the data in pieces, so a conversion never holds a whole file in memory.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace lockstep::examples {
+
+class IdxFile {
+ public:
+  // Opens `path` and reads its header; throws lockstep::IoError naming the
+  // file when it is missing, is not IDX, or does not hold unsigned bytes.
+  explicit IdxFile(std::filesystem::path path);
+  ~IdxFile();
+  IdxFile(const IdxFile&) = delete;
+  IdxFile& operator=(const IdxFile&) = delete;
+
+  // dims[0] is the item count; the rest is the shape of one item.
+  const std::vector<std::int64_t>& dims() const { return dims_; }
+  std::int64_t item_bytes() const;
+  // Reads the next `count` items into `out`; throws when the file ends early.
+  void read(std::int64_t count, std::uint8_t* out);
+
+ private:
+  std::filesystem::path path_;
+  void* file_;  // gzFile
+  std::vector<std::int64_t> dims_;
+};
+
+}  // namespace lockstep::examples

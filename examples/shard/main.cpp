@@ -1,0 +1,193 @@
+// lockstep-shard: writes datasets in lockstep's shard format (docs/data-format.md).
+//   lockstep-shard fashion-mnist --src DIR --out DIR --shards N
+//   lockstep-shard synthetic --out DIR --count N --shape 3,64,64 --dtype u8 --classes K ...
+// A program to copy from when converting your own data: read samples in
+// order, hand them to io::DatasetWriter in pieces, close it.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "idx_file.h"
+#include "io/shard_writer.h"
+#include "kernels/error.h"
+#include "kernels/half.h"
+#include "kernels/philox.h"
+
+using namespace lockstep;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::int64_t kPieceBytes = 64 << 20;  // samples converted per append, in bytes
+
+// Prints "<what>: 1234/60000 samples (2%)" at most once a second, and at the end.
+class Progress {
+ public:
+  Progress(std::string what, std::int64_t total) : what_(std::move(what)), total_(total) {}
+  void update(std::int64_t done) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total_ && now - last_ < std::chrono::seconds(1)) return;
+    last_ = now;
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    fmt::print("{}: {}/{} samples ({:.0f}%, {:.1f} s)\n", what_, done, total_,
+               total_ ? 100.0 * done / total_ : 100.0, seconds);
+    std::fflush(stdout);
+  }
+
+ private:
+  std::string what_;
+  std::int64_t total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+};
+
+void convert_idx(const fs::path& images_path, const fs::path& labels_path, const fs::path& out,
+                 int shards, const std::string& split) {
+  examples::IdxFile images(images_path), labels(labels_path);
+  const std::int64_t count = images.dims()[0];
+  if (labels.dims().size() != 1 || labels.dims()[0] != count)
+    throw IoError(fmt::format("'{}' holds {} images but '{}' holds {} labels", images_path.string(),
+                              count, labels_path.string(), labels.dims()[0]));
+  io::ShardFormat format{DType::u8, {1}, DType::i64};
+  for (std::size_t i = 1; i < images.dims().size(); ++i)
+    format.sample_shape.push_back(images.dims()[i]);
+  io::DatasetWriter writer(out, format, count, shards, split);
+  Progress progress(split, count);
+  const std::int64_t piece = std::max<std::int64_t>(1, kPieceBytes / images.item_bytes());
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(piece * images.item_bytes()));
+  std::vector<std::uint8_t> raw_labels(static_cast<std::size_t>(piece));
+  std::vector<std::int64_t> wide_labels(static_cast<std::size_t>(piece));
+  for (std::int64_t done = 0; done < count;) {
+    const std::int64_t n = std::min(piece, count - done);
+    images.read(n, pixels.data());
+    labels.read(n, raw_labels.data());
+    for (std::int64_t i = 0; i < n; ++i) wide_labels[i] = raw_labels[i];
+    writer.append(pixels.data(), wide_labels.data(), n);
+    done += n;
+    progress.update(done);
+  }
+  writer.close();
+}
+
+int fashion_mnist(const fs::path& src, const fs::path& out, int shards) {
+  convert_idx(src / "train-images-idx3-ubyte.gz", src / "train-labels-idx1-ubyte.gz", out / "train",
+              shards, "train");
+  convert_idx(src / "t10k-images-idx3-ubyte.gz", src / "t10k-labels-idx1-ubyte.gz", out / "test",
+              shards, "test");
+  fmt::print("wrote {} and {}\n", (out / "train").string(), (out / "test").string());
+  return 0;
+}
+
+struct SyntheticOptions {
+  fs::path out;
+  std::int64_t count = 0;
+  std::vector<std::int64_t> shape{3, 64, 64};
+  std::string dtype = "u8";
+  std::int64_t classes = 1000;
+  int shards = 1;
+  std::uint64_t seed = 0;
+};
+
+// Sample i is a pure function of (seed, i), so that tests and benchmarks can
+// check what they read: its inputs are words [i*W, (i+1)*W) of the Philox
+// stream (seed, 0), W = ceil(sample bytes / 4), as bytes (u8) or as uniforms
+// in [0, 1) (f32, and f16 rounded from them); its label is word i of stream
+// (seed, 1) modulo the class count.
+int synthetic(const SyntheticOptions& o) {
+  io::ShardFormat format{DType::u8, o.shape, DType::i64};
+  if (o.dtype == "f16")
+    format.input_dtype = DType::f16;
+  else if (o.dtype == "f32")
+    format.input_dtype = DType::f32;
+  else if (o.dtype != "u8")
+    throw InvalidArgument("--dtype '" + o.dtype + "' is not u8, f16 or f32");
+  if (o.classes < 1) throw InvalidArgument("--classes must be at least 1");
+  io::check_format(format);
+  const std::int64_t values = core::shape_numel(o.shape);
+  const std::int64_t words = (static_cast<std::int64_t>(format.sample_bytes()) + 3) / 4;
+  const std::int64_t piece = std::max<std::int64_t>(1, kPieceBytes / format.sample_bytes());
+  std::vector<std::uint8_t> inputs(static_cast<std::size_t>(piece) * format.sample_bytes());
+  std::vector<std::uint32_t> sample_words(static_cast<std::size_t>(words));
+  std::vector<float> uniforms(static_cast<std::size_t>(values));
+  std::vector<std::uint32_t> label_words(static_cast<std::size_t>(piece));
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(piece));
+  io::DatasetWriter writer(o.out, format, o.count, o.shards);
+  Progress progress("synthetic", o.count);
+  for (std::int64_t done = 0; done < o.count;) {
+    const std::int64_t n = std::min(piece, o.count - done);
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::uint8_t* dst = inputs.data() + i * format.sample_bytes();
+      const std::uint64_t offset = static_cast<std::uint64_t>((done + i) * words);
+      if (format.input_dtype == DType::u8) {
+        kernels::cpu::random_words({o.seed, 0}, offset, sample_words.data(), words);
+        std::memcpy(dst, sample_words.data(), format.sample_bytes());
+        continue;
+      }
+      kernels::cpu::uniform({o.seed, 0}, offset, uniforms.data(), values);
+      if (format.input_dtype == DType::f32) {
+        std::memcpy(dst, uniforms.data(), format.sample_bytes());
+        continue;
+      }
+      for (std::int64_t v = 0; v < values; ++v) {
+        const std::uint16_t h = kernels::f32_to_f16_bits(uniforms[v]);
+        std::memcpy(dst + 2 * v, &h, 2);
+      }
+    }
+    kernels::cpu::random_words({o.seed, 1}, static_cast<std::uint64_t>(done), label_words.data(),
+                               n);
+    for (std::int64_t i = 0; i < n; ++i) labels[i] = label_words[i] % o.classes;
+    writer.append(inputs.data(), labels.data(), n);
+    done += n;
+    progress.update(done);
+  }
+  writer.close();
+  fmt::print("wrote {} samples ({}) in {} shards to {}\n", o.count, format.str(), o.shards,
+             o.out.string());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lockstep-shard: write datasets as lockstep HDF5 shards (docs/data-format.md)"};
+  app.require_subcommand(1);
+
+  std::string src = "/usr/share/datasets/fashion-mnist", fm_out;
+  int fm_shards = 1;
+  CLI::App* fm =
+      app.add_subcommand("fashion-mnist",
+                         "convert Fashion-MNIST's gzipped IDX files into OUT/train and OUT/test "
+                         "(inputs u8 [N, 1, 28, 28], labels i64)");
+  fm->add_option("--src", src, "directory of the IDX files (Debian: dataset-fashion-mnist)")
+      ->capture_default_str();
+  fm->add_option("--out", fm_out, "output directory")->required();
+  fm->add_option("--shards", fm_shards, "shards per split")->capture_default_str();
+
+  SyntheticOptions syn;
+  CLI::App* sy = app.add_subcommand(
+      "synthetic", "random samples for benchmarks and tests; sample i depends only on (seed, i)");
+  sy->add_option("--out", syn.out, "output directory")->required();
+  sy->add_option("--count", syn.count, "number of samples")->required();
+  sy->add_option("--shape", syn.shape, "per-sample shape, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  sy->add_option("--dtype", syn.dtype, "u8, f16 or f32")->capture_default_str();
+  sy->add_option("--classes", syn.classes, "labels are uniform in [0, classes)")
+      ->capture_default_str();
+  sy->add_option("--shards", syn.shards, "number of shards")->capture_default_str();
+  sy->add_option("--seed", syn.seed, "Philox seed")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (fm->parsed()) return fashion_mnist(src, fm_out, fm_shards);
+    return synthetic(syn);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-shard: {}\n", e.what());
+    return 1;
+  }
+}

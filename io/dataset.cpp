@@ -1,0 +1,136 @@
+// Opening a set of shards and reading rows across them (io/dataset.h).
+#include "io/dataset.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "io/detail/shard_file.h"
+#include "kernels/error.h"
+
+namespace lockstep::io {
+
+namespace fs = std::filesystem;
+
+struct Dataset::State {
+  std::vector<std::unique_ptr<detail::ShardFile>> files;
+  std::vector<ShardInfo> infos;
+  std::vector<std::int64_t> ends;  // exclusive global end row of each shard
+  std::vector<std::int64_t> labels;
+  ShardFormat format;
+};
+
+Dataset Dataset::open(const fs::path& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status))
+    throw IoError("dataset '" + path.string() +
+                  "' does not exist (pass a directory of *.h5 shards or one .h5 file)");
+  if (!fs::is_directory(status)) return open(std::vector<fs::path>{path});
+  std::vector<fs::path> shards;
+  for (const auto& entry : fs::directory_iterator(path))
+    if (entry.path().extension() == ".h5" && entry.is_regular_file())
+      shards.push_back(entry.path());
+  if (shards.empty())
+    throw IoError("no shards: directory '" + path.string() +
+                  "' holds no *.h5 files (write some with lockstep-shard)");
+  std::sort(shards.begin(), shards.end(),
+            [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+  return open(shards);
+}
+
+Dataset Dataset::open(const std::vector<fs::path>& shard_paths) {
+  if (shard_paths.empty()) throw IoError("no shards: the list of shard files is empty");
+  auto state = std::make_shared<State>();
+  std::int64_t rows = 0;
+  for (const fs::path& path : shard_paths) {
+    auto file = std::make_unique<detail::ShardFile>(path);
+    if (state->files.empty()) {
+      state->format = file->format();
+    } else if (!(file->format() == state->format)) {
+      throw IoError("shard '" + path.string() + "' holds " + file->format().str() + ", but '" +
+                    state->files.front()->path().string() + "' holds " + state->format.str() +
+                    " (every shard of a dataset must have the same dtypes and per-sample shape; "
+                    "re-create the odd shard or leave it out)");
+    }
+    state->infos.push_back({path, rows, file->rows(), file->layout(), file->layout_reason()});
+    rows += file->rows();
+    state->ends.push_back(rows);
+    const std::vector<std::int64_t> labels = file->take_labels();
+    state->labels.insert(state->labels.end(), labels.begin(), labels.end());
+    state->files.push_back(std::move(file));
+  }
+  return Dataset(std::move(state));
+}
+
+std::int64_t Dataset::size() const { return static_cast<std::int64_t>(state_->labels.size()); }
+const ShardFormat& Dataset::format() const { return state_->format; }
+const std::vector<ShardInfo>& Dataset::shards() const { return state_->infos; }
+const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
+
+void Dataset::check_labels(std::int64_t num_classes) const {
+  if (num_classes < 1)
+    throw InvalidArgument("num_classes " + std::to_string(num_classes) + " is below 1");
+  const auto& labels = state_->labels;
+  const auto bad = std::find_if(labels.begin(), labels.end(), [&](std::int64_t label) {
+    return label < 0 || label >= num_classes;
+  });
+  if (bad == labels.end()) return;
+  const std::int64_t row = bad - labels.begin();
+  const auto shard =
+      std::upper_bound(state_->ends.begin(), state_->ends.end(), row) - state_->ends.begin();
+  const ShardInfo& info = state_->infos[shard];
+  throw InvalidArgument(fmt::format(
+      "shard '{}', dataset 'labels', row {}: label {} is outside [0, {}) for a model with {} "
+      "classes (check the model's number of classes, or the labels the shards were written with)",
+      info.path.string(), row - info.first_row, *bad, num_classes, num_classes));
+}
+
+void Dataset::read_inputs(std::span<const std::int64_t> rows, void* dst) const {
+  struct Want {
+    std::int64_t row;
+    std::size_t slot;  // position in `rows`, and so in dst
+  };
+  const std::int64_t total = size();
+  std::vector<Want> wants(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= total)
+      throw InvalidArgument(
+          fmt::format("row {} is outside the dataset's {} samples", rows[i], total));
+    wants[i] = {rows[i], i};
+  }
+  std::sort(wants.begin(), wants.end(), [](const Want& a, const Want& b) {
+    return a.row < b.row || (a.row == b.row && a.slot < b.slot);
+  });
+
+  const std::size_t row_bytes = sample_bytes();
+  auto* out = static_cast<std::byte*>(dst);
+  std::vector<std::int64_t> local;
+  std::vector<std::byte*> targets;
+  std::vector<std::pair<std::size_t, std::size_t>> repeats;  // (from slot, to slot)
+  std::size_t i = 0;
+  while (i < wants.size()) {
+    const std::size_t shard =
+        std::upper_bound(state_->ends.begin(), state_->ends.end(), wants[i].row) -
+        state_->ends.begin();
+    const std::int64_t first = state_->infos[shard].first_row, end = state_->ends[shard];
+    local.clear();
+    targets.clear();
+    for (; i < wants.size() && wants[i].row < end; ++i) {
+      if (i > 0 && wants[i].row == wants[i - 1].row) {
+        repeats.push_back({wants[i - 1].slot, wants[i].slot});
+        continue;
+      }
+      local.push_back(wants[i].row - first);
+      targets.push_back(out + wants[i].slot * row_bytes);
+    }
+    state_->files[shard]->read_rows(local, targets);
+  }
+  // A repeated row was read once into its first slot; `repeats` runs in
+  // sorted order, so each source is filled before it is copied on.
+  for (const auto& [from, to] : repeats)
+    std::memcpy(out + to * row_bytes, out + from * row_bytes, row_bytes);
+}
+
+}  // namespace lockstep::io

@@ -1,0 +1,55 @@
+// Dataset: a set of HDF5 shards read as one indexable collection of samples
+// (docs/data-format.md). Opening checks every shard and that all agree on the
+// format, and loads every label into memory (8 bytes a sample), so that label
+// checks happen once and batches only read inputs. Reads are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/shard_format.h"
+
+namespace lockstep::io {
+
+struct ShardInfo {
+  std::filesystem::path path;
+  std::int64_t first_row = 0;  // global index of its row 0
+  std::int64_t rows = 0;
+  ShardLayout layout = ShardLayout::contiguous;
+  std::string layout_reason;  // why the hdf5 layout ("chunked with filters" ...)
+};
+
+class Dataset {
+ public:
+  // A directory of *.h5 shards (in name order), or a single .h5 file.
+  static Dataset open(const std::filesystem::path& path);
+  // Shards in the given order.
+  static Dataset open(const std::vector<std::filesystem::path>& shard_paths);
+
+  std::int64_t size() const;
+  const ShardFormat& format() const;
+  std::size_t sample_bytes() const { return format().sample_bytes(); }
+  const std::vector<ShardInfo>& shards() const;
+
+  // Labels of every sample, as i64 whatever the shards store.
+  const std::vector<std::int64_t>& labels() const;
+  // Throws InvalidArgument naming the shard, the row and the label when a
+  // label lies outside [0, num_classes).
+  void check_labels(std::int64_t num_classes) const;
+
+  // Copies the inputs of `rows` (global indices, any order, repeats allowed)
+  // to `dst`: row rows[i] at dst + i * sample_bytes(). Reads are sorted and
+  // coalesced into runs per shard. Safe to call from many threads at once.
+  void read_inputs(std::span<const std::int64_t> rows, void* dst) const;
+
+ private:
+  struct State;
+  explicit Dataset(std::shared_ptr<const State> state) : state_(std::move(state)) {}
+  std::shared_ptr<const State> state_;
+};
+
+}  // namespace lockstep::io

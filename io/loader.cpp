@@ -1,0 +1,401 @@
+// DataLoader (io/loader.h): the worker pool, the buffer pool and the
+// hand-over to the consumer (Note [loader pipeline]).
+#include "io/loader.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/core/log.h"
+#include "engine/core/memory.h"
+#include "engine/core/ops.h"
+#include "kernels/error.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include "kernels/cuda/check.h"
+#endif
+
+namespace lockstep::io {
+namespace {
+
+constexpr float kU8Scale = 1.0f / 255.0f;
+constexpr std::size_t kLabelsAlignment = 64;
+
+// One buffer of the pool, and the batch it holds between a worker and next().
+struct Slot {
+  core::Tensor inputs, labels;            // cpu: the tensors handed out
+  core::Tensor staging;                   // cpu with scale_u8: the u8 rows, scaled into `inputs`
+  std::shared_ptr<core::Storage> pinned;  // cuda: inputs, then labels
+  core::Event copied;                     // cuda: the copy out of `pinned` has finished
+  void* host_inputs = nullptr;
+  std::int64_t* host_labels = nullptr;
+  MicroBatch rows;
+  std::exception_ptr error;
+  bool lent = false;  // cpu: handed out and still referenced by the consumer
+};
+
+bool referenced_elsewhere(const core::Tensor& t) { return t.storage().use_count() > 1; }
+
+}  // namespace
+
+struct DataLoader::State {
+  Dataset dataset;
+  LoaderOptions options;
+  DistributedSampler sampler;
+  core::Shape batch_shape;
+  DType out_dtype;
+  std::vector<Slot> slots;
+
+  // Shared with the workers, under `mutex`.
+  std::mutex mutex;
+  std::condition_variable work_cv, ready_cv;
+  std::deque<int> free;              // oldest first (Note [buffer reuse order])
+  std::map<std::int64_t, int> done;  // batch -> slot, assembled or failed
+  std::int64_t next_assign = 0, end_assign = 0;
+  int busy = 0;               // slots in workers' hands
+  std::int64_t awaited = -1;  // the batch next() is blocked on, if any
+  bool stop = false;
+  std::vector<std::thread> workers;
+
+  // The consumer's side.
+  bool started = false;
+  std::int64_t epoch = 0, next_out = 0, end_epoch = 0;
+  std::exception_ptr failure;
+  LoaderStats stats;
+  core::Stream copy_stream, consumer_stream;
+  core::Event allocated;
+  std::optional<Batch> prefetched;  // cuda: copy issued, not yet handed out
+
+  State(Dataset d, LoaderOptions o)
+      : dataset(std::move(d)), options(std::move(o)), sampler(dataset.size(), options.sampler) {}
+
+  void worker_loop();
+  void assemble(std::int64_t batch, Slot& slot);
+  void stop_workers();
+  void reclaim_lent();
+  int wait_for(std::int64_t batch);
+  Batch hand_out(int slot, std::int64_t batch);
+  Batch copy_to_device(int slot, std::int64_t batch);
+  void prefetch(std::int64_t batch);
+  void drain_device();
+};
+
+void DataLoader::State::worker_loop() {
+  std::unique_lock lock(mutex);
+  while (true) {
+    work_cv.wait(lock, [&] { return stop || (next_assign < end_assign && !free.empty()); });
+    if (stop) return;
+    const std::int64_t batch = next_assign++;
+    // Note [buffer reuse order]: on cuda the oldest free buffer, whose copy
+    // has most likely finished; on the cpu the newest, whose memory is most
+    // likely still in cache (rotating through all D buffers costs the reads
+    // about a fifth of their speed when the batches are a few MB).
+    int index;
+    if (options.device.is_cuda()) {
+      index = free.front();
+      free.pop_front();
+    } else {
+      index = free.back();
+      free.pop_back();
+    }
+    ++busy;
+    lock.unlock();
+    Slot& slot = slots[index];
+    slot.error = nullptr;
+    try {
+      assemble(batch, slot);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    lock.lock();
+    --busy;
+    if (slot.error) end_assign = std::min(end_assign, batch + 1);  // nothing after it is needed
+    done[batch] = index;
+    if (batch == awaited) ready_cv.notify_one();  // the consumer waits for no other
+  }
+}
+
+void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
+  slot.copied.synchronize();
+  slot.rows = sampler.micro_batch(batch);
+  dataset.read_inputs(slot.rows.indices, slot.host_inputs);
+  const std::vector<std::int64_t>& labels = dataset.labels();
+  for (std::size_t i = 0; i < slot.rows.indices.size(); ++i)
+    slot.host_labels[i] = labels[static_cast<std::size_t>(slot.rows.indices[i])];
+  if (options.transform) {
+    HostBatch host{slot.host_inputs,
+                   dataset.format().input_dtype,
+                   batch_shape,
+                   slot.host_labels,
+                   slot.rows.indices,
+                   slot.rows.valid,
+                   epoch,
+                   batch};
+    options.transform(host);
+  }
+  if (slot.staging.defined()) {
+    core::ops::cast(slot.staging, slot.inputs);
+    core::ops::scale(slot.inputs, kU8Scale);
+  }
+}
+
+void DataLoader::State::stop_workers() {
+  {
+    std::lock_guard lock(mutex);
+    stop = true;
+  }
+  work_cv.notify_all();
+  for (std::thread& t : workers) t.join();
+  workers.clear();
+  stop = false;
+}
+
+// A cpu slot comes back once the consumer holds no reference to its tensors.
+void DataLoader::State::reclaim_lent() {
+  for (int i = 0; i < static_cast<int>(slots.size()); ++i) {
+    Slot& slot = slots[i];
+    if (!slot.lent || referenced_elsewhere(slot.inputs) || referenced_elsewhere(slot.labels))
+      continue;
+    slot.lent = false;
+    free.push_back(i);
+    work_cv.notify_one();
+  }
+}
+
+int DataLoader::State::wait_for(std::int64_t batch) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex);
+  auto it = done.find(batch);
+  while (it == done.end()) {
+    if (!options.device.is_cuda()) {
+      reclaim_lent();
+      if (next_assign <= batch && free.empty() && busy == 0)
+        throw InvalidArgument(fmt::format(
+            "DataLoader: the consumer still holds all {} batches the pool can lend (drop "
+            "batches, and tensors taken from them, before asking for more, or raise "
+            "LoaderOptions::depth)",
+            slots.size()));
+    }
+    awaited = batch;
+    ready_cv.wait(lock);
+    it = done.find(batch);
+  }
+  awaited = -1;
+  const int index = it->second;
+  done.erase(it);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.wait_s += waited;
+  stats.max_wait_s = std::max(stats.max_wait_s, waited);
+  if (slots[index].error) {
+    failure = slots[index].error;
+    free.push_back(index);
+    std::rethrow_exception(failure);
+  }
+  return index;
+}
+
+Batch DataLoader::State::hand_out(int index, std::int64_t batch) {
+  Slot& slot = slots[index];
+  {
+    std::lock_guard lock(mutex);
+    slot.lent = true;
+  }
+  return {slot.inputs, slot.labels, slot.rows.indices, slot.rows.valid, epoch, batch, {}};
+}
+
+#if LOCKSTEP_WITH_CUDA
+Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
+  Slot& slot = slots[index];
+  const core::Device device = options.device;
+  core::set_current_device(device);
+  core::Tensor inputs = core::Tensor::empty(batch_shape, out_dtype, device, consumer_stream);
+  core::Tensor labels = core::Tensor::empty({batch_shape[0]}, DType::i64, device, consumer_stream);
+  // Stream-ordered memory may be used on another stream only after that
+  // stream has waited for the allocation (memory.h).
+  allocated.record(consumer_stream);
+  copy_stream.wait(allocated);
+  const cudaStream_t stream = copy_stream.handle();
+  const std::size_t input_bytes = static_cast<std::size_t>(batch_shape[0]) * dataset.sample_bytes();
+  if (out_dtype == dataset.format().input_dtype) {
+    LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(inputs.data(), slot.host_inputs, input_bytes,
+                                        cudaMemcpyHostToDevice, stream));
+  } else {
+    core::Tensor staging = core::Tensor::empty(batch_shape, DType::u8, device, copy_stream);
+    LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(staging.data(), slot.host_inputs, input_bytes,
+                                        cudaMemcpyHostToDevice, stream));
+    core::ops::cast(staging, inputs, copy_stream);
+    core::ops::scale(inputs, kU8Scale, copy_stream);
+  }
+  LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(labels.data(), slot.host_labels, labels.nbytes(),
+                                      cudaMemcpyHostToDevice, stream));
+  slot.copied.record(copy_stream);
+  Batch out{
+      std::move(inputs), std::move(labels), slot.rows.indices, slot.rows.valid, epoch, batch, {}};
+  out.ready.record(copy_stream);
+  {
+    std::lock_guard lock(mutex);
+    free.push_back(index);
+  }
+  work_cv.notify_one();
+  return out;
+}
+#else
+Batch DataLoader::State::copy_to_device(int, std::int64_t) {
+  throw InvalidArgument("DataLoader: a cuda device in a build without CUDA");
+}
+#endif
+
+// Issues the copy of `batch` now if a worker has finished it, so that it
+// overlaps whatever the consumer does before asking for it.
+void DataLoader::State::prefetch(std::int64_t batch) {
+  int index;
+  {
+    std::lock_guard lock(mutex);
+    const auto it = done.find(batch);
+    if (it == done.end() || slots[it->second].error) return;
+    index = it->second;
+    done.erase(it);
+  }
+  prefetched = copy_to_device(index, batch);
+}
+
+// Copies still in flight write into buffers and tensors about to be dropped.
+void DataLoader::State::drain_device() {
+  if (!options.device.is_cuda()) return;
+  copy_stream.synchronize();
+  prefetched.reset();
+}
+
+DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
+    : state_(std::make_unique<State>(std::move(dataset), std::move(options))) {
+  State& s = *state_;
+  const LoaderOptions& o = s.options;
+  const ShardFormat& format = s.dataset.format();
+  if (o.threads < 1) throw InvalidArgument(fmt::format("DataLoader: {} threads", o.threads));
+  if (o.depth < 0) throw InvalidArgument(fmt::format("DataLoader: depth {}", o.depth));
+  if (o.scale_u8 && format.input_dtype != DType::u8)
+    throw InvalidArgument(std::string("DataLoader: scale_u8 needs u8 inputs, but the dataset "
+                                      "holds ") +
+                          dtype_name(format.input_dtype));
+  core::require_usable(o.device);
+  if (o.stream.device().is_cuda() && !(o.stream.device() == o.device))
+    throw InvalidArgument("DataLoader: a stream of " + o.stream.device().str() +
+                          " for batches on " + o.device.str());
+  if (o.num_classes > 0) s.dataset.check_labels(o.num_classes);
+
+  const std::int64_t rows = o.sampler.micro_batch;
+  s.batch_shape = {rows};
+  s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(), format.sample_shape.end());
+  s.out_dtype = o.scale_u8 ? DType::f32 : format.input_dtype;
+  const int depth = o.depth > 0 ? o.depth : 2 * o.threads + 2;
+  s.slots.resize(static_cast<std::size_t>(depth));
+  const std::size_t input_bytes = static_cast<std::size_t>(rows) * format.sample_bytes();
+  const std::size_t labels_at =
+      (input_bytes + kLabelsAlignment - 1) / kLabelsAlignment * kLabelsAlignment;
+  for (Slot& slot : s.slots) {
+    if (o.device.is_cuda()) {
+      slot.pinned = core::allocate_pinned(labels_at + static_cast<std::size_t>(rows) * 8);
+      slot.host_inputs = slot.pinned->data();
+      slot.host_labels =
+          reinterpret_cast<std::int64_t*>(static_cast<std::byte*>(slot.pinned->data()) + labels_at);
+    } else {
+      slot.inputs = core::Tensor::empty(s.batch_shape, s.out_dtype);
+      slot.labels = core::Tensor::empty({rows}, DType::i64);
+      if (o.scale_u8) slot.staging = core::Tensor::empty(s.batch_shape, DType::u8);
+      slot.host_inputs = (o.scale_u8 ? slot.staging : slot.inputs).data();
+      slot.host_labels = slot.labels.data_as<std::int64_t>();
+    }
+  }
+  if (o.device.is_cuda()) {
+    s.copy_stream = core::Stream::create(o.device);
+    s.consumer_stream =
+        o.stream.device().is_cuda() ? o.stream : core::Stream::default_for(o.device);
+  }
+  for (const ShardInfo& shard : s.dataset.shards())
+    if (shard.layout == ShardLayout::hdf5)
+      core::log_info(
+          "DataLoader: shard '{}' is {}: read through HDF5 under its lock, one "
+          "thread at a time (rewrite it with lockstep-shard for parallel reads)",
+          shard.path.string(), shard.layout_reason);
+}
+
+DataLoader::~DataLoader() {
+  state_->stop_workers();
+  try {
+    state_->drain_device();
+  } catch (const std::exception& e) {
+    core::log_warn("DataLoader: while shutting down: {}", e.what());
+  }
+}
+
+void DataLoader::start_epoch(std::int64_t epoch, std::int64_t position) {
+  State& s = *state_;
+  s.started = false;
+  s.stop_workers();
+  s.drain_device();
+  s.sampler.check_position(position);
+  s.sampler.set_epoch(epoch);
+  {
+    std::lock_guard lock(s.mutex);
+    s.done.clear();
+    s.free.clear();
+    for (int i = 0; i < static_cast<int>(s.slots.size()); ++i)
+      if (!s.slots[i].lent) s.free.push_back(i);
+    s.next_assign = position / s.sampler.global_batch();
+    s.end_assign = s.sampler.batches_per_epoch();
+  }
+  s.epoch = epoch;
+  s.next_out = s.next_assign;
+  s.end_epoch = s.end_assign;
+  s.failure = nullptr;
+  s.started = true;
+  for (int t = 0; t < s.options.threads && s.next_assign < s.end_assign; ++t)
+    s.workers.emplace_back([&s] { s.worker_loop(); });
+}
+
+std::optional<Batch> DataLoader::next() {
+  State& s = *state_;
+  if (!s.started) throw InvalidArgument("DataLoader::next() before start_epoch()");
+  if (s.failure) std::rethrow_exception(s.failure);
+  if (s.next_out == s.end_epoch) return std::nullopt;
+  const std::int64_t batch = s.next_out;
+  std::optional<Batch> out;
+  if (s.prefetched && s.prefetched->index == batch) {
+    out = std::move(s.prefetched);
+    s.prefetched.reset();
+  } else {
+    const int slot = s.wait_for(batch);
+    out = s.options.device.is_cuda() ? s.copy_to_device(slot, batch) : s.hand_out(slot, batch);
+  }
+  ++s.next_out;
+  {
+    std::lock_guard lock(s.mutex);
+    ++s.stats.batches;
+  }
+  if (s.options.device.is_cuda()) {
+    s.consumer_stream.wait(out->ready);
+    if (s.next_out < s.end_epoch) s.prefetch(s.next_out);
+  }
+  return out;
+}
+
+LoaderPosition DataLoader::position() const {
+  return {state_->epoch, state_->next_out * state_->sampler.global_batch()};
+}
+
+const DistributedSampler& DataLoader::sampler() const { return state_->sampler; }
+const Dataset& DataLoader::dataset() const { return state_->dataset; }
+
+LoaderStats DataLoader::stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->stats;
+}
+
+}  // namespace lockstep::io

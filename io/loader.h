@@ -1,0 +1,121 @@
+// DataLoader: this rank's micro-batches of a Dataset, in order, assembled
+// ahead of the consumer by T worker threads into a fixed pool of D host
+// buffers, then handed out as tensors on the loader's device.
+//
+// Note [loader pipeline]: a worker takes the next batch index and a free
+// buffer together, under one lock, so buffers go to batches in order and the
+// batch the consumer waits for always has one. It reads the batch's rows
+// (sorted and coalesced, Dataset::read_inputs), fills the labels, runs the
+// transform, and posts the buffer. next() takes batches strictly in index
+// order, so the sequence is the same for every T. What happens then depends
+// on the device:
+// - cpu: the batch's tensors are the buffer itself (no copy). The buffer
+//   returns to the pool once the consumer has dropped every reference to
+//   them (copies and views included); next() throws when the consumer holds
+//   all D buffers, rather than waiting forever.
+// - cuda: the buffer is pinned (core::allocate_pinned). Its host-to-device
+//   copy runs on the loader's own stream into tensors allocated on the
+//   consumer's stream (so they are freed in order with the consumer's work);
+//   an event recorded after the copy marks the batch ready, and next() makes
+//   the consumer's stream wait for it. The buffer returns to the pool at once,
+//   fenced by a second event that a worker waits for before refilling it. The
+//   copy of batch k+1 is issued when next() hands out batch k if the batch is
+//   assembled by then, so it overlaps the consumer's step.
+// An exception in a worker (a read error, a throwing transform) is kept with
+// its batch and rethrown by next() when the consumer reaches that batch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "engine/core/device.h"
+#include "engine/core/stream.h"
+#include "engine/core/tensor.h"
+#include "io/dataset.h"
+#include "io/sampler.h"
+
+namespace lockstep::io {
+
+// A batch in host memory as a transform sees it: before the copy to the
+// device and before u8 scaling, in the dataset's dtype. A transform changes
+// values in place (augmentation, normalisation); shapes stay.
+struct HostBatch {
+  void* inputs = nullptr;  // [rows, ...sample_shape] of `dtype`
+  DType dtype = DType::u8;
+  core::Shape shape;                      // [rows, ...sample_shape]
+  std::int64_t* labels = nullptr;         // [rows]
+  std::span<const std::int64_t> indices;  // global sample index of each row
+  std::int64_t valid = 0;                 // Note [padding], io/sampler.h
+  std::int64_t epoch = 0, index = 0;      // global batch `index` of `epoch`
+};
+// Runs on worker threads, several at once: it must be thread-safe, and it
+// should key any randomness by (epoch, sample index) so results do not
+// depend on which thread ran it.
+using Transform = std::function<void(HostBatch&)>;
+
+struct LoaderOptions {
+  SamplerOptions sampler{};
+  int threads = 4;  // T
+  int depth = 0;    // D, buffers in the pool; 0: 2 * threads + 2
+  core::Device device = core::Device::cpu();
+  // CUDA: the stream the consumer uses the batches on (default: the device's
+  // default stream). Batch tensors are allocated on it.
+  core::Stream stream{};
+  bool scale_u8 = false;         // u8 inputs come out as f32 x / 255 (x * (1.0f / 255))
+  std::int64_t num_classes = 0;  // > 0: check every label lies in [0, num_classes) at start
+  Transform transform{};
+};
+
+struct Batch {
+  core::Tensor inputs;  // [B, ...sample_shape]: the dataset's dtype, or f32 when scaled
+  core::Tensor labels;  // [B] i64
+  std::vector<std::int64_t> indices;  // global sample index of each row
+  std::int64_t valid = 0;             // rows [0, valid) are real (Note [padding])
+  std::int64_t epoch = 0, index = 0;  // global batch `index` of `epoch`
+  core::Event ready;  // CUDA: recorded after the copy (the consumer's stream already waits)
+};
+
+// Where a checkpoint resumes: global samples consumed at the consumer.
+struct LoaderPosition {
+  std::int64_t epoch = 0;
+  std::int64_t position = 0;
+};
+
+struct LoaderStats {
+  std::int64_t batches = 0;  // handed out since construction
+  double wait_s = 0;         // time next() spent waiting for a batch to be assembled
+  double max_wait_s = 0;
+};
+
+class DataLoader {
+ public:
+  DataLoader(Dataset dataset, LoaderOptions options);
+  // Stops the workers (mid-epoch too: each finishes the batch in hand) and joins them.
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Starts (or restarts) `epoch` at `position`, a count of global samples
+  // already consumed (LoaderPosition::position of a checkpoint). Batches of a
+  // previous epoch not yet handed out are dropped.
+  void start_epoch(std::int64_t epoch, std::int64_t position = 0);
+  // The next micro-batch of this rank, or nothing at the end of the epoch.
+  std::optional<Batch> next();
+
+  // Counted at the consumer: batches handed out, not batches assembled.
+  LoaderPosition position() const;
+  const DistributedSampler& sampler() const;
+  const Dataset& dataset() const;
+  std::int64_t batches_per_epoch() const { return sampler().batches_per_epoch(); }
+  LoaderStats stats() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace lockstep::io

@@ -1,0 +1,40 @@
+// ShardFormat: what every shard of a dataset agrees on (docs/data-format.md):
+// the inputs' dtype and per-sample shape, and the labels' dtype; ShardLayout:
+// how a shard's rows are read. Shared by the writer and the reader.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "engine/core/tensor.h"
+#include "kernels/dtype.h"
+
+namespace lockstep::io {
+
+// Dataset names inside a shard.
+inline constexpr const char* kInputsName = "inputs";
+inline constexpr const char* kLabelsName = "labels";
+
+struct ShardFormat {
+  DType input_dtype = DType::u8;   // u8, f16 or f32
+  core::Shape sample_shape;        // one sample, e.g. {1, 28, 28}; inputs are [N, ...]
+  DType label_dtype = DType::i64;  // i64 or i32; labels are [N]
+
+  std::size_t sample_bytes() const {
+    return static_cast<std::size_t>(core::shape_numel(sample_shape)) * dtype_size(input_dtype);
+  }
+  // "inputs u8 [1, 28, 28], labels i64"
+  std::string str() const {
+    return std::string("inputs ") + dtype_name(input_dtype) + " " + core::shape_str(sample_shape) +
+           ", labels " + dtype_name(label_dtype);
+  }
+  bool operator==(const ShardFormat&) const = default;
+};
+
+// How a shard's inputs are read: `contiguous` with pread at the offset HDF5
+// reports, from any thread and without the HDF5 lock; `hdf5` through the
+// library under the lock (chunked, compressed, compact, external or
+// big-endian datasets). Note [contiguous reads] in io/detail/shard_file.h.
+enum class ShardLayout { contiguous, hdf5 };
+
+}  // namespace lockstep::io

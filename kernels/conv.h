@@ -1,0 +1,82 @@
+// 2-D convolution (NCHW, PyTorch's cross-correlation, weight [out, in/groups,
+// kh, kw]) with stride, padding, dilation and groups, in f32, f16 or bf16 with
+// f32 accumulation; each output element is rounded to the type once, so the
+// CPU emulates what cuDNN does under autocast. CPU: im2col + OpenBLAS GEMM,
+// col2im for the input gradient. CUDA: cuDNN's legacy API, with algorithms
+// from its heuristics chosen once per shape (Note [conv algorithm choice]).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "kernels/stream.h"
+
+namespace lockstep::kernels {
+
+struct Conv2dShape {
+  std::int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
+  std::int64_t out_channels = 0, kernel_h = 1, kernel_w = 1;
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+  std::int64_t dilation_h = 1, dilation_w = 1;
+  std::int64_t groups = 1;
+
+  std::int64_t out_h() const {
+    return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1;
+  }
+  std::int64_t out_w() const {
+    return (in_w + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1;
+  }
+};
+
+// Throws InvalidArgument naming the field at fault: non-positive sizes,
+// channels not divisible by groups, a padded input smaller than the dilated
+// kernel, or sizes past cuDNN's int range.
+void validate_conv2d(const Conv2dShape& s);
+
+// How CUDA chooses convolution algorithms; process-wide, read when a shape is
+// first planned (each setting keeps its own plans). The CPU has one algorithm.
+// deterministic: only algorithms cuDNN marks deterministic (bitwise equal
+// results run to run). autotune: time the candidates once per shape
+// (cudnnFind*, which allocates its own scratch) instead of the heuristic.
+void set_deterministic(bool on);
+bool deterministic();
+void set_conv_autotune(bool on);
+bool conv_autotune();
+
+namespace cpu {
+// y [batch, out, oh, ow] = conv(x [batch, in, h, w], w) + bias, all in `type`
+// but the bias (f32, one per output channel, may be null). The bias is added
+// to the rounded convolution and the sum rounded again, as CUDA does.
+void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
+                    const float* bias, void* y);
+// dx = the input gradient for dy, in `type`.
+void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, const void* w,
+                          void* dx);
+// dw (f32) += the weight gradient; for 16-bit types the batch's gradient is
+// rounded to `type` once before it is added, as the CUDA path does.
+void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
+                            float* dw);
+// The bias gradient: db[c] += the sum of dy[:, c, :], accumulated in f64.
+void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
+                       std::int64_t spatial, float* db);
+}  // namespace cpu
+
+namespace cuda {
+enum class ConvPass { forward, backward_data, backward_filter };
+// Workspace bytes the caller provides to the pass (plans the shape if needed).
+std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass);
+void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
+                    const float* bias, void* y, void* workspace, std::size_t workspace_bytes,
+                    CudaStream stream);
+void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, const void* w, void* dx,
+                          void* workspace, std::size_t workspace_bytes, CudaStream stream);
+void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
+                            float* dw, void* workspace, std::size_t workspace_bytes,
+                            CudaStream stream);
+void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
+                       std::int64_t spatial, float* db, CudaStream stream);
+}  // namespace cuda
+
+}  // namespace lockstep::kernels

@@ -1,0 +1,370 @@
+// CUDA convolution (kernels/conv.h) on cuDNN's legacy API, plus the per-channel
+// bias kernels. Each (device, shape, dtype, pass, settings) is planned once:
+// descriptors and the chosen algorithm are cached, so a training step makes
+// no heuristic queries after the first.
+//
+// Note [conv algorithm choice]: candidates come from cudnnGet*Algorithm_v7
+// (heuristics: no timing, no allocation, the same answer after a restart), or,
+// with conv_autotune(), from cudnnFind*Algorithm (timed once per shape). The
+// first candidate that succeeded, needs at most kAlgoWorkspaceLimitBytes, is
+// deterministic when deterministic() is set, and, for f32, does not use
+// tensor cores is taken. f32 runs with CUDNN_FMA_MATH: true f32, as our f32
+// GEMMs (cuDNN's default would allow TF32 on Ampere and later). f16 and bf16
+// run with f32 accumulation (compute type CUDNN_DATA_FLOAT) and take the math
+// type the heuristic paired with its algorithm.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/conv.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/check_cudnn.h"
+#include "kernels/cuda/cudnn_handle.h"
+#include "kernels/cuda/device_float.cuh"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+using detail::from_f32;
+using detail::kThreads;
+using detail::to_f32;
+
+constexpr std::size_t kAlgoWorkspaceLimitBytes = 256u << 20;
+constexpr std::size_t kScratchAlignment = 256;
+
+cudnnDataType_t cudnn_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      break;
+  }
+  throw InvalidArgument(std::string("conv2d: dtype ") + dtype_name(t) +
+                        " is not supported (use f32, f16 or bf16)");
+}
+
+const char* pass_name(ConvPass pass) {
+  switch (pass) {
+    case ConvPass::forward:
+      return "forward";
+    case ConvPass::backward_data:
+      return "backward data";
+    case ConvPass::backward_filter:
+      return "backward filter";
+  }
+  return "?";
+}
+
+std::string describe(const Conv2dShape& s, DType type) {
+  auto str = [](std::int64_t v) { return std::to_string(v); };
+  return std::string(dtype_name(type)) + " x [" + str(s.batch) + ", " + str(s.in_channels) + ", " +
+         str(s.in_h) + ", " + str(s.in_w) + "] w [" + str(s.out_channels) + ", " +
+         str(s.in_channels / s.groups) + ", " + str(s.kernel_h) + ", " + str(s.kernel_w) +
+         "] stride " + str(s.stride_h) + "x" + str(s.stride_w) + " padding " + str(s.pad_h) + "x" +
+         str(s.pad_w) + " dilation " + str(s.dilation_h) + "x" + str(s.dilation_w) + " groups " +
+         str(s.groups);
+}
+
+struct PlanKey {
+  int device;
+  Conv2dShape s;
+  DType type;
+  ConvPass pass;
+  bool deterministic, autotune;
+  auto tie() const {
+    return std::tie(device, s.batch, s.in_channels, s.in_h, s.in_w, s.out_channels, s.kernel_h,
+                    s.kernel_w, s.stride_h, s.stride_w, s.pad_h, s.pad_w, s.dilation_h,
+                    s.dilation_w, s.groups, type, pass, deterministic, autotune);
+  }
+  bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t forward_algo{};
+  cudnnConvolutionBwdDataAlgo_t data_algo{};
+  cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+  std::size_t algo_workspace_bytes = 0;  // what cuDNN needs
+  std::size_t workspace_bytes = 0;       // plus a 16-bit weight-gradient scratch
+  ~Plan() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+};
+
+// Leaked on purpose, like the handles (kernels/cuda/cudnn_handle.h).
+Cache& cache() {
+  static Cache* instance = new Cache;
+  return *instance;
+}
+
+// Index of the first acceptable candidate (Note [conv algorithm choice]).
+template <typename Perf>
+int pick(const std::vector<Perf>& perf, int count, const PlanKey& key) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kAlgoWorkspaceLimitBytes) continue;
+    if (key.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+    if (key.type == DType::f32 && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH)
+      continue;
+    return i;
+  }
+  throw LibraryError(
+      "cuDNN", CUDNN_STATUS_NOT_SUPPORTED,
+      std::string("no cuDNN algorithm for conv2d ") + pass_name(key.pass) + " of " +
+          describe(key.s, key.type) + (key.deterministic ? " in deterministic mode" : "") +
+          " within a workspace of " + std::to_string(kAlgoWorkspaceLimitBytes >> 20) + " MiB");
+}
+
+template <typename Perf>
+void use_math(const Plan& plan, const Perf& p, DType type) {
+  const cudnnMathType_t math = type == DType::f32 ? CUDNN_FMA_MATH : p.mathType;
+  LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionMathType(plan.conv, math));
+}
+
+void choose_algorithm(cudnnHandle_t handle, Plan& plan, const PlanKey& key) {
+  int max_count = 0, count = 0;
+  switch (key.pass) {
+    case ConvPass::forward: {
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+      if (key.autotune)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(
+            handle, plan.x, plan.w, plan.conv, plan.y, max_count, &count, perf.data()));
+      else
+        LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
+            handle, plan.x, plan.w, plan.conv, plan.y, max_count, &count, perf.data()));
+      const auto& best = perf[pick(perf, count, key)];
+      use_math(plan, best, key.type);
+      plan.forward_algo = best.algo;
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(
+          handle, plan.x, plan.w, plan.conv, plan.y, best.algo, &plan.algo_workspace_bytes));
+      return;
+    }
+    case ConvPass::backward_data: {
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+      if (key.autotune)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(
+            handle, plan.w, plan.y, plan.conv, plan.x, max_count, &count, perf.data()));
+      else
+        LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            handle, plan.w, plan.y, plan.conv, plan.x, max_count, &count, perf.data()));
+      const auto& best = perf[pick(perf, count, key)];
+      use_math(plan, best, key.type);
+      plan.data_algo = best.algo;
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          handle, plan.w, plan.y, plan.conv, plan.x, best.algo, &plan.algo_workspace_bytes));
+      return;
+    }
+    case ConvPass::backward_filter: {
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
+      if (key.autotune)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(
+            handle, plan.x, plan.y, plan.conv, plan.w, max_count, &count, perf.data()));
+      else
+        LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            handle, plan.x, plan.y, plan.conv, plan.w, max_count, &count, perf.data()));
+      const auto& best = perf[pick(perf, count, key)];
+      use_math(plan, best, key.type);
+      plan.filter_algo = best.algo;
+      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          handle, plan.x, plan.y, plan.conv, plan.w, best.algo, &plan.algo_workspace_bytes));
+      return;
+    }
+  }
+}
+
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+}
+
+std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key) {
+  const Conv2dShape& s = key.s;
+  const cudnnDataType_t type = cudnn_type(key.type);
+  auto plan = std::make_unique<Plan>();
+  auto i = [](std::int64_t v) { return static_cast<int>(v); };  // validate_conv2d bounds them
+  LOCKSTEP_CHECK_CUDNN(cudnnCreateTensorDescriptor(&plan->x));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, type, i(s.batch),
+                                                  i(s.in_channels), i(s.in_h), i(s.in_w)));
+  LOCKSTEP_CHECK_CUDNN(cudnnCreateTensorDescriptor(&plan->y));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, type, i(s.batch),
+                                                  i(s.out_channels), i(s.out_h()), i(s.out_w())));
+  LOCKSTEP_CHECK_CUDNN(cudnnCreateFilterDescriptor(&plan->w));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetFilter4dDescriptor(plan->w, type, CUDNN_TENSOR_NCHW,
+                                                  i(s.out_channels), i(s.in_channels / s.groups),
+                                                  i(s.kernel_h), i(s.kernel_w)));
+  LOCKSTEP_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&plan->conv));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
+      plan->conv, i(s.pad_h), i(s.pad_w), i(s.stride_h), i(s.stride_w), i(s.dilation_h),
+      i(s.dilation_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionGroupCount(plan->conv, i(s.groups)));
+  // Set before the query so that the heuristic considers (or, for f32, leaves
+  // out) tensor-core kernels; choose_algorithm sets the final math type.
+  LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionMathType(
+      plan->conv, key.type == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+
+  int n = 0, c = 0, h = 0, w = 0;
+  LOCKSTEP_CHECK_CUDNN(
+      cudnnGetConvolution2dForwardOutputDim(plan->conv, plan->x, plan->w, &n, &c, &h, &w));
+  if (n != s.batch || c != s.out_channels || h != s.out_h() || w != s.out_w())
+    throw LibraryError("cuDNN", CUDNN_STATUS_BAD_PARAM,
+                       "cuDNN's output size " + std::to_string(h) + "x" + std::to_string(w) +
+                           " differs from ours for conv2d " + describe(s, key.type));
+
+  choose_algorithm(handle, *plan, key);
+  plan->workspace_bytes = plan->algo_workspace_bytes;
+  if (key.pass == ConvPass::backward_filter && key.type != DType::f32)
+    plan->workspace_bytes = align_up(plan->algo_workspace_bytes) +
+                            static_cast<std::size_t>(s.out_channels * (s.in_channels / s.groups) *
+                                                     s.kernel_h * s.kernel_w) *
+                                dtype_size(key.type);
+  return plan;
+}
+
+const Plan& plan_for(const Conv2dShape& s, DType type, ConvPass pass, CudaStream stream) {
+  validate_conv2d(s);
+  int device = 0;
+  LOCKSTEP_CHECK_CUDA(cudaGetDevice(&device));
+  const PlanKey key{device, s, type, pass, deterministic(), conv_autotune()};
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto found = c.plans.find(key);
+  if (found == c.plans.end())
+    found = c.plans.emplace(key, make_plan(detail::cudnn_handle(stream), key)).first;
+  return *found->second;
+}
+
+void require_workspace(const Plan& plan, std::size_t given, ConvPass pass) {
+  if (given < plan.workspace_bytes)
+    throw InvalidArgument(std::string("conv2d ") + pass_name(pass) + ": workspace of " +
+                          std::to_string(given) + " bytes, the plan needs " +
+                          std::to_string(plan.workspace_bytes) +
+                          " (ask conv2d_workspace_bytes with the same settings)");
+}
+
+template <typename T>
+__global__ void accumulate_kernel(const T* src, float* dst, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    dst[i] += to_f32(src[i]);
+}
+
+template <typename T>
+__global__ void add_channel_bias_kernel(T* y, const float* bias, std::int64_t channels,
+                                        std::int64_t spatial, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f32<T>(to_f32(y[i]) + bias[(i / spatial) % channels]);
+}
+
+// One block per channel; f64 partial sums added by a fixed tree: deterministic.
+template <typename T>
+__global__ void channel_bias_grad_kernel(const T* dy, std::int64_t batch, std::int64_t channels,
+                                         std::int64_t spatial, float* db) {
+  __shared__ double lanes[kThreads];
+  const std::int64_t c = blockIdx.x;
+  double acc = 0.0;
+  for (std::int64_t j = threadIdx.x; j < batch * spatial; j += kThreads)
+    acc += to_f32(dy[((j / spatial) * channels + c) * spatial + j % spatial]);
+  lanes[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) lanes[threadIdx.x] += lanes[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[c] = static_cast<float>(db[c] + lanes[0]);
+}
+
+}  // namespace
+
+std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass) {
+  return plan_for(s, type, pass, nullptr).workspace_bytes;
+}
+
+void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
+                    const float* bias, void* y, void* workspace, std::size_t workspace_bytes,
+                    CudaStream stream) {
+  const Plan& plan = plan_for(s, type, ConvPass::forward, stream);
+  require_workspace(plan, workspace_bytes, ConvPass::forward);
+  const float one = 1.0f, zero = 0.0f;
+  LOCKSTEP_CHECK_CUDNN(cudnnConvolutionForward(detail::cudnn_handle(stream), &one, plan.x, x,
+                                               plan.w, w, plan.conv, plan.forward_algo, workspace,
+                                               plan.algo_workspace_bytes, &zero, plan.y, y));
+  if (!bias) return;
+  const std::int64_t spatial = s.out_h() * s.out_w(), n = s.batch * s.out_channels * spatial;
+  detail::dispatch_float(type, "conv2d_forward", [&](auto tag) {
+    using T = decltype(tag);
+    add_channel_bias_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(
+        static_cast<T*>(y), bias, s.out_channels, spatial, n);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, const void* w, void* dx,
+                          void* workspace, std::size_t workspace_bytes, CudaStream stream) {
+  const Plan& plan = plan_for(s, type, ConvPass::backward_data, stream);
+  require_workspace(plan, workspace_bytes, ConvPass::backward_data);
+  const float one = 1.0f, zero = 0.0f;
+  LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardData(
+      detail::cudnn_handle(stream), &one, plan.w, w, plan.y, dy, plan.conv, plan.data_algo,
+      workspace, plan.algo_workspace_bytes, &zero, plan.x, dx));
+}
+
+void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
+                            float* dw, void* workspace, std::size_t workspace_bytes,
+                            CudaStream stream) {
+  const Plan& plan = plan_for(s, type, ConvPass::backward_filter, stream);
+  require_workspace(plan, workspace_bytes, ConvPass::backward_filter);
+  cudnnHandle_t handle = detail::cudnn_handle(stream);
+  const float one = 1.0f, zero = 0.0f;
+  if (type == DType::f32) {  // beta = 1: accumulate straight into the f32 gradient
+    LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+        handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
+        plan.algo_workspace_bytes, &one, plan.w, dw));
+    return;
+  }
+  // cuDNN writes a 16-bit weight gradient in the data type: into scratch past
+  // the algorithm's workspace, then cast-added into the f32 gradient.
+  void* scratch = static_cast<char*>(workspace) + align_up(plan.algo_workspace_bytes);
+  LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+      handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
+      plan.algo_workspace_bytes, &zero, plan.w, scratch));
+  const std::int64_t n = s.out_channels * (s.in_channels / s.groups) * s.kernel_h * s.kernel_w;
+  detail::dispatch_float(type, "conv2d_backward_filter", [&](auto tag) {
+    using T = decltype(tag);
+    accumulate_kernel<T>
+        <<<detail::grid_for(n), kThreads, 0, stream>>>(static_cast<const T*>(scratch), dw, n);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
+                       std::int64_t spatial, float* db, CudaStream stream) {
+  detail::dispatch_float(type, "channel_bias_grad", [&](auto tag) {
+    using T = decltype(tag);
+    if (channels == 0) return;
+    channel_bias_grad_kernel<T><<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), batch, channels, spatial, db);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+}  // namespace lockstep::kernels::cuda

@@ -1,0 +1,215 @@
+// CUDA pooling (kernels/pooling.h): one thread per output for the forwards,
+// one per input element for the backwards, which gather over the windows that
+// cover the element in (oh, ow) order, as the CPU loops do. Global average
+// pooling gives each plane one thread that sums it in index order in f64.
+#include <math_constants.h>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_float.cuh"
+#include "kernels/pooling.h"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+using detail::from_f32;
+using detail::kThreads;
+using detail::to_f32;
+
+// The window of output (oh, ow) clipped to the input: rows [h0, h1), cols [w0, w1).
+struct Window {
+  std::int64_t h0, h1, w0, w1;
+};
+__device__ Window window(const Pool2dShape& s, std::int64_t oh, std::int64_t ow) {
+  const std::int64_t h = oh * s.stride_h - s.pad_h, w = ow * s.stride_w - s.pad_w;
+  return {h > 0 ? h : 0, min(h + s.kernel_h, s.in_h), w > 0 ? w : 0, min(w + s.kernel_w, s.in_w)};
+}
+
+// Outputs along one axis whose windows cover input index i: [lo, hi).
+__device__ void covering(std::int64_t i, std::int64_t pad, std::int64_t kernel, std::int64_t stride,
+                         std::int64_t outputs, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t padded = i + pad;
+  lo = padded < kernel ? 0 : (padded - kernel) / stride + 1;
+  hi = min(outputs, padded / stride + 1);
+}
+
+__device__ float avg_divisor(const Pool2dShape& s, bool count_include_pad, const Window& w) {
+  return count_include_pad ? static_cast<float>(s.kernel_h * s.kernel_w)
+                           : static_cast<float>((w.h1 - w.h0) * (w.w1 - w.w0));
+}
+
+__device__ std::int64_t first_index() {
+  return blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+}
+__device__ std::int64_t grid_size() { return std::int64_t{gridDim.x} * blockDim.x; }
+
+template <typename T>
+__global__ void max_forward_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n, const T* x,
+                                   T* y, std::int32_t* argmax) {
+  const std::int64_t out_hw = oh_n * ow_n;
+  for (std::int64_t o = first_index(); o < s.batch * s.channels * out_hw; o += grid_size()) {
+    const std::int64_t p = o / out_hw, oh = o % out_hw / ow_n, ow = o % ow_n;
+    const Window w = window(s, oh, ow);
+    const T* plane = x + p * s.in_h * s.in_w;
+    float best = -CUDART_INF_F;
+    std::int64_t best_index = w.h0 * s.in_w + w.w0;
+    for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
+      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) {
+        const float v = to_f32(plane[ih * s.in_w + iw]);
+        if (v > best || isnan(v)) {  // Note [max pool ties]
+          best = v;
+          best_index = ih * s.in_w + iw;
+        }
+      }
+    y[o] = from_f32<T>(best);
+    if (argmax) argmax[o] = static_cast<std::int32_t>(best_index);
+  }
+}
+
+template <typename T>
+__global__ void max_backward_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                    const T* dy, const std::int32_t* argmax, T* dx) {
+  const std::int64_t out_hw = oh_n * ow_n;
+  const std::int64_t in_hw = s.in_h * s.in_w;
+  for (std::int64_t i = first_index(); i < s.batch * s.channels * in_hw; i += grid_size()) {
+    const std::int64_t p = i / in_hw, ih = i % in_hw / s.in_w, iw = i % s.in_w;
+    std::int64_t oh0, oh1, ow0, ow1;
+    covering(ih, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
+    covering(iw, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
+    const std::int32_t self = static_cast<std::int32_t>(ih * s.in_w + iw);
+    float acc = 0.0f;
+    for (std::int64_t oh = oh0; oh < oh1; ++oh)
+      for (std::int64_t ow = ow0; ow < ow1; ++ow) {
+        const std::int64_t o = p * out_hw + oh * ow_n + ow;
+        if (argmax[o] == self) acc += to_f32(dy[o]);
+      }
+    dx[i] = from_f32<T>(acc);
+  }
+}
+
+template <typename T>
+__global__ void avg_forward_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                   bool count_include_pad, const T* x, T* y) {
+  const std::int64_t out_hw = oh_n * ow_n;
+  for (std::int64_t o = first_index(); o < s.batch * s.channels * out_hw; o += grid_size()) {
+    const std::int64_t p = o / out_hw, oh = o % out_hw / ow_n, ow = o % ow_n;
+    const Window w = window(s, oh, ow);
+    const T* plane = x + p * s.in_h * s.in_w;
+    float sum = 0.0f;
+    for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
+      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) sum += to_f32(plane[ih * s.in_w + iw]);
+    y[o] = from_f32<T>(sum / avg_divisor(s, count_include_pad, w));
+  }
+}
+
+template <typename T>
+__global__ void avg_backward_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                    bool count_include_pad, const T* dy, T* dx) {
+  const std::int64_t out_hw = oh_n * ow_n;
+  const std::int64_t in_hw = s.in_h * s.in_w;
+  for (std::int64_t i = first_index(); i < s.batch * s.channels * in_hw; i += grid_size()) {
+    const std::int64_t p = i / in_hw, ih = i % in_hw / s.in_w, iw = i % s.in_w;
+    std::int64_t oh0, oh1, ow0, ow1;
+    covering(ih, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
+    covering(iw, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
+    float acc = 0.0f;
+    for (std::int64_t oh = oh0; oh < oh1; ++oh)
+      for (std::int64_t ow = ow0; ow < ow1; ++ow)
+        acc += to_f32(dy[p * out_hw + oh * ow_n + ow]) /
+               avg_divisor(s, count_include_pad, window(s, oh, ow));
+    dx[i] = from_f32<T>(acc);
+  }
+}
+
+template <typename T>
+__global__ void global_avg_forward_kernel(std::int64_t planes, std::int64_t spatial, const T* x,
+                                          T* y) {
+  for (std::int64_t p = first_index(); p < planes; p += grid_size()) {
+    double sum = 0.0;
+    for (std::int64_t i = p * spatial; i < (p + 1) * spatial; ++i) sum += to_f32(x[i]);
+    y[p] = from_f32<T>(static_cast<float>(sum / static_cast<double>(spatial)));
+  }
+}
+
+template <typename T>
+__global__ void global_avg_backward_kernel(std::int64_t planes, std::int64_t spatial, const T* dy,
+                                           T* dx) {
+  for (std::int64_t i = first_index(); i < planes * spatial; i += grid_size()) {
+    dx[i] = from_f32<T>(static_cast<float>(to_f32(dy[i / spatial]) / static_cast<double>(spatial)));
+  }
+}
+
+}  // namespace
+
+void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y,
+                        std::int32_t* argmax, CudaStream stream) {
+  validate_pool2d(s);
+  detail::dispatch_float(type, "max_pool2d_forward", [&](auto tag) {
+    using T = decltype(tag);
+    max_forward_kernel<T>
+        <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
+            s, s.out_h(), s.out_w(), static_cast<const T*>(x), static_cast<T*>(y), argmax);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void max_pool2d_backward(const Pool2dShape& s, DType type, const void* dy,
+                         const std::int32_t* argmax, void* dx, CudaStream stream) {
+  validate_pool2d(s);
+  detail::dispatch_float(type, "max_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    max_backward_kernel<T>
+        <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
+            s, s.out_h(), s.out_w(), static_cast<const T*>(dy), argmax, static_cast<T*>(dx));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void avg_pool2d_forward(const Pool2dShape& s, DType type, bool count_include_pad, const void* x,
+                        void* y, CudaStream stream) {
+  validate_pool2d(s);
+  detail::dispatch_float(type, "avg_pool2d_forward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_forward_kernel<T>
+        <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
+            s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(x),
+            static_cast<T*>(y));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void avg_pool2d_backward(const Pool2dShape& s, DType type, bool count_include_pad, const void* dy,
+                         void* dx, CudaStream stream) {
+  validate_pool2d(s);
+  detail::dispatch_float(type, "avg_pool2d_backward", [&](auto tag) {
+    using T = decltype(tag);
+    avg_backward_kernel<T>
+        <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
+            s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(dy),
+            static_cast<T*>(dx));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void global_avg_pool_forward(DType type, std::int64_t planes, std::int64_t spatial, const void* x,
+                             void* y, CudaStream stream) {
+  detail::dispatch_float(type, "global_avg_pool_forward", [&](auto tag) {
+    using T = decltype(tag);
+    if (planes == 0) return;
+    global_avg_forward_kernel<T><<<detail::grid_for(planes), kThreads, 0, stream>>>(
+        planes, spatial, static_cast<const T*>(x), static_cast<T*>(y));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void global_avg_pool_backward(DType type, std::int64_t planes, std::int64_t spatial, const void* dy,
+                              void* dx, CudaStream stream) {
+  detail::dispatch_float(type, "global_avg_pool_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (planes * spatial == 0) return;
+    global_avg_backward_kernel<T><<<detail::grid_for(planes * spatial), kThreads, 0, stream>>>(
+        planes, spatial, static_cast<const T*>(dy), static_cast<T*>(dx));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+}  // namespace lockstep::kernels::cuda

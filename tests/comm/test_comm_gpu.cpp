@@ -1,0 +1,123 @@
+// One-rank NCCL tests for the GPU machine ([gpu]): comm::init launched
+// directly binds cuda:0 and creates a one-rank NCCL communicator without
+// MPI; its collectives and the synchroniser's stream path run on device
+// buffers. With one rank every reduction is the identity, so the expected
+// values are the inputs (or their independent 16-bit roundings).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "comm/comm_test_support.h"
+#include "comm/gradient_synchronizer.h"
+#include "comm/world.h"
+
+using namespace lockstep;
+using comm::ReduceOp;
+using core::Tensor;
+
+namespace {
+
+comm::World& gpu_world() {
+  static std::unique_ptr<comm::World> world = [] {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+      unsetenv(name);
+    int argc = 0;
+    char** argv = nullptr;
+    return comm::init(argc, argv);
+  }();
+  return *world;
+}
+
+std::vector<float> ramp(std::int64_t n) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = 0.25f * (i % 97) - 12.0f;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("launched directly, the world binds cuda:0 and a one-rank NCCL communicator",
+          "[gpu][comm]") {
+  comm::World& world = gpu_world();
+  CHECK_FALSE(world.uses_mpi());
+  CHECK(world.size() == 1);
+  REQUIRE(world.device() == core::Device::cuda(0));
+  comm::Communicator& nccl = world.for_device(world.device());
+  CHECK(std::string(nccl.backend()) == "nccl");
+  CHECK(nccl.device() == core::Device::cuda(0));
+}
+
+TEST_CASE("one-rank NCCL collectives on device buffers return the inputs", "[gpu][comm]") {
+  comm::World& world = gpu_world();
+  comm::Communicator& nccl = world.for_device(world.device());
+  const core::Device gpu = world.device();
+  core::Stream stream = core::Stream::create(gpu);
+  for (std::int64_t n : {0, 1, 1000, 65537}) {
+    const std::vector<float> values = ramp(n);  // exact in f16 and bf16
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        Tensor x = Tensor::from_vector(values, {n}, DType::f32, gpu).cast(dtype);
+        nccl.allreduce(x, op);          // blocking, on the communicator's stream
+        nccl.allreduce(x, op, stream);  // enqueued on ours
+        CHECK(x.cast(DType::f32, stream).to_vector<float>(stream) == values);
+      }
+    Tensor x = Tensor::from_vector(values, {n}, DType::f32, gpu);
+    nccl.broadcast(x, 0);
+    Tensor gathered = Tensor::zeros({n}, DType::f32, gpu);
+    nccl.allgather(x, gathered);
+    Tensor scattered = Tensor::zeros({n}, DType::f32, gpu);
+    nccl.reduce_scatter(gathered, scattered, ReduceOp::sum);
+    CHECK(scattered.to_vector<float>() == values);
+  }
+  nccl.barrier();
+  auto dup = nccl.duplicate("gpu-dup");
+  Tensor one = Tensor::from_vector<float>({3.0f}, {1}, DType::f32, gpu);
+  dup->allreduce(one, ReduceOp::sum);
+  CHECK(one.to_vector<float>() == std::vector<float>{3.0f});
+}
+
+TEST_CASE("the synchroniser reduces device gradients on its stream, f32 and 16-bit wire",
+          "[gpu][comm]") {
+  comm::World& world = gpu_world();
+  const core::Device gpu = world.device();
+  core::Stream compute = core::Stream::create(gpu);
+  for (DType wire : {DType::f32, DType::bf16, DType::f16}) {
+    std::int64_t total = 0;
+    comm::SynchronizedModel model;
+    model.segments = test::aligned_segments(
+        {{"fc2.weight", {10, 300}}, {"fc2.bias", {10}}, {"fc1.weight", {300, 40}}}, total);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+    std::vector<float> host(static_cast<std::size_t>(total));
+    for (float& v : host) v = dist(rng);
+    model.parameters = Tensor::zeros({total}, DType::f32, gpu, compute);
+    model.gradients = Tensor::from_vector(host, {total}, DType::f32, gpu, compute);
+    model.buffers = {{"bn.mean", Tensor::zeros({7}, DType::f32, gpu, compute)}};
+    const Tensor grads = model.gradients;
+    comm::SynchronizerOptions options;
+    options.first_bucket_cap_bytes = 4096;
+    options.bucket_cap_bytes = 16384;
+    options.wire_dtype = wire;
+    options.compute_stream = compute;
+    comm::GradientSynchronizer sync(world.for_device(gpu), std::move(model), options);
+    CHECK(sync.buckets().size() > 1);
+    sync.begin_step(0);
+    for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
+    sync.finish();
+    const std::vector<float> got = grads.to_vector<float>(compute);
+    std::size_t wrong = 0;
+    for (const auto& s : sync.segments())
+      for (std::int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+        const double x = host[static_cast<std::size_t>(i)];
+        const double want = wire == DType::bf16  ? test::round_bf16(x)
+                            : wire == DType::f16 ? test::round_f16(x)
+                                                 : x;
+        if (got[static_cast<std::size_t>(i)] != want) ++wrong;
+      }
+    INFO("wire " << dtype_name(wire));
+    CHECK(wrong == 0);
+  }
+}

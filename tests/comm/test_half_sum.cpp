@@ -1,0 +1,113 @@
+// The 16-bit sums behind the MPI reduction ops for f16 and bf16, against the
+// exact sum of the decoded inputs rounded by the independent references in
+// comm_test_support.h. Decoding uses std::ldexp on the IEEE fields.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "comm/comm_test_support.h"
+#include "comm/detail/half_sum.h"
+
+using lockstep::test::round_bf16;
+using lockstep::test::round_f16;
+
+namespace {
+
+double decode_f16(std::uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exp == 0x1f) return mant ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  return sign * (exp == 0 ? std::ldexp(mant, -24) : std::ldexp(mant + 1024, exp - 25));
+}
+
+double decode_bf16(std::uint16_t b) {
+  const int exp = (b >> 7) & 0xff, mant = b & 0x7f;
+  const double sign = (b & 0x8000) ? -1.0 : 1.0;
+  if (exp == 0xff) return mant ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
+  return sign * (exp == 0 ? std::ldexp(mant, -133) : std::ldexp(mant + 128, exp - 134));
+}
+
+bool same(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return got == want && std::signbit(got) == std::signbit(want);
+}
+
+}  // namespace
+
+TEST_CASE("f16 sums are the correctly rounded sums of the inputs", "[comm][half]") {
+  // Every f16 value is a multiple of 2^-24 below 2^16, so the f64 sum of two
+  // is exact and the reference rounds it once.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> bits(0, 0xffff);
+  std::vector<std::uint16_t> a, b;
+  for (int i = 0; i < 200000; ++i) {
+    a.push_back(static_cast<std::uint16_t>(bits(rng)));
+    b.push_back(static_cast<std::uint16_t>(bits(rng)));
+  }
+  const std::uint16_t specials[][2] = {
+      {0x7bff, 0x7bff},  // 65504 + 65504 overflows to inf
+      {0x7c00, 0xfc00},  // inf + -inf is NaN
+      {0x8000, 0x8000},  // -0 + -0 = -0
+      {0x0000, 0x8000},  // 0 + -0 = +0
+      {0x0001, 0x0001},  // subnormals add exactly
+      {0x3c00, 0x1000},  // 1 + 2^-11: a tie, to even
+  };
+  for (const auto& s : specials) {
+    a.push_back(s[0]);
+    b.push_back(s[1]);
+  }
+  std::vector<std::uint16_t> sum = b;
+  lockstep::comm::detail::sum_f16(a.data(), sum.data(), static_cast<std::int64_t>(a.size()));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double want = round_f16(decode_f16(a[i]) + decode_f16(b[i]));
+    if (!same(decode_f16(sum[i]), want)) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(sum[a.size() - 6] == 0x7c00);
+  CHECK(std::isnan(decode_f16(sum[a.size() - 5])));
+  CHECK(sum[a.size() - 4] == 0x8000);
+  CHECK(sum[a.size() - 3] == 0x0000);
+}
+
+TEST_CASE("bf16 sums are the correctly rounded sums of the inputs", "[comm][half]") {
+  // Exponents within 2^-20..2^20 keep the f64 sum of two bf16 values exact
+  // (8 + 40 bits < 53), so the reference rounds it once.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> exponent(127 - 20, 127 + 20), mantissa(0, 127), sign(0, 1);
+  auto random_bf16 = [&] {
+    return static_cast<std::uint16_t>((sign(rng) << 15) | (exponent(rng) << 7) | mantissa(rng));
+  };
+  std::vector<std::uint16_t> a, b;
+  for (int i = 0; i < 200000; ++i) {
+    a.push_back(random_bf16());
+    b.push_back(random_bf16());
+  }
+  const std::uint16_t specials[][2] = {
+      {0x7f7f, 0x7f7f},  // the largest finite value twice overflows to inf
+      {0x7f80, 0xff80},  // inf + -inf is NaN
+      {0x0001, 0x0001},  // subnormals
+      {0x3f80, 0x3b80},  // 1 + 2^-8: a tie, to even (1)
+      {0x3f81, 0x3b80},  // (1 + 2^-7) + 2^-8: a tie, to even (1 + 2^-6)
+  };
+  for (const auto& s : specials) {
+    a.push_back(s[0]);
+    b.push_back(s[1]);
+  }
+  std::vector<std::uint16_t> sum = b;
+  lockstep::comm::detail::sum_bf16(a.data(), sum.data(), static_cast<std::int64_t>(a.size()));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double want = round_bf16(decode_bf16(a[i]) + decode_bf16(b[i]));
+    if (!same(decode_bf16(sum[i]), want)) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(sum[a.size() - 5] == 0x7f80);
+  CHECK(std::isnan(decode_bf16(sum[a.size() - 4])));
+  CHECK(sum[a.size() - 2] == 0x3f80);
+  CHECK(sum[a.size() - 1] == 0x3f82);
+}

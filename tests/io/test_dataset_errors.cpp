@@ -1,0 +1,164 @@
+// Every bad input the reader can meet gives its own lockstep::Error naming the
+// file and the dataset: no shards, unreadable, truncated or corrupt files,
+// missing datasets, inputs and labels of different length, dtype or shape
+// differing across shards, unsupported dtypes, labels out of range.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "io/check_hdf5.h"
+#include "io/dataset.h"
+#include "io/shard_fixtures.h"
+
+using namespace lockstep;
+using namespace lockstep::io;
+using test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+void flip_bytes(const fs::path& path, std::uint64_t offset, int count) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    file.seekg(static_cast<std::streamoff>(offset + i));
+    const char c = static_cast<char>(file.get() ^ 0xff);
+    file.seekp(static_cast<std::streamoff>(offset + i));
+    file.put(c);
+  }
+}
+
+std::uint64_t object_header_address(const fs::path& path, const char* name) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  H5O_info_t info;
+  H5Oget_info_by_name(file, name, &info, H5P_DEFAULT);
+  H5Fclose(file);
+  return info.addr;
+}
+
+// A shard with only the datasets given (name, dtype, shape).
+struct Part {
+  const char* name;
+  DType type;
+  core::Shape shape;
+};
+void write_parts(const fs::path& path, std::initializer_list<Part> parts) {
+  const hid_t file = test::create_file(path, {});
+  for (const Part& p : parts) {
+    std::vector<std::uint8_t> zeros(core::shape_numel(p.shape) * dtype_size(p.type));
+    test::write_dataset(file, p.name, p.type, p.shape, zeros.data(), {});
+  }
+  H5Fclose(file);
+}
+
+template <typename E>
+void require_error(const fs::path& path, std::initializer_list<std::string> fragments) {
+  try {
+    Dataset::open(path);
+    FAIL("no error opening " << path);
+  } catch (const E& e) {
+    for (const std::string& f : fragments) CHECK_THAT(e.what(), Catch::Contains(f));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a missing path or a directory without shards is an IoError", "[io][errors]") {
+  TempDir dir;
+  require_error<IoError>(dir / "nowhere", {"does not exist", "nowhere"});
+  std::ofstream(dir / "readme.txt") << "not a shard";
+  require_error<IoError>(dir.path(), {"no shards", dir.path().string(), "lockstep-shard"});
+  CHECK_THROWS_AS(Dataset::open(std::vector<fs::path>{}), IoError);
+  fs::create_directory(dir / "folder.h5");
+  CHECK_THROWS_WITH(Dataset::open(std::vector<fs::path>{dir / "folder.h5"}),
+                    Catch::Contains("not a regular file"));
+}
+
+TEST_CASE("a file that is not HDF5, truncated or corrupt names itself", "[io][errors]") {
+  TempDir dir;
+  std::ofstream(dir / "text.h5") << "hello";
+  require_error<IoError>(dir / "text.h5", {"text.h5", "not an HDF5 file"});
+
+  test::write_shard(dir / "good.h5", 0, 200, {64}, DType::u8);
+  const auto size = fs::file_size(dir / "good.h5");
+
+  fs::copy_file(dir / "good.h5", dir / "cut.h5");
+  fs::resize_file(dir / "cut.h5", size / 2);
+  require_error<IoError>(dir / "cut.h5", {"cut.h5", "truncated", "re-create"});
+
+  fs::copy_file(dir / "good.h5", dir / "signature.h5");
+  flip_bytes(dir / "signature.h5", 1, 3);
+  require_error<IoError>(dir / "signature.h5", {"signature.h5", "not an HDF5 file"});
+
+  fs::copy_file(dir / "good.h5", dir / "header.h5");
+  flip_bytes(dir / "header.h5", object_header_address(dir / "header.h5", "inputs"), 16);
+  require_error<IoError>(dir / "header.h5",
+                         {"header.h5", "dataset 'inputs'", "H5Dopen2", "object header"});
+}
+
+TEST_CASE("a missing dataset or rows that do not match is an IoError", "[io][errors]") {
+  TempDir dir;
+  write_parts(dir / "no_labels.h5", {{"inputs", DType::u8, {4, 2}}});
+  require_error<IoError>(dir / "no_labels.h5", {"no_labels.h5", "dataset 'labels'", "missing"});
+  write_parts(dir / "no_inputs.h5", {{"labels", DType::i64, {4}}});
+  require_error<IoError>(dir / "no_inputs.h5", {"dataset 'inputs'", "missing"});
+  write_parts(dir / "rows.h5", {{"inputs", DType::u8, {4, 2}}, {"labels", DType::i64, {5}}});
+  require_error<IoError>(dir / "rows.h5", {"rows.h5", "'inputs' has 4 rows but 'labels' has 5"});
+  write_parts(dir / "rank.h5", {{"inputs", DType::u8, {4, 2}}, {"labels", DType::i64, {4, 1}}});
+  require_error<IoError>(dir / "rank.h5", {"dataset 'labels'", "[4, 1]"});
+}
+
+TEST_CASE("unsupported dtypes are an IoError saying what is read", "[io][errors]") {
+  TempDir dir;
+  write_parts(dir / "i32.h5", {{"inputs", DType::i32, {4, 2}}, {"labels", DType::i64, {4}}});
+  require_error<IoError>(dir / "i32.h5",
+                         {"i32.h5", "dataset 'inputs'", "stored as i32", "u8, f16 or f32"});
+  write_parts(dir / "f32labels.h5", {{"inputs", DType::u8, {4, 2}}, {"labels", DType::f32, {4}}});
+  require_error<IoError>(dir / "f32labels.h5", {"dataset 'labels'", "stored as f32"});
+}
+
+TEST_CASE("shards that disagree on dtype or shape name the odd one", "[io][errors]") {
+  TempDir dir;
+  test::write_shard(dir / "a.h5", 0, 10, {3, 4}, DType::u8);
+  test::write_shard(dir / "b.h5", 10, 10, {3, 4}, DType::f32);
+  require_error<IoError>(dir.path(), {"b.h5", "inputs f32 [3, 4]", "a.h5", "inputs u8 [3, 4]"});
+  fs::remove(dir / "b.h5");
+  test::write_shard(dir / "c.h5", 10, 10, {4, 3}, DType::u8);
+  require_error<IoError>(dir.path(), {"c.h5", "[4, 3]"});
+  fs::remove(dir / "c.h5");
+  test::write_shard(dir / "d.h5", 10, 10, {3, 4}, DType::u8, DType::i32);
+  require_error<IoError>(dir.path(), {"d.h5", "labels i32"});
+}
+
+TEST_CASE("a label out of range names shard, row and value", "[io][errors]") {
+  TempDir dir;
+  test::write_shard(dir / "a.h5", 0, 10, {2}, DType::u8);
+  test::write_shard(dir / "b.h5", 10, 10, {2}, DType::u8);
+  const Dataset data = Dataset::open(dir.path());
+  CHECK_NOTHROW(data.check_labels(10));  // labels are (7 i) mod 10
+  // Label 9 first appears at sample 7 (7 * 7 = 49).
+  CHECK_THROWS_MATCHES(data.check_labels(9), InvalidArgument,
+                       Catch::Matchers::Predicate<InvalidArgument>([](const InvalidArgument& e) {
+                         const std::string m = e.what();
+                         return m.find("a.h5") != std::string::npos &&
+                                m.find("row 7: label 9 is outside [0, 9)") != std::string::npos;
+                       }));
+  CHECK_THROWS_AS(data.check_labels(0), InvalidArgument);
+  CHECK_THROWS_AS(data.read_inputs(std::vector<std::int64_t>{20}, nullptr), InvalidArgument);
+}
+
+TEST_CASE("LOCKSTEP_CHECK_HDF5 names the call, the place and HDF5's error stack", "[io][errors]") {
+  CHECK(LOCKSTEP_CHECK_HDF5(H5Tget_class(H5T_NATIVE_INT)) == H5T_INTEGER);
+  Hdf5Lock lock;
+  const int line = __LINE__ + 2;
+  try {
+    LOCKSTEP_CHECK_HDF5(H5Fopen("/nonexistent/lockstep.h5", H5F_ACC_RDONLY, H5P_DEFAULT));
+    FAIL("H5Fopen of a missing file succeeded");
+  } catch (const LibraryError& e) {
+    CHECK(e.library() == "HDF5");
+    CHECK(e.code() < 0);
+    CHECK_THAT(e.what(), Catch::Contains("H5Fopen(\"/nonexistent/lockstep.h5\""));
+    CHECK_THAT(e.what(), Catch::Contains("test_dataset_errors.cpp:" + std::to_string(line)));
+    CHECK_THAT(e.what(), Catch::Contains("unable to open file"));
+  }
+  CHECK(io::detail::hdf5_error_stack() == "no HDF5 error stack");  // the throw cleared it
+}

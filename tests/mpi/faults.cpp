@@ -1,0 +1,58 @@
+// lockstep_mpi_faults: a small data-parallel training loop that goes wrong on
+// purpose, run under mpiexec by ctest (tests/mpi/CMakeLists.txt), which checks
+// its exit status, its output and how long it took (expect_run.cmake).
+//   train     five clean steps; every rank exits 0
+//   mismatch  the last rank builds a different model: every rank reports it and exits 1
+//   die       rank 1 is killed (SIGKILL) in step 3: the launcher ends the job
+//   stall     rank 1 stops before step 3's backward: the others' watchdogs end the job
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/gradient_synchronizer.h"
+#include "comm/step_agreement.h"
+#include "comm/world.h"
+
+using namespace lockstep;
+
+int main(int argc, char** argv) {
+  auto world = comm::init(argc, argv, {.use_gpu = false});
+  const std::string mode = argc > 1 ? argv[1] : "train";
+  const int rank = world->rank();
+  try {
+    // Three layers in ready order, 256-byte aligned, in buckets of about 4 kB.
+    const std::int64_t hidden = mode == "mismatch" && rank == world->size() - 1 ? 33 : 32;
+    const std::vector<std::pair<std::string, core::Shape>> params = {
+        {"fc2.bias", {10}}, {"fc2.weight", {10, hidden}}, {"fc1.weight", {hidden, 100}}};
+    comm::SynchronizedModel model;
+    std::int64_t offset = 0;
+    for (const auto& [name, shape] : params) {
+      model.segments.push_back({name, offset, core::shape_numel(shape), shape});
+      offset = (offset + core::shape_numel(shape) + 63) / 64 * 64;
+    }
+    model.parameters = core::Tensor::zeros({offset}, DType::f32);
+    model.gradients = core::Tensor::zeros({offset}, DType::f32);
+    core::Tensor grads = model.gradients;
+    comm::GradientSynchronizer sync(world->host(), std::move(model),
+                                    {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 1024});
+    for (int step = 0; step < 5; ++step) {
+      sync.begin_step(step);
+      if (step == 3 && rank == 1 && mode == "die") std::raise(SIGKILL);
+      if (step == 3 && rank == 1 && mode == "stall") sleep(3600);
+      grads.fill_(0.01 * (rank + 1));
+      for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
+      sync.finish();
+      comm::agree_on_step(world->host(), 1.0, 4);
+    }
+    std::fprintf(stderr, "rank %d finished 5 steps\n", rank);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    world->shutdown();
+    return 1;
+  }
+  world->shutdown();
+  return 0;
+}
