@@ -15,12 +15,14 @@ void SelfCommunicator::do_broadcast(void*, std::int64_t, DType, int, const core:
 
 void SelfCommunicator::do_allgather(const void* send, void* recv, std::int64_t count, DType dtype,
                                     const core::Stream&) {
-  if (send != recv) std::memmove(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
+  if (count > 0 && send != recv)
+    std::memmove(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
 }
 
 void SelfCommunicator::do_reduce_scatter(const void* send, void* recv, std::int64_t count,
                                          DType dtype, ReduceOp, const core::Stream&) {
-  if (send != recv) std::memmove(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
+  if (count > 0 && send != recv)
+    std::memmove(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
 }
 
 std::unique_ptr<Communicator> SelfCommunicator::do_duplicate(std::string label) {

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <regex>
 
 #include "engine/core/log.h"
 #include "io/check_hdf5.h"
@@ -162,11 +161,17 @@ void write_checksum(const fs::path& data, const fs::path& target) {
   fs::rename(tmp, target);
 }
 
+// The step of "ckpt-<step>.h5", or -1 for any other name.
 std::int64_t step_of(const fs::path& file) {
-  static const std::regex pattern(R"(ckpt-(\d+)\.h5)");
-  std::smatch m;
   const std::string name = file.filename().string();
-  return std::regex_match(name, m, pattern) ? std::stoll(m[1]) : -1;
+  const std::string prefix = "ckpt-", suffix = ".h5";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
 }
 
 // Reads every dataset under `group` into `out`, keyed by path relative to it.

@@ -253,7 +253,9 @@ Batch DataLoader::State::copy_to_device(int, std::int64_t) {
 #endif
 
 // Issues the copy of `batch` now if a worker has finished it, so that it
-// overlaps whatever the consumer does before asking for it.
+// overlaps whatever the consumer does before asking for it. A failure here
+// belongs to `batch`: it is kept for the next call of next(), and the batch
+// being handed out now is not lost.
 void DataLoader::State::prefetch(std::int64_t batch) {
   int index;
   {
@@ -263,7 +265,11 @@ void DataLoader::State::prefetch(std::int64_t batch) {
     index = it->second;
     done.erase(it);
   }
-  prefetched = copy_to_device(index, batch);
+  try {
+    prefetched = copy_to_device(index, batch);
+  } catch (...) {
+    failure = std::current_exception();
+  }
 }
 
 // Copies still in flight write into buffers and tensors about to be dropped.
@@ -366,23 +372,30 @@ std::optional<Batch> DataLoader::next() {
   if (s.failure) std::rethrow_exception(s.failure);
   if (s.next_out == s.end_epoch) return std::nullopt;
   const std::int64_t batch = s.next_out;
+  const bool cuda = s.options.device.is_cuda();
+  const bool prefetched = s.prefetched && s.prefetched->index == batch;
+  // Throws a worker's error (kept in `failure`), or, before taking anything,
+  // the error of a consumer that holds every buffer.
+  const int slot = prefetched ? -1 : s.wait_for(batch);
   std::optional<Batch> out;
-  if (s.prefetched && s.prefetched->index == batch) {
-    out = std::move(s.prefetched);
-    s.prefetched.reset();
-  } else {
-    const int slot = s.wait_for(batch);
-    out = s.options.device.is_cuda() ? s.copy_to_device(slot, batch) : s.hand_out(slot, batch);
+  try {
+    if (prefetched) {
+      out = std::move(s.prefetched);
+      s.prefetched.reset();
+    } else {
+      out = cuda ? s.copy_to_device(slot, batch) : s.hand_out(slot, batch);
+    }
+    if (cuda) s.consumer_stream.wait(out->ready);
+  } catch (...) {
+    s.failure = std::current_exception();  // the batch is lost: later calls must not wait for it
+    throw;
   }
   ++s.next_out;
   {
     std::lock_guard lock(s.mutex);
     ++s.stats.batches;
   }
-  if (s.options.device.is_cuda()) {
-    s.consumer_stream.wait(out->ready);
-    if (s.next_out < s.end_epoch) s.prefetch(s.next_out);
-  }
+  if (cuda && s.next_out < s.end_epoch) s.prefetch(s.next_out);
   return out;
 }
 

@@ -1,9 +1,9 @@
 // 2-D convolution (NCHW, PyTorch's cross-correlation, weight [out, in/groups,
 // kh, kw]) with stride, padding, dilation and groups, in f32, f16 or bf16 with
-// f32 accumulation; each output element is rounded to the type once, so the
-// CPU emulates what cuDNN does under autocast. CPU: im2col + OpenBLAS GEMM,
-// col2im for the input gradient. CUDA: cuDNN's legacy API, with algorithms
-// from its heuristics chosen once per shape (Note [conv algorithm choice]).
+// f32 accumulation; each pass's result is rounded to the type once, so the CPU
+// emulates what cuDNN does under autocast. CPU: im2col + OpenBLAS GEMM, col2im
+// for the input gradient. CUDA: cuDNN's legacy API, with algorithms from its
+// heuristics chosen once per shape (Note [conv algorithm choice] in the .cu).
 #pragma once
 
 #include <cstddef>
@@ -65,7 +65,8 @@ void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int6
 
 namespace cuda {
 enum class ConvPass { forward, backward_data, backward_filter };
-// Workspace bytes the caller provides to the pass (plans the shape if needed).
+// Workspace bytes the caller provides to the pass: cuDNN's, plus room for the
+// 16-bit weight gradient in backward_filter. Plans the shape if needed.
 std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass);
 void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
                     const float* bias, void* y, void* workspace, std::size_t workspace_bytes,

@@ -160,7 +160,7 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::int64
       void* all = const_cast<void*>(send);
       LOCKSTEP_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, all, n, types_->reducible(dtype),
                                                   types_->sum(dtype), comm_));
-      std::memmove(recv, all, bytes);
+      if (bytes > 0) std::memmove(recv, all, bytes);
     } else {
       LOCKSTEP_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, n, types_->reducible(dtype),
                                                   types_->sum(dtype), comm_));

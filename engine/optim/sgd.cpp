@@ -29,8 +29,9 @@ void SGD::launch(const core::Stream& stream) {
   std::vector<kernels::SgdGroup> groups;
   for (std::size_t g = 0; g < group_count(); ++g)
     groups.push_back({static_cast<float>(lr(g)), static_cast<float>(weight_decay(g)),
-                      static_cast<float>(options_.momentum), static_cast<float>(1.0 - options_.dampening),
-                      options_.nesterov, steps() == 0});
+                      static_cast<float>(options_.momentum),
+                      static_cast<float>(1.0 - options_.dampening), options_.nesterov,
+                      steps() == 0});
   float* params = store().values().data_as<float>();
   const float* grads = store().grads().data_as<float>();
   float* momentum = momentum_.defined() ? momentum_.data_as<float>() : nullptr;

@@ -177,29 +177,43 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
   gemm(args);
 }
 
+// Note [conv scratch]: the per-call buffers (im2col columns, the padded image,
+// widened 16-bit data) are kept per thread and reused, growing only. Fresh
+// buffers of that size come from mmap and cost a page fault per 4 KiB on
+// every call, as much as a fifth of a small convolution's time.
+enum Slot { kWeight, kImage, kResult, kColumns, kPadded, kBatchSum, kSlots };
+
+float* scratch(Slot slot, std::int64_t count) {
+  thread_local std::vector<float> buffers[kSlots];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < static_cast<std::size_t>(count)) b.resize(static_cast<std::size_t>(count));
+  return b.data();
+}
+
 // Image n of a [batch, channels, hw] buffer as f32: the buffer itself for f32,
-// else widened into `scratch` (exactly: every 16-bit value is an f32).
+// else widened into scratch (exactly: every 16-bit value is an f32).
 const float* image_f32(const void* base, DType type, std::int64_t n, std::int64_t elements,
-                       std::vector<float>& scratch) {
+                       Slot slot) {
   if (type == DType::f32) return static_cast<const float*>(base) + n * elements;
+  float* out = scratch(slot, elements);
   detail::widen(static_cast<const char*>(base) + n * elements * dtype_size(type), type, elements,
-                scratch.data());
-  return scratch.data();
+                out);
+  return out;
 }
 
 // Image n of a [batch, channels, hw] buffer: where its f32 result is computed
-// (the buffer itself for f32, else `scratch`), and store() rounds it there.
+// (the buffer itself for f32, else scratch), and store() rounds it there.
 struct ImageOut {
   void* base;
   DType type;
   std::int64_t elements;
-  std::vector<float>& scratch;
   float* at(std::int64_t n) const {
-    return type == DType::f32 ? static_cast<float*>(base) + n * elements : scratch.data();
+    return type == DType::f32 ? static_cast<float*>(base) + n * elements
+                              : scratch(kResult, elements);
   }
   void store(std::int64_t n) const {
     if (type != DType::f32)
-      detail::narrow(scratch.data(), elements, type,
+      detail::narrow(scratch(kResult, elements), elements, type,
                      static_cast<char*>(base) + n * elements * dtype_size(type));
   }
 };
@@ -219,10 +233,17 @@ void add_bias(float* y, DType type, const float* bias, std::int64_t channels,
   }
 }
 
-std::vector<float> to_f32(const void* src, DType type, std::int64_t n) {
-  std::vector<float> out(static_cast<std::size_t>(n));
-  detail::widen(src, type, n, out.data());
-  return out;
+// The weight as f32: itself, or widened into scratch.
+const float* weight_f32(const Conv2dShape& s, const Geometry& g, DType type, const void* w) {
+  return image_f32(w, type, 0, s.out_channels * g.k, kWeight);
+}
+
+// The image ready for im2col: padded into scratch when needed (Note [explicit padding]).
+const float* source(const Conv2dShape& s, const Padded& pad, const float* image) {
+  if (!pad.needed) return image;
+  float* padded = scratch(kPadded, s.in_channels * pad.h * pad.w);
+  pad_image(s, pad, image, padded);
+  return padded;
 }
 
 }  // namespace
@@ -232,23 +253,18 @@ void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void*
   validate_conv2d(s);
   detail::require_float(type, "conv2d_forward");
   const Geometry g(s);
-  const std::vector<float> weight = to_f32(w, type, s.out_channels * g.k);
-  std::vector<float> x_scratch(type == DType::f32 ? 0 : s.in_channels * g.in_hw);
-  std::vector<float> y_scratch(type == DType::f32 ? 0 : s.out_channels * g.out_hw);
-  std::vector<float> col(g.pointwise ? 0 : g.col_rows * g.out_hw);
   const Padded pad(s);
-  std::vector<float> padded(pad.needed ? s.in_channels * pad.h * pad.w : 0);
-  const ImageOut out{y, type, s.out_channels * g.out_hw, y_scratch};
+  const float* weight = weight_f32(s, g, type, w);
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
+  const ImageOut out{y, type, s.out_channels * g.out_hw};
   for (std::int64_t n = 0; n < s.batch; ++n) {
-    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, x_scratch);
-    if (pad.needed) pad_image(s, pad, image, padded.data());
-    if (!g.pointwise) im2col(s, g, pad, pad.needed ? padded.data() : image, col.data());
-    const float* columns = g.pointwise ? image : col.data();
+    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, kImage);
+    if (!g.pointwise) im2col(s, g, pad, source(s, pad, image), col);
+    const float* columns = g.pointwise ? image : col;
     float* result = out.at(n);
     for (std::int64_t grp = 0; grp < s.groups; ++grp)
-      sgemm(false, false, g.out_per_group, g.out_hw, g.k,
-            weight.data() + grp * g.out_per_group * g.k, columns + grp * g.k * g.out_hw, 0.0f,
-            result + grp * g.out_per_group * g.out_hw);
+      sgemm(false, false, g.out_per_group, g.out_hw, g.k, weight + grp * g.out_per_group * g.k,
+            columns + grp * g.k * g.out_hw, 0.0f, result + grp * g.out_per_group * g.out_hw);
     if (bias) add_bias(result, type, bias, s.out_channels, g.out_hw);  // while in cache
     out.store(n);
   }
@@ -259,23 +275,20 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
   validate_conv2d(s);
   detail::require_float(type, "conv2d_backward_data");
   const Geometry g(s);
-  const std::vector<float> weight = to_f32(w, type, s.out_channels * g.k);
-  std::vector<float> dy_scratch(type == DType::f32 ? 0 : s.out_channels * g.out_hw);
-  std::vector<float> dx_scratch(type == DType::f32 ? 0 : s.in_channels * g.in_hw);
-  std::vector<float> col(g.pointwise ? 0 : g.col_rows * g.out_hw);
   const Padded pad(s);
-  std::vector<float> padded(pad.needed ? s.in_channels * pad.h * pad.w : 0);
-  const ImageOut out{dx, type, s.in_channels * g.in_hw, dx_scratch};
+  const float* weight = weight_f32(s, g, type, w);
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
+  float* padded = pad.needed ? scratch(kPadded, s.in_channels * pad.h * pad.w) : nullptr;
+  const ImageOut out{dx, type, s.in_channels * g.in_hw};
   for (std::int64_t n = 0; n < s.batch; ++n) {
-    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, dy_scratch);
+    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, kImage);
     float* result = out.at(n);
-    float* columns = g.pointwise ? result : col.data();
+    float* columns = g.pointwise ? result : col;
     for (std::int64_t grp = 0; grp < s.groups; ++grp)  // dcol_g = W_g^T dy_g
-      sgemm(true, false, g.k, g.out_hw, g.out_per_group,
-            weight.data() + grp * g.out_per_group * g.k, grad + grp * g.out_per_group * g.out_hw,
-            0.0f, columns + grp * g.k * g.out_hw);
-    if (!g.pointwise) col2im(s, g, pad, col.data(), pad.needed ? padded.data() : result);
-    if (pad.needed) unpad(s, pad, padded.data(), result);
+      sgemm(true, false, g.k, g.out_hw, g.out_per_group, weight + grp * g.out_per_group * g.k,
+            grad + grp * g.out_per_group * g.out_hw, 0.0f, columns + grp * g.k * g.out_hw);
+    if (!g.pointwise) col2im(s, g, pad, col, pad.needed ? padded : result);
+    if (pad.needed) unpad(s, pad, padded, result);
     out.store(n);
   }
 }
@@ -285,39 +298,36 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   validate_conv2d(s);
   detail::require_float(type, "conv2d_backward_filter");
   const Geometry g(s);
+  const Padded pad(s);
   const std::int64_t weight_elements = s.out_channels * g.k;
   // f32 accumulates straight into dw; 16-bit types sum the batch in f32 first
   // and round that once, as cuDNN writes a 16-bit weight gradient.
-  std::vector<float> batch_sum(type == DType::f32 ? 0 : weight_elements, 0.0f);
-  float* acc = type == DType::f32 ? dw : batch_sum.data();
-  std::vector<float> x_scratch(type == DType::f32 ? 0 : s.in_channels * g.in_hw);
-  std::vector<float> dy_scratch(type == DType::f32 ? 0 : s.out_channels * g.out_hw);
-  std::vector<float> col(g.pointwise ? 0 : g.col_rows * g.out_hw);
-  const Padded pad(s);
-  std::vector<float> padded(pad.needed ? s.in_channels * pad.h * pad.w : 0);
+  float* acc = dw;
+  if (type != DType::f32) {
+    acc = scratch(kBatchSum, weight_elements);
+    std::fill(acc, acc + weight_elements, 0.0f);
+  }
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
   for (std::int64_t n = 0; n < s.batch; ++n) {
-    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, x_scratch);
-    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, dy_scratch);
-    if (pad.needed) pad_image(s, pad, image, padded.data());
-    if (!g.pointwise) im2col(s, g, pad, pad.needed ? padded.data() : image, col.data());
-    const float* columns = g.pointwise ? image : col.data();
+    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, kImage);
+    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, kResult);
+    if (!g.pointwise) im2col(s, g, pad, source(s, pad, image), col);
+    const float* columns = g.pointwise ? image : col;
     for (std::int64_t grp = 0; grp < s.groups; ++grp)  // dW_g += dy_g col_g^T
       sgemm(false, true, g.out_per_group, g.k, g.out_hw, grad + grp * g.out_per_group * g.out_hw,
             columns + grp * g.k * g.out_hw, 1.0f, acc + grp * g.out_per_group * g.k);
   }
   if (type != DType::f32)
-    for (std::int64_t i = 0; i < weight_elements; ++i)
-      dw[i] += detail::round_to(type, batch_sum[i]);
+    for (std::int64_t i = 0; i < weight_elements; ++i) dw[i] += detail::round_to(type, acc[i]);
 }
 
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db) {
   detail::require_float(type, "channel_bias_grad");
-  std::vector<float> scratch(type == DType::f32 ? 0 : spatial);
   for (std::int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;
     for (std::int64_t n = 0; n < batch; ++n) {
-      const float* plane = image_f32(dy, type, n * channels + c, spatial, scratch);
+      const float* plane = image_f32(dy, type, n * channels + c, spatial, kImage);
       double lanes[4] = {0.0, 0.0, 0.0, 0.0};  // four chains of f64 adds, not one
       std::int64_t i = 0;
       for (; i + 4 <= spatial; i += 4)

@@ -2,6 +2,7 @@
 // and 3 ranks. It starts the World (CPU only: several ranks may share one
 // machine's GPU, which NCCL refuses), runs the Catch2 cases, and exits
 // non-zero on every rank when a case failed on any rank.
+#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstdio>

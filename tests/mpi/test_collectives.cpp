@@ -33,12 +33,18 @@ double round_to(DType dtype, double x) {
                                 : static_cast<double>(static_cast<float>(x));
 }
 
+// A host tensor of n elements copied from `data`; Tensor::from_host needs a
+// non-null source even for none.
+Tensor host_tensor(const void* data, std::int64_t n, DType dtype) {
+  return n == 0 ? Tensor::empty({0}, dtype) : Tensor::from_host(data, {n}, dtype);
+}
+
 // Rank `rank`'s data for index i in [first, first + n), in `dtype`.
 Tensor rank_data(int rank, std::int64_t first, std::int64_t n, DType dtype) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i)
     v[static_cast<std::size_t>(i)] = static_cast<float>(value(rank, first + i));
-  return Tensor::from_vector(v, {n}, DType::f32).cast(dtype);
+  return host_tensor(v.data(), n, DType::f32).cast(dtype);
 }
 
 // The expected reduction at index i: the exact sum, or the exact mean rounded once.
@@ -49,6 +55,7 @@ double expected(int size, std::int64_t i, ReduceOp op, DType dtype) {
 }
 
 std::size_t mismatches(const Tensor& got, std::int64_t first, int size, ReduceOp op) {
+  if (got.numel() == 0) return 0;  // to_vector needs a non-null destination
   const std::vector<float> v = got.cast(DType::f32).to_vector<float>();
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < v.size(); ++i)
@@ -56,6 +63,11 @@ std::size_t mismatches(const Tensor& got, std::int64_t first, int size, ReduceOp
         expected(size, first + static_cast<std::int64_t>(i), op, got.dtype()))
       ++wrong;
   return wrong;
+}
+
+// memcmp, for buffers that may be empty (and then null).
+bool same_bytes(const void* a, const void* b, std::size_t bytes) {
+  return bytes == 0 || std::memcmp(a, b, bytes) == 0;
 }
 
 // Bytes that differ from rank to rank, for the collectives that only move data.
@@ -127,10 +139,10 @@ TEST_CASE("broadcast copies the root's elements of any dtype to every rank", "[m
       for (std::int64_t n : {0, 1, 3, 1001, 300001}) {
         const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
         const auto mine = rank_bytes(comm.rank(), bytes);
-        Tensor x = Tensor::from_host(mine.data(), {n}, dtype);
+        Tensor x = host_tensor(mine.data(), n, dtype);
         comm.broadcast(x, root);
         INFO(dtype_name(dtype) << " x " << n << " from rank " << root);
-        CHECK(std::memcmp(x.data(), rank_bytes(root, bytes).data(), bytes) == 0);
+        CHECK(same_bytes(x.data(), rank_bytes(root, bytes).data(), bytes));
       }
 }
 
@@ -143,16 +155,16 @@ TEST_CASE("allgather places rank r's elements at r * count, for any dtype", "[mp
         Tensor all = Tensor::zeros({n * comm.size()}, dtype);
         const auto mine = rank_bytes(comm.rank(), bytes);
         if (in_place) {
-          std::memcpy(static_cast<char*>(all.data()) + comm.rank() * bytes, mine.data(), bytes);
+          if (bytes > 0)
+            std::memcpy(static_cast<char*>(all.data()) + comm.rank() * bytes, mine.data(), bytes);
           comm.allgather(all.view(n * comm.rank(), {n}), all);
         } else {
-          comm.allgather(Tensor::from_host(mine.data(), {n}, dtype), all);
+          comm.allgather(host_tensor(mine.data(), n, dtype), all);
         }
         std::size_t wrong = 0;
         for (int r = 0; r < comm.size(); ++r)
-          if (std::memcmp(static_cast<const char*>(all.data()) + r * bytes,
-                          rank_bytes(r, bytes).data(), bytes) != 0)
-            ++wrong;
+          wrong += !same_bytes(static_cast<const char*>(all.data()) + r * bytes,
+                               rank_bytes(r, bytes).data(), bytes);
         INFO(dtype_name(dtype) << " x " << n << (in_place ? " in place" : ""));
         CHECK(wrong == 0);
       }
