@@ -65,6 +65,30 @@ def read_lines(path):
         return []
 
 
+def summary_steps(path):
+    rows = read_lines(path)
+    if not rows:
+        return
+    print(f"\n{'model':<10} {'batch':>6} {'prec':>5} {'lockstep samp/s':>16} {'torch samp/s':>13} {'ratio':>7}"
+          f" {'peak MiB':>9} {'torch MiB':>9}")
+    for r in rows:
+        torch_sps = r.get("torch_samples_per_s") or 0
+        print(f"{r['model']:<10} {r['batch']:>6} {r['precision']:>5} {r['samples_per_s']:16.0f} {torch_sps:13.0f}"
+              f" {r.get('ratio') or 0:7.3f} {r['peak_bytes'] / 2**20:9.0f} {(r.get('torch_peak_bytes') or 0) / 2**20:9.0f}")
+
+
+def compare_training(gpu_path, cpu_path):
+    gpu = {r["step"]: r["loss"] for r in read_lines(gpu_path) if "loss" in r}
+    cpu = {r["step"]: r["loss"] for r in read_lines(cpu_path) if "loss" in r}
+    common = sorted(set(gpu) & set(cpu))
+    if not common:
+        print("\ntraining comparison: no common steps")
+        return
+    worst = max(abs(gpu[s] - cpu[s]) / max(1e-6, abs(cpu[s])) for s in common)
+    print(f"\ntraining cuda vs cpu: {len(common)} steps, final loss {gpu[common[-1]]:.4f} vs {cpu[common[-1]]:.4f},"
+          f" largest relative difference {worst:.2e}")
+
+
 def summary(lockstep_path, torch_path):
     torch_by_key = {(r["shape"], r["m"], r["n"], r["k"], r["dtype"]): r["torch_gflops"]
                     for r in read_lines(torch_path)}
@@ -88,11 +112,16 @@ def main():
     summ = sub.add_parser("summary")
     summ.add_argument("--lockstep", required=True)
     summ.add_argument("--torch", required=True)
+    summ.add_argument("--steps", default="")
+    summ.add_argument("--train", nargs=2, default=None)
     args = parser.parse_args()
     if args.command == "gemm":
         measure_gemm(args.json)
     else:
         summary(args.lockstep, args.torch)
+        summary_steps(args.steps)
+        if args.train:
+            compare_training(*args.train)
 
 
 if __name__ == "__main__":
