@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/report.h"
@@ -132,14 +133,25 @@ double loader_epoch(io::DataLoader& loader, const core::Stream& stream) {
 
 struct Row {
   std::string what, baseline;
-  double samples_per_s, gbs;
-  std::optional<double> baseline_samples_per_s, baseline_gbs;
+  double samples_per_s, gbs, baseline_samples_per_s, baseline_gbs, ratio;
 };
 
+// Medians of epochs timed in alternation; the ratio is the median of each
+// pair's ratio, which a shared machine's changing load disturbs least.
+Row compare(std::string what, std::string baseline, const std::vector<double>& ours_s,
+            const std::vector<double>& base_s, double samples, double bytes) {
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < ours_s.size(); ++i) ratios.push_back(base_s[i] / ours_s[i]);
+  const double ours = median(ours_s), base = median(base_s);
+  return {std::move(what), std::move(baseline), samples / ours, bytes / ours / 1e9,
+          samples / base,  bytes / base / 1e9,  median(ratios)};
+}
+
 // h5py reading the same batches: the script prints samples/s and GB/s.
-std::optional<Row> run_h5py(const std::string& python, const std::string& script,
-                            const fs::path& data, const std::vector<std::int64_t>& order,
-                            std::int64_t batch) {
+std::optional<std::pair<double, double>> run_h5py(const std::string& python,
+                                                  const std::string& script, const fs::path& data,
+                                                  const std::vector<std::int64_t>& order,
+                                                  std::int64_t batch) {
   const fs::path order_file =
       fs::temp_directory_path() / fmt::format("bench_loader_{}.i64", getpid());
   std::ofstream(order_file, std::ios::binary)
@@ -157,7 +169,7 @@ std::optional<Row> run_h5py(const std::string& python, const std::string& script
                command);
     return std::nullopt;
   }
-  return Row{"", "h5py", 0, 0, samples_per_s, gbs};
+  return std::pair{samples_per_s, gbs};
 }
 
 #if LOCKSTEP_WITH_CUDA
@@ -202,9 +214,8 @@ Row measure_h2d(const io::Dataset& data, const io::SamplerOptions& sampler, int 
     base.push_back(plain());
   }
   const double samples = static_cast<double>(batches * batch);
-  const double gb = samples * static_cast<double>(data.sample_bytes()) / 1e9;
-  return {"h2d (cuda)",      "cudaMemcpyAsync",      samples / median(ours),
-          gb / median(ours), samples / median(base), gb / median(base)};
+  return compare("h2d (cuda)", "cudaMemcpyAsync", ours, base, samples,
+                 samples * static_cast<double>(data.sample_bytes()));
 }
 #endif
 
@@ -216,7 +227,7 @@ int main(int argc, char** argv) {
   std::string script = LOCKSTEP_BENCH_SOURCE_DIR "/bench_loader_h5py.py";
   std::int64_t batch = 256;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int trials = 5, depth = 0;
+  int trials = 9, depth = 0;
   std::uint64_t seed = 1;
   app.add_option("--data", data_dir, "dataset directory (lockstep-shard synthetic ...)")
       ->required();
@@ -245,14 +256,14 @@ int main(int argc, char** argv) {
     const double samples = static_cast<double>(batches * batch);
     const double bytes = samples * static_cast<double>(row_bytes);
     warm_page_cache(data);
-    fmt::print(
-        "bench_loader: {} samples of {} ({} B), batch {}, {} threads, {} batches "
-        "({:.2f} GB) per epoch, median of {} epochs\n",
-        data.size(), data.format().str(), row_bytes, batch, threads, batches, bytes / 1e9, trials);
-
     const RawReader reader(data);
     std::vector<Row> rows;
     io::DataLoader cpu_loader(data, {.sampler = sampler, .threads = threads, .depth = depth});
+    fmt::print(
+        "bench_loader: {} samples of {} ({} B), batch {}, {} threads, depth {}, {} batches "
+        "({:.2f} GB) per epoch, median of {} epochs\n",
+        data.size(), data.format().str(), row_bytes, batch, threads, cpu_loader.depth(), batches,
+        bytes / 1e9, trials);
     std::vector<std::vector<std::byte>> host(threads, std::vector<std::byte>(batch * row_bytes));
     std::vector<std::byte*> host_buffers;
     for (auto& h : host) host_buffers.push_back(h.data());
@@ -261,16 +272,11 @@ int main(int argc, char** argv) {
       ours.push_back(loader_epoch(cpu_loader, {}));
       floor.push_back(raw_epoch(reader, order, batch, row_bytes, host_buffers, [](int) {}));
     }
-    const double ours_s = median(ours), floor_s = median(floor);
-    rows.push_back({"loader (cpu)", "pread", samples / ours_s, bytes / ours_s / 1e9,
-                    samples / floor_s, bytes / floor_s / 1e9});
+    rows.push_back(compare("loader (cpu)", "pread", ours, floor, samples, bytes));
     if (!python.empty())
-      if (auto h5py = run_h5py(python, script, data_dir, order, batch)) {
-        h5py->what = "loader (cpu)";
-        h5py->samples_per_s = rows[0].samples_per_s;
-        h5py->gbs = rows[0].gbs;
-        rows.push_back(*h5py);
-      }
+      if (const auto h5py = run_h5py(python, script, data_dir, order, batch))
+        rows.push_back({"loader (cpu)", "h5py", rows[0].samples_per_s, rows[0].gbs, h5py->first,
+                        h5py->second, rows[0].samples_per_s / h5py->first});
 #if LOCKSTEP_WITH_CUDA
     if (device.is_cuda()) {
       // Batches in GPU memory: the loader against raw preads into pinned
@@ -301,9 +307,7 @@ int main(int argc, char** argv) {
         gpu.push_back(loader_epoch(gpu_loader, consumer));
         raw_gpu.push_back(raw_epoch(reader, order, batch, row_bytes, pinned_buffers, copy));
       }
-      const double g = median(gpu), r = median(raw_gpu);
-      rows.push_back({"loader (cuda)", "pread+memcpy", samples / g, bytes / g / 1e9, samples / r,
-                      bytes / r / 1e9});
+      rows.push_back(compare("loader (cuda)", "pread+memcpy", gpu, raw_gpu, samples, bytes));
       rows.push_back(measure_h2d(data, sampler, threads, device, trials));
     }
 #endif
@@ -311,21 +315,21 @@ int main(int argc, char** argv) {
     fmt::print("{:<14} {:>12} {:>8} {:>14} {:>12} {:>8} {:>7}\n", "lockstep", "samples/s", "GB/s",
                "baseline", "samples/s", "GB/s", "ratio");
     for (const Row& row : rows) {
-      const double ratio = row.samples_per_s / *row.baseline_samples_per_s;
       fmt::print("{:<14} {:>12.0f} {:>8.2f} {:>14} {:>12.0f} {:>8.2f} {:>7.3f}\n", row.what,
-                 row.samples_per_s, row.gbs, row.baseline, *row.baseline_samples_per_s,
-                 *row.baseline_gbs, ratio);
+                 row.samples_per_s, row.gbs, row.baseline, row.baseline_samples_per_s,
+                 row.baseline_gbs, row.ratio);
       json.write({bench::field("bench", "loader"), bench::field("lockstep", row.what),
                   bench::field("baseline", row.baseline), bench::field("device", device.str()),
                   bench::field("batch", static_cast<long long>(batch)),
                   bench::field("threads", static_cast<long long>(threads)),
-                  bench::field("depth", static_cast<long long>(depth)),
+                  bench::field("depth", static_cast<long long>(cpu_loader.depth())),
                   bench::field("sample_bytes", static_cast<long long>(row_bytes)),
                   bench::field("samples", static_cast<long long>(samples)),
                   bench::field("lockstep_samples_per_s", row.samples_per_s),
                   bench::field("lockstep_gbs", row.gbs),
                   bench::field("baseline_samples_per_s", row.baseline_samples_per_s),
-                  bench::field("baseline_gbs", row.baseline_gbs), bench::field("ratio", ratio)});
+                  bench::field("baseline_gbs", row.baseline_gbs),
+                  bench::field("ratio", row.ratio)});
     }
     const io::LoaderStats stats = cpu_loader.stats();
     fmt::print("consumer wait (cpu loader): {:.3f} ms per batch\n",

@@ -74,10 +74,12 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
 std::optional<Measure> run_torch(const std::string& python, const std::string& name,
                                  std::int64_t batch, const std::string& precision,
                                  core::Device device, int steps, int threads) {
-  const std::string cmd = fmt::format(
-      "{} " LOCKSTEP_BENCH_DIR "/torch_step.py --model {} --batch {} --precision {} --device {} --steps {} "
-      "--threads {} 2>/dev/null",
-      python, name, batch, precision, device.is_cuda() ? "cuda" : "cpu", steps, threads);
+  const std::string cmd =
+      fmt::format("OMP_NUM_THREADS={} OPENBLAS_NUM_THREADS={} {} " LOCKSTEP_BENCH_DIR
+                  "/torch_step.py --model {} --batch {} --precision {} --device {} --steps {} "
+                  "--threads {} 2>/dev/null",
+                  threads, threads, python, name, batch, precision,
+                  device.is_cuda() ? "cuda" : "cpu", steps, threads);
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) return std::nullopt;
   std::array<char, 4096> line{};

@@ -130,7 +130,9 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   const DType type = input_.dtype();
   const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
   const core::Tensor& w = weight_as(type, ctx.stream);
-  core::Tensor dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
+  const bool want_dx = input_grad();  // the first layer of a model needs no dx
+  core::Tensor dx =
+      want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();
   float* dw = weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
   float* db = bias_ && bias_->requires_grad ? bias_->grad.data_as<float>() : nullptr;
   const std::int64_t spatial = s.out_h() * s.out_w();
@@ -140,7 +142,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
         if (dw) kernels::cpu::conv2d_backward_filter(s, type, input_.data(), g.data(), dw);
         if (db)
           kernels::cpu::channel_bias_grad(g.data(), type, s.batch, s.out_channels, spatial, db);
-        kernels::cpu::conv2d_backward_data(s, type, g.data(), w.data(), dx.data());
+        if (want_dx) kernels::cpu::conv2d_backward_data(s, type, g.data(), w.data(), dx.data());
       },
       [&](kernels::CudaStream stream) {
         using kernels::cuda::ConvPass;
@@ -155,6 +157,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
         if (db)
           kernels::cuda::channel_bias_grad(g.data(), type, s.batch, s.out_channels, spatial, db,
                                            stream);
+        if (!want_dx) return;
         const std::size_t bytes =
             kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_data);
         const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
@@ -163,6 +166,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
                                             workspace.data(), bytes, stream);
       });
   input_ = core::Tensor();
+  if (!want_dx) return dx;
   return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 

@@ -63,6 +63,7 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
         });
   }
   input_ = training() ? input : core::Tensor();
+  input_dtype_ = x.dtype();
   return y;
 }
 
@@ -89,7 +90,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
     core::ops::matmul(g, weight_as(type, ctx.stream), dx, {}, ctx.stream);
   }
   input_ = core::Tensor();
-  return dx;
+  return !dx.defined() || dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -30,6 +30,7 @@ class Linear : public Module {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
+  DType input_dtype_ = DType::f32;
   core::Tensor low_weight_;
   std::uint64_t low_weight_version_ = 0;
   const void* low_weight_source_ = nullptr;  // the f32 storage it was cast from

@@ -1,5 +1,6 @@
 // CPU elementwise ops (kernels/elementwise.h). f32 paths are plain loops the
 // compiler vectorises; 16-bit paths go through detail::load_f32/store_f32.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -93,7 +94,28 @@ void binary(const void* a, const void* b, void* out, DType t, std::int64_t n, Op
 }  // namespace
 
 void fill(void* dst, DType type, std::int64_t n, double value) {
-  for (std::int64_t i = 0; i < n; ++i) store_any(dst, type, i, value);
+  if (n == 0) return;
+  store_any(dst, type, 0, value);  // the element's bytes, by the conversion rules
+  auto repeat = [&](auto word) {
+    using Word = decltype(word);
+    Word w;
+    std::memcpy(&w, dst, sizeof w);
+    std::fill(static_cast<Word*>(dst), static_cast<Word*>(dst) + n, w);
+  };
+  switch (dtype_size(type)) {
+    case 1:
+      repeat(std::uint8_t{});
+      break;
+    case 2:
+      repeat(std::uint16_t{});
+      break;
+    case 4:
+      repeat(std::uint32_t{});
+      break;
+    default:
+      repeat(std::uint64_t{});
+      break;
+  }
 }
 
 void cast(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n) {
