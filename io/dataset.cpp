@@ -21,13 +21,13 @@ struct Dataset::State {
   ShardFormat format;
 };
 
-Dataset Dataset::open(const fs::path& path) {
+Dataset Dataset::open(const fs::path& path, const OpenOptions& options) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   if (!fs::exists(status))
     throw IoError("dataset '" + path.string() +
                   "' does not exist (pass a directory of *.h5 shards or one .h5 file)");
-  if (!fs::is_directory(status)) return open(std::vector<fs::path>{path});
+  if (!fs::is_directory(status)) return open(std::vector<fs::path>{path}, options);
   std::vector<fs::path> shards;
   for (const auto& entry : fs::directory_iterator(path))
     if (entry.path().extension() == ".h5" && entry.is_regular_file())
@@ -37,15 +37,15 @@ Dataset Dataset::open(const fs::path& path) {
                   "' holds no *.h5 files (write some with lockstep-shard)");
   std::sort(shards.begin(), shards.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
-  return open(shards);
+  return open(shards, options);
 }
 
-Dataset Dataset::open(const std::vector<fs::path>& shard_paths) {
+Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOptions& options) {
   if (shard_paths.empty()) throw IoError("no shards: the list of shard files is empty");
   auto state = std::make_shared<State>();
   std::int64_t rows = 0;
   for (const fs::path& path : shard_paths) {
-    auto file = std::make_unique<detail::ShardFile>(path);
+    auto file = std::make_unique<detail::ShardFile>(path, options.force_hdf5);
     if (state->files.empty()) {
       state->format = file->format();
     } else if (!(file->format() == state->format)) {

@@ -23,12 +23,19 @@ struct ShardInfo {
   std::string layout_reason;  // why the hdf5 layout ("chunked with filters" ...)
 };
 
+struct OpenOptions {
+  // Read every shard through HDF5, even contiguous ones: slower, for checks
+  // that the two read paths agree (Note [contiguous reads]).
+  bool force_hdf5 = false;
+};
+
 class Dataset {
  public:
   // A directory of *.h5 shards (in name order), or a single .h5 file.
-  static Dataset open(const std::filesystem::path& path);
+  static Dataset open(const std::filesystem::path& path, const OpenOptions& options = {});
   // Shards in the given order.
-  static Dataset open(const std::vector<std::filesystem::path>& shard_paths);
+  static Dataset open(const std::vector<std::filesystem::path>& shard_paths,
+                      const OpenOptions& options = {});
 
   std::int64_t size() const;
   const ShardFormat& format() const;

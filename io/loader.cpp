@@ -117,7 +117,11 @@ void DataLoader::State::worker_loop() {
     --busy;
     if (slot.error) end_assign = std::min(end_assign, batch + 1);  // nothing after it is needed
     done[batch] = index;
-    if (batch == awaited) ready_cv.notify_one();  // the consumer waits for no other
+    if (batch == awaited) {  // the consumer waits for no other batch
+      lock.unlock();         // so that it does not wake only to wait for the mutex
+      ready_cv.notify_one();
+      lock.lock();
+    }
   }
 }
 
@@ -405,6 +409,7 @@ LoaderPosition DataLoader::position() const {
 
 const DistributedSampler& DataLoader::sampler() const { return state_->sampler; }
 const Dataset& DataLoader::dataset() const { return state_->dataset; }
+int DataLoader::depth() const { return static_cast<int>(state_->slots.size()); }
 
 LoaderStats DataLoader::stats() const {
   std::lock_guard lock(state_->mutex);

@@ -111,6 +111,7 @@ class DataLoader {
   const DistributedSampler& sampler() const;
   const Dataset& dataset() const;
   std::int64_t batches_per_epoch() const { return sampler().batches_per_epoch(); }
+  int depth() const;  // buffers in the pool
   LoaderStats stats() const;
 
  private:

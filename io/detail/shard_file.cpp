@@ -41,7 +41,7 @@ std::string dims_str(const std::vector<hsize_t>& dims) {
 
 }  // namespace
 
-ShardFile::ShardFile(std::filesystem::path path) : path_(std::move(path)) {
+ShardFile::ShardFile(std::filesystem::path path, bool force_hdf5) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0)
     throw IoError("cannot open shard '" + path_.string() + "': " + std::strerror(errno) +
@@ -53,7 +53,7 @@ ShardFile::ShardFile(std::filesystem::path path) : path_(std::move(path)) {
   }
   file_bytes_ = static_cast<std::uint64_t>(info.st_size);
   try {
-    inspect();
+    inspect(force_hdf5);
   } catch (...) {
     ::close(fd_);
     throw;
@@ -70,7 +70,7 @@ void ShardFile::fail(const char* dataset, const std::string& what) const {
                 what);
 }
 
-void ShardFile::inspect() {
+void ShardFile::inspect(bool force_hdf5) {
   Hdf5Lock lock;
   const char* current = nullptr;  // the dataset being looked at, for messages
   try {
@@ -127,7 +127,7 @@ void ShardFile::inspect() {
                                   labels_values_.data()));
     }
     current = kInputsName;
-    choose_layout();
+    choose_layout(force_hdf5);
   } catch (const LibraryError& e) {
     fail(current, std::string("HDF5 cannot read it: ") + e.what() +
                       " (the file is truncated or corrupt: re-create it)");
@@ -138,11 +138,13 @@ void ShardFile::inspect() {
   }
 }
 
-void ShardFile::choose_layout() {
+void ShardFile::choose_layout(bool force_hdf5) {
   const Hdf5Id dcpl(LOCKSTEP_CHECK_HDF5(H5Dget_create_plist(inputs_.get())));
   const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(inputs_.get())));
   const H5D_layout_t layout = LOCKSTEP_CHECK_HDF5(H5Pget_layout(dcpl.get()));
-  if (layout == H5D_CHUNKED) {
+  if (force_hdf5) {
+    layout_reason_ = "read through HDF5 on request";
+  } else if (layout == H5D_CHUNKED) {
     const int filters = LOCKSTEP_CHECK_HDF5(H5Pget_nfilters(dcpl.get()));
     layout_reason_ = filters > 0 ? "chunked with filters" : "chunked";
   } else if (layout != H5D_CONTIGUOUS) {

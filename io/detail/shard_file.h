@@ -29,8 +29,8 @@ namespace lockstep::io::detail {
 class ShardFile {
  public:
   // Opens and checks `path`; throws IoError naming the file, the dataset and
-  // what to do.
-  explicit ShardFile(std::filesystem::path path);
+  // what to do. `force_hdf5` reads even a contiguous dataset through HDF5.
+  ShardFile(std::filesystem::path path, bool force_hdf5);
   ~ShardFile();
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
@@ -50,8 +50,8 @@ class ShardFile {
   void read_rows(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
 
  private:
-  void inspect();
-  void choose_layout();
+  void inspect(bool force_hdf5);
+  void choose_layout(bool force_hdf5);
   void read_contiguous(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
   void read_through_hdf5(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
   [[noreturn]] void fail(const char* dataset, const std::string& what) const;

@@ -88,6 +88,7 @@ TEST_CASE("the batch sequence is the same for 1, 2 and 8 threads", "[io][loader]
     std::vector<std::vector<Record>> runs;
     for (auto [threads, depth] : {std::pair{1, 1}, {2, 3}, {8, 0}}) {
       DataLoader loader(s.data, {.sampler = o, .threads = threads, .depth = depth});
+      CHECK(loader.depth() == (depth > 0 ? depth : 2 * threads + 2));
       runs.push_back(run(loader, 1));
       require_matches_sampler(runs.back(), 150, o, 1);
       // A second epoch in the same loader has its own order.

@@ -84,7 +84,9 @@ TEST_CASE("lockstep-shard converts Fashion-MNIST into train and test shards", "[
   // The first training labels as Zalando's dataset publishes them (9 = ankle boot).
   CHECK(std::vector<std::int64_t>(train.labels().begin(), train.labels().begin() + 5) ==
         std::vector<std::int64_t>{9, 0, 0, 3, 0});
-  CHECK(read_all(train) == idx_pixels(kFashionMnist / "train-images-idx3-ubyte.gz"));
+  const auto pixels = read_all(train);  // pread
+  CHECK(pixels == idx_pixels(kFashionMnist / "train-images-idx3-ubyte.gz"));
+  CHECK(pixels == read_all(Dataset::open(out / "train", {.force_hdf5 = true})));
   CHECK(read_all(test) == idx_pixels(kFashionMnist / "t10k-images-idx3-ubyte.gz"));
 }
 

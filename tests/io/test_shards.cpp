@@ -2,7 +2,7 @@
 // them out (contiguous; chunked with gzip; big-endian; user block; libver
 // latest; and, when Debian's python3-h5py is there, files h5py itself wrote)
 // read back to the values a formula predicts, through the pread path or the
-// HDF5 path as their layout requires.
+// HDF5 path as their layout requires, and through the HDF5 path on request.
 #include <fmt/core.h>
 #include <catch2/catch.hpp>
 
@@ -88,6 +88,10 @@ TEST_CASE("dataset writer shards read back through pread in every dtype", "[io][
     require_all_labels(data);
     require_rows_read(data, mixed_rows(n, 1));
     CHECK_FALSE(std::filesystem::exists(data.shards()[0].path.string() + ".tmp"));
+    // The same shards through the HDF5 path give the same rows.
+    const Dataset via_hdf5 = Dataset::open(dir.path(), {.force_hdf5 = true});
+    CHECK(via_hdf5.shards()[0].layout == ShardLayout::hdf5);
+    require_rows_read(via_hdf5, mixed_rows(n, 6));
   }
 }
 
@@ -130,6 +134,7 @@ TEST_CASE("files laid out as h5py writes them read correctly", "[io][shards]") {
     CHECK(data.shards()[0].layout == c.expected);
     require_all_labels(data);
     require_rows_read(data, mixed_rows(87, 2));
+    require_rows_read(Dataset::open(dir.path(), {.force_hdf5 = true}), mixed_rows(87, 7));
   }
 }
 
