@@ -83,22 +83,11 @@ kernels::Conv2dShape Conv2d::shape_for(const core::Tensor& x) const {
   return s;
 }
 
-const core::Tensor& Conv2d::weight_as(DType type, const core::Stream& stream) {
-  if (type == DType::f32) return weight_->value;
-  if (!low_weight_.defined() || low_weight_.dtype() != type ||
-      low_weight_version_ != weight_->version || low_weight_source_ != weight_->value.data()) {
-    low_weight_ = weight_->value.cast(type, stream);
-    low_weight_version_ = weight_->version;
-    low_weight_source_ = weight_->value.data();
-  }
-  return low_weight_;
-}
-
 core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
   const kernels::Conv2dShape s = shape_for(x);
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
-  const core::Tensor& w = weight_as(type, ctx.stream);
+  const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   core::Tensor y = core::Tensor::empty({s.batch, s.out_channels, s.out_h(), s.out_w()}, type,
                                        x.device(), ctx.stream);
   const float* b = bias_ ? bias_->value.data_as<float>() : nullptr;
@@ -129,7 +118,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
                           " on " + input_.device().str());
   const DType type = input_.dtype();
   const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
-  const core::Tensor& w = weight_as(type, ctx.stream);
+  const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   const bool want_dx = input_grad();  // the first layer of a model needs no dx
   core::Tensor dx =
       want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();

@@ -34,17 +34,13 @@ class Conv2d : public Module {
 
  private:
   kernels::Conv2dShape shape_for(const core::Tensor& x) const;
-  // The weight in `type`: the f32 value itself, or the cached low copy.
-  const core::Tensor& weight_as(DType type, const core::Stream& stream);
 
   kernels::Conv2dShape config_;  // everything but the input's batch and size
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
   DType input_dtype_ = DType::f32;
-  core::Tensor low_weight_;
-  std::uint64_t low_weight_version_ = 0;
-  const void* low_weight_source_ = nullptr;  // the f32 storage it was cast from
+  AutocastWeight low_weight_;  // Note [autocast weight copy]
 };
 
 }  // namespace lockstep::engine

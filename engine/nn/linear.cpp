@@ -33,17 +33,6 @@ void Linear::reset_parameters(core::Generator& rng) {
   if (bias_) init_uniform(bias_->value, rng, bound);
 }
 
-const core::Tensor& Linear::weight_as(DType type, const core::Stream& stream) {
-  if (type == DType::f32) return weight_->value;
-  if (!low_weight_.defined() || low_weight_.dtype() != type ||
-      low_weight_version_ != weight_->version || low_weight_source_ != weight_->value.data()) {
-    low_weight_ = weight_->value.cast(type, stream);
-    low_weight_version_ = weight_->version;
-    low_weight_source_ = weight_->value.data();
-  }
-  return low_weight_;
-}
-
 core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   if (x.shape().size() != 2 || x.dim(1) != in_features_)
     shape_error(x, "expects [batch, " + std::to_string(in_features_) +
@@ -51,7 +40,8 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
   core::Tensor y = core::Tensor::empty({x.dim(0), out_features_}, type, x.device(), ctx.stream);
-  core::ops::matmul(input, weight_as(type, ctx.stream), y, {.trans_b = true}, ctx.stream);
+  core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
+                    ctx.stream);
   if (bias_) {
     const float* b = bias_->value.data_as<float>();
     const std::int64_t rows = y.dim(0);
@@ -87,7 +77,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx;
   if (input_grad()) {
     dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
-    core::ops::matmul(g, weight_as(type, ctx.stream), dx, {}, ctx.stream);
+    core::ops::matmul(g, low_weight_.get(*weight_, type, ctx.stream), dx, {}, ctx.stream);
   }
   input_ = core::Tensor();
   return !dx.defined() || dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);

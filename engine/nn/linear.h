@@ -23,17 +23,12 @@ class Linear : public Module {
   Parameter* bias() { return bias_; }
 
  private:
-  // The weight in `type`: the f32 value itself, or the cached low copy.
-  const core::Tensor& weight_as(DType type, const core::Stream& stream);
-
   std::int64_t in_features_, out_features_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
   DType input_dtype_ = DType::f32;
-  core::Tensor low_weight_;
-  std::uint64_t low_weight_version_ = 0;
-  const void* low_weight_source_ = nullptr;  // the f32 storage it was cast from
+  AutocastWeight low_weight_;  // Note [autocast weight copy]
 };
 
 // PyTorch's default init for Linear and Conv2d: kaiming_uniform_(a = sqrt(5)) on

@@ -112,6 +112,18 @@ void Module::shape_error(const core::Tensor& x, const std::string& expected) con
                         expected);
 }
 
+const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
+                                        const core::Stream& stream) {
+  if (type == DType::f32) return weight.value;
+  if (!copy_.defined() || copy_.dtype() != type || version_ != weight.version ||
+      source_ != weight.value.data()) {
+    copy_ = weight.value.cast(type, stream);
+    version_ = weight.version;
+    source_ = weight.value.data();
+  }
+  return copy_;
+}
+
 void initialize(Module& root, std::uint64_t seed) {
   core::Generator rng(seed);
   std::function<void(Module&)> visit = [&](Module& m) {

@@ -135,6 +135,21 @@ class Module {
   std::vector<Child> children_;
 };
 
+// Note [autocast weight copy]: Linear and Conv2d compute under autocast on a
+// low-precision copy of their f32 weight. The copy is remade only when the
+// weight's version (bumped by each optimizer step and load) or storage
+// changes, so it is made once per optimizer step, not once per micro-batch.
+class AutocastWeight {
+ public:
+  // The weight in `type`: the f32 value itself, or the cached low copy.
+  const core::Tensor& get(const Parameter& weight, DType type, const core::Stream& stream);
+
+ private:
+  core::Tensor copy_;
+  std::uint64_t version_ = 0;
+  const void* source_ = nullptr;  // the f32 storage it was cast from
+};
+
 // Draws every parameter's initial value from Philox(seed), module by module in
 // forward order, so that a seed reproduces a model.
 void initialize(Module& root, std::uint64_t seed);

@@ -2,6 +2,7 @@
 // block per row computes the row's softmax and loss into the workspace; one
 // block then adds the rows in order (f64): deterministic, no host sync.
 #include "kernels/classification.h"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_float.cuh"
 
@@ -22,31 +23,6 @@ __device__ std::int64_t counted_label(const ClassificationShape& s, const void* 
   return (label == s.ignore_index || label < 0 || label >= s.classes) ? -1 : label;
 }
 
-__device__ double block_max(double v, double* lanes) {
-  lanes[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride)
-      lanes[threadIdx.x] = fmax(lanes[threadIdx.x], lanes[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  const double r = lanes[0];
-  __syncthreads();
-  return r;
-}
-
-__device__ double block_sum(double v, double* lanes) {
-  lanes[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) lanes[threadIdx.x] += lanes[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const double r = lanes[0];
-  __syncthreads();
-  return r;
-}
-
 // row_loss[i], row_counted[i] for one row per block.
 __global__ void xent_rows(ClassificationShape s, const float* logits, const void* labels,
                           float* probs, float* row_loss, float* row_counted) {
@@ -56,11 +32,11 @@ __global__ void xent_rows(ClassificationShape s, const float* logits, const void
   double m = -INFINITY;
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     m = fmax(m, static_cast<double>(row[j]));
-  const float max = static_cast<float>(block_max(m, lanes));
+  const float max = static_cast<float>(detail::block_max(m, lanes));
   double e = 0.0;
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     e += exp(static_cast<double>(row[j] - max));
-  const double sum = block_sum(e, lanes);
+  const double sum = detail::block_sum(e, lanes);
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     probs[i * s.classes + j] = static_cast<float>(exp(static_cast<double>(row[j] - max)) / sum);
   if (threadIdx.x == 0) {
@@ -80,7 +56,7 @@ __global__ void finish_rows(const float* a, const float* b, std::int64_t rows, b
     sa += a[i];
     sb += b[i];
   }
-  const double ta = block_sum(sa, lanes), tb = block_sum(sb, lanes);
+  const double ta = detail::block_sum(sa, lanes), tb = detail::block_sum(sb, lanes);
   if (threadIdx.x == 0) {
     *out_a = static_cast<float>(divide ? (tb > 0 ? ta / tb : 0.0) : ta);
     if (out_b) *out_b = static_cast<float>(tb);

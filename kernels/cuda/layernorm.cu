@@ -1,6 +1,7 @@
 // CUDA LayerNorm (kernels/layernorm.h). Forward and dx: one block per row,
 // statistics in f64 through a fixed-order tree (deterministic). dgamma and
 // dbeta: one thread per column walking the rows in order (no atomics).
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_float.cuh"
 #include "kernels/layernorm.h"
@@ -10,19 +11,6 @@ namespace {
 
 using detail::kThreads;
 
-// Tree sum over the block; every thread gets the total.
-__device__ double block_total(double v, double* lanes) {
-  lanes[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) lanes[threadIdx.x] += lanes[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const double total = lanes[0];
-  __syncthreads();  // lanes is reused by the next call
-  return total;
-}
-
 __global__ void forward_kernel(LayerNormShape s, const float* x, const float* gamma,
                                const float* beta, float* y, float* mean, float* rstd) {
   __shared__ double lanes[kThreads];
@@ -30,10 +18,10 @@ __global__ void forward_kernel(LayerNormShape s, const float* x, const float* ga
   const float* row = x + i * s.cols;
   double sum = 0.0;
   for (std::int64_t j = threadIdx.x; j < s.cols; j += kThreads) sum += row[j];
-  const double mu = block_total(sum, lanes) / static_cast<double>(s.cols);
+  const double mu = detail::block_sum(sum, lanes) / static_cast<double>(s.cols);
   double sq = 0.0;
   for (std::int64_t j = threadIdx.x; j < s.cols; j += kThreads) sq += (row[j] - mu) * (row[j] - mu);
-  const double r = 1.0 / sqrt(block_total(sq, lanes) / static_cast<double>(s.cols) + s.eps);
+  const double r = 1.0 / sqrt(detail::block_sum(sq, lanes) / static_cast<double>(s.cols) + s.eps);
   const float m = static_cast<float>(mu), rs = static_cast<float>(r);
   if (threadIdx.x == 0) {
     mean[i] = m;
@@ -58,8 +46,8 @@ __global__ void dx_kernel(LayerNormShape s, const float* dy, const float* x, con
     a += dxhat;
     b += dxhat * xhat;
   }
-  const double mean_dxhat = block_total(a, lanes) / static_cast<double>(s.cols);
-  const double mean_dxhat_xhat = block_total(b, lanes) / static_cast<double>(s.cols);
+  const double mean_dxhat = detail::block_sum(a, lanes) / static_cast<double>(s.cols);
+  const double mean_dxhat_xhat = detail::block_sum(b, lanes) / static_cast<double>(s.cols);
   for (std::int64_t j = threadIdx.x; j < s.cols; j += kThreads) {
     const double xhat = (row[j] - mean[i]) * static_cast<double>(rstd[i]);
     const double dxhat = g[j] * (gamma ? gamma[j] : 1.0);

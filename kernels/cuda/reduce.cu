@@ -1,6 +1,7 @@
 // CUDA reductions (kernels/reduce.h). Deterministic by construction: a fixed
 // grid of kReduceBlocks accumulates in f64 in a fixed order, each block writes
 // one partial to the workspace, and one block adds the partials in order.
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_float.cuh"
 #include "kernels/reduce.h"
@@ -8,20 +9,9 @@
 namespace lockstep::kernels::cuda {
 namespace {
 
+using detail::block_sum;
 using detail::kThreads;
 using detail::to_f32;
-
-// Tree sum of one value per thread; thread 0 gets the total.
-__device__ double block_sum(double v) {
-  __shared__ double lanes[kThreads];
-  lanes[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) lanes[threadIdx.x] += lanes[threadIdx.x + stride];
-    __syncthreads();
-  }
-  return lanes[0];
-}
 
 template <typename T, bool square>
 __global__ void partial_sums(const T* x, std::int64_t n, double* partials) {
@@ -31,14 +21,16 @@ __global__ void partial_sums(const T* x, std::int64_t n, double* partials) {
     const double v = to_f32(x[i]);
     acc += square ? v * v : v;
   }
-  const double total = block_sum(acc);
+  __shared__ double lanes[kThreads];
+  const double total = block_sum(acc, lanes);
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 __global__ void finish_sum(const double* partials, float* out) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < kReduceBlocks; i += kThreads) acc += partials[i];
-  const double total = block_sum(acc);
+  __shared__ double lanes[kThreads];
+  const double total = block_sum(acc, lanes);
   if (threadIdx.x == 0) *out = static_cast<float>(total);
 }
 
