@@ -32,7 +32,8 @@ const char* reduce_op_name(ReduceOp op);
 // is blocking, as with core's ops.
 //
 // Types: allreduce and reduce_scatter take f32, f16 and bf16; broadcast and
-// allgather move any dtype. avg is the sum divided by size().
+// allgather move any dtype. avg is the sum times 1/size(), within one f32
+// rounding of the exact mean (as NCCL's ncclAvg).
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -43,21 +43,24 @@ int comm_size(MPI_Comm comm) {
   return size;
 }
 
-// avg = sum / size, divided in f32 and rounded once to the storage type.
-void divide(void* data, std::int64_t count, DType dtype, int size) {
-  const float divisor = static_cast<float>(size);
+// avg = sum x (1 / size) in f32, rounded once to the storage type. The
+// reciprocal keeps this pass at memory speed (a division per element costs
+// as much as the allreduce of a cached message) and is within one f32
+// rounding of the exact mean, as NCCL's ncclAvg (a multiplication by 1/size).
+void scale_to_mean(void* data, std::int64_t count, DType dtype, int size) {
+  const float reciprocal = 1.0f / static_cast<float>(size);
   if (dtype == DType::f32) {
     float* x = static_cast<float*>(data);
-    for (std::int64_t i = 0; i < count; ++i) x[i] /= divisor;
+    for (std::int64_t i = 0; i < count; ++i) x[i] *= reciprocal;
     return;
   }
   std::uint16_t* x = static_cast<std::uint16_t*>(data);
   if (dtype == DType::f16)
     for (std::int64_t i = 0; i < count; ++i)
-      x[i] = kernels::f32_to_f16_bits(kernels::f16_bits_to_f32(x[i]) / divisor);
+      x[i] = kernels::f32_to_f16_bits(kernels::f16_bits_to_f32(x[i]) * reciprocal);
   else
     for (std::int64_t i = 0; i < count; ++i)
-      x[i] = kernels::f32_to_bf16_bits(kernels::bf16_bits_to_f32(x[i]) / divisor);
+      x[i] = kernels::f32_to_bf16_bits(kernels::bf16_bits_to_f32(x[i]) * reciprocal);
 }
 
 int int_count(const char* op, const std::string& label, std::int64_t count, const char* what) {
@@ -124,7 +127,7 @@ void MpiCommunicator::do_allreduce(void* data, std::int64_t count, DType dtype, 
                                        types_->reducible(dtype), types_->sum(dtype), comm_));
     }
   }
-  if (op == ReduceOp::avg) divide(data, count, dtype, size());
+  if (op == ReduceOp::avg) scale_to_mean(data, count, dtype, size());
 }
 
 void MpiCommunicator::do_broadcast(void* data, std::int64_t count, DType dtype, int root,
@@ -166,7 +169,7 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::int64
                                                   types_->sum(dtype), comm_));
     }
   }
-  if (op == ReduceOp::avg) divide(recv, count, dtype, size());
+  if (op == ReduceOp::avg) scale_to_mean(recv, count, dtype, size());
 }
 
 void MpiCommunicator::do_barrier() {

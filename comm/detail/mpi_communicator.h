@@ -1,7 +1,7 @@
 // MpiCommunicator: collectives on host buffers over an MPI communicator, each
 // one blocking call under the watchdog. OpenMPI 4.1 has no f16/bf16 datatypes
 // and no MPI_AVG: 16-bit floats reduce through user-defined ops (MpiTypes) and
-// avg is the sum divided by size(). Private to comm/ (it includes mpi.h).
+// avg is the sum times 1/size(). Private to comm/ (it includes mpi.h).
 #pragma once
 
 #include <mpi.h>

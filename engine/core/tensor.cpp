@@ -53,6 +53,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, const Strea
 Tensor Tensor::from_host(const void* data, const Shape& shape, DType dtype, Device device,
                          const Stream& stream) {
   Tensor t = empty(shape, dtype, device, stream);
+  if (t.nbytes() == 0) return t;  // memcpy may not take the null of an empty buffer
   if (!device.is_cuda()) {
     std::memcpy(t.data(), data, t.nbytes());
     return t;
@@ -95,6 +96,7 @@ void Tensor::copy_from(const Tensor& src, const Stream& stream) {
                           dtype_name(src.dtype_) + " does not match destination " +
                           shape_str(shape_) + " " + dtype_name(dtype_) +
                           " (cast or reshape the source first)");
+  if (nbytes() == 0) return;
   if (!device().is_cuda() && !src.device().is_cuda()) {
     std::memcpy(data(), src.data(), nbytes());
     return;
@@ -124,6 +126,7 @@ Tensor Tensor::cast(DType dtype, const Stream& stream) const {
 void Tensor::fill_(double value, const Stream& stream) { ops::fill(*this, value, stream); }
 
 void Tensor::copy_to_host(void* dst, const Stream& stream) const {
+  if (nbytes() == 0) return;
   if (!device().is_cuda()) {
     std::memcpy(dst, data(), nbytes());
     return;

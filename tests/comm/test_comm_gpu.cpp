@@ -55,10 +55,9 @@ TEST_CASE("one-rank NCCL collectives on device buffers return the inputs", "[gpu
   comm::Communicator& nccl = world.for_device(world.device());
   const core::Device gpu = world.device();
   core::Stream stream = core::Stream::create(gpu);
-  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-    nccl.allreduce(nullptr, 0, dtype, ReduceOp::sum);  // nothing to do is fine
-    nccl.allgather(nullptr, nullptr, 0, dtype, stream);
-  }
+  Tensor scratch = Tensor::zeros({4}, DType::f32, gpu);
+  nccl.allreduce(scratch.data(), 0, DType::f32, ReduceOp::sum);  // nothing to do is fine
+  nccl.allgather(scratch.data(), scratch.data(), 0, DType::f32, stream);
   for (std::int64_t n : {1, 1000, 65537}) {
     const std::vector<float> values = ramp(n);  // exact in f16 and bf16
     for (DType dtype : {DType::f32, DType::f16, DType::bf16})

@@ -38,8 +38,8 @@ std::string vm_flags(const void* address) {
 TEST_CASE("host buffers ask for huge pages on their whole 2 MiB pages", "[comm][memory]") {
   const core::Tensor big = comm::empty_host_buffer({std::int64_t{4} << 20}, DType::f32);  // 16 MiB
   const auto data = reinterpret_cast<std::uintptr_t>(big.data());
-  const auto first_page = (data + comm::kHugePageBytes - 1) / comm::kHugePageBytes *
-                          comm::kHugePageBytes;
+  const auto first_page =
+      (data + comm::kHugePageBytes - 1) / comm::kHugePageBytes * comm::kHugePageBytes;
   CHECK_THAT(vm_flags(reinterpret_cast<const void*>(first_page)), Catch::Contains(" hg"));
   CHECK(comm::advise_huge_pages(big.data(), big.nbytes()));
 
