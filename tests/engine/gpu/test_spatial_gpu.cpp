@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "engine/models.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/batchnorm.h"
 #include "engine/nn/containers.h"
@@ -234,21 +235,7 @@ TEST_CASE("cuda BatchNorm2d matches the cpu, running statistics included",
 }
 
 TEST_CASE("cuda cnn stack matches the cpu", "[gpu][engine]") {
-  auto cnn = [] {
-    auto net = std::make_unique<Sequential>();
-    net->emplace<Conv2d>("conv1", 1, 32, 3, 1, 1);
-    net->emplace<ReLU>("relu1");
-    net->emplace<MaxPool2d>("pool1", 2);
-    net->emplace<Conv2d>("conv2", 32, 64, 3, 1, 1);
-    net->emplace<ReLU>("relu2");
-    net->emplace<MaxPool2d>("pool2", 2);
-    net->emplace<Flatten>("flatten");
-    net->emplace<Linear>("fc1", 3136, 128);
-    net->emplace<ReLU>("relu3");
-    net->emplace<Linear>("fc2", 128, 10);
-    return net;
-  };
-  auto cpu_model = cnn(), gpu_model = cnn();
+  auto cpu_model = make_model("cnn"), gpu_model = make_model("cnn");
   initialize(*cpu_model, 17);
   initialize(*gpu_model, 17);
   ParameterStore cpu_store(*cpu_model, core::Device::cpu()), gpu_store(*gpu_model, kGpu);
