@@ -124,11 +124,8 @@ TrainingState restore_checkpoint(const CheckpointContents& c, const std::string&
 void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream) {
   std::map<std::string, core::Tensor> tensors;
   for (auto& [name, t] : read_group(file, "/model")) tensors["/model/" + name] = t;
-  try {
+  if (has_group(file, "/buffers"))  // weights-only files need no buffers
     for (auto& [name, t] : read_group(file, "/buffers")) tensors["/buffers/" + name] = t;
-  } catch (const IoError&) {
-    // Weights-only files need no buffers group.
-  }
   load_group(tensors, "/", model, file.string(), stream, false);
 }
 

@@ -312,15 +312,29 @@ CheckpointContents read_checkpoint(const fs::path& file) {
   return contents;
 }
 
-std::map<std::string, core::Tensor> read_group(const fs::path& file, const std::string& group) {
+namespace {
+// Opens an HDF5 file read-only, naming it in the error when it is not one.
+hid_t open_readonly(const fs::path& file) {
   if (!fs::exists(file)) throw IoError("weights file " + file.string() + " does not exist");
-  Hdf5Lock lock;
   const hid_t raw = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (raw < 0)
     throw IoError("cannot open " + file.string() + " as HDF5: " + io::detail::hdf5_error_stack());
-  Handle f(raw, H5Fclose);
+  return raw;
+}
+}  // namespace
+
+bool has_group(const fs::path& file, const std::string& group) {
+  Hdf5Lock lock;
+  Handle f(open_readonly(file), H5Fclose);
+  return H5Lexists(f, group.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::map<std::string, core::Tensor> read_group(const fs::path& file, const std::string& group) {
+  Hdf5Lock lock;
+  Handle f(open_readonly(file), H5Fclose);
   if (H5Lexists(f, group.c_str(), H5P_DEFAULT) <= 0)
-    throw IoError(file.string() + " has no group " + group);
+    throw IoError(file.string() + " has no group " + group +
+                  " (weights go in /model/<parameter name>, see docs/models.md)");
   Handle g(LOCKSTEP_CHECK_HDF5(H5Gopen2(f, group.c_str(), H5P_DEFAULT)), H5Gclose);
   std::map<std::string, core::Tensor> out;
   LOCKSTEP_CHECK_HDF5(H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, collect, &out));

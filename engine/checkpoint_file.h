@@ -61,6 +61,8 @@ CheckpointContents read_checkpoint(const std::filesystem::path& file);
 // Datasets of one group ("/model") of any HDF5 file with that layout (for
 // example one written from a PyTorch state_dict with h5py), keyed by their
 // name inside the group. No checksum: such files come from elsewhere.
+// Whether `file` (any HDF5 file) has the group `group` ("/buffers").
+bool has_group(const std::filesystem::path& file, const std::string& group);
 std::map<std::string, core::Tensor> read_group(const std::filesystem::path& file,
                                                const std::string& group);
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/step_agreement.h"
+#include "engine/core/ops.h"
 #include "engine/optim/clip.h"
 
 namespace lockstep::engine {
@@ -65,7 +66,11 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   store_.zero_grad(stream_);
   sync_->begin_step(steps_);
   const float dloss = scaler_.scale() / static_cast<float>(k_total);
-  std::vector<core::Tensor> losses, counts;
+  // [loss x counted rows, counted rows] summed over the micro-batches on the
+  // device, read once after the step (not two host reads per micro-batch).
+  core::Tensor totals_here = core::Tensor::zeros({2}, DType::f32, store_.device(), stream_);
+  core::Tensor weighted = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
+  core::Tensor loss_total = totals_here.view(0, {1}), rows_total = totals_here.view(1, {1});
   for (int k = 0; k < k_total; ++k) {
     std::optional<comm::GradientSynchronizer::NoSync> quiet;
     if (k + 1 < k_total) quiet.emplace(sync_->no_sync());
@@ -73,8 +78,10 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
     Context ctx = make_context(k, batch.inputs.dim(0));
     ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     const core::Tensor logits = model_.forward(batch.inputs, ctx);
-    losses.push_back(loss_.forward(logits, batch.labels, ctx));
-    counts.push_back(loss_.counted_rows());
+    const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
+    core::ops::mul(loss, loss_.counted_rows(), weighted, stream_);
+    core::ops::add(loss_total, weighted, loss_total, stream_);
+    core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
     model_.backward(loss_.backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
@@ -93,14 +100,9 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   r.lr = optimizer_.lr(0);
   if (finite) optimizer_.step(stream_);
 
-  double loss_sum = 0.0;
-  std::int64_t samples = 0;
-  for (std::size_t k = 0; k < losses.size(); ++k) {
-    const double count = counts[k].to_vector<float>(stream_)[0];
-    loss_sum += losses[k].to_vector<float>(stream_)[0] * count;
-    samples += static_cast<std::int64_t>(count);
-  }
-  const comm::StepTotals totals = comm::agree_on_step(world_.host(), loss_sum, samples);
+  const auto local = totals_here.to_vector<float>(stream_);
+  const comm::StepTotals totals =
+      comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
   r.step = ++steps_;
   r.loss = totals.mean_loss();
   r.samples = totals.samples;
