@@ -1,8 +1,7 @@
 // bench_allreduce: lockstep's allreduce against the raw library call on the
 // same buffers in the same run (MPI_Allreduce on host buffers, ncclAllReduce
-// on a GPU), 4 KiB to 256 MiB, with nccl-tests' algbw and busbw; then the
-// gradient synchroniser's own cost: a synthetic backward pass with
-// synchronisation against the same pass without, at the ranks it runs on.
+// on a GPU), 4 KiB to 256 MiB, with nccl-tests' algbw and busbw. (The
+// synchroniser's overlap with a real backward pass is bench_scaling's question.)
 // Run it under mpiexec (e.g. mpiexec -n 2); rank 0 prints and writes JSON.
 #include <fmt/core.h>
 #include <mpi.h>
@@ -15,12 +14,8 @@
 #include <vector>
 
 #include "bench/report.h"
-#include "comm/gradient_synchronizer.h"
 #include "comm/host_buffer.h"
 #include "comm/world.h"
-#include "engine/core/ops.h"
-#include "engine/core/random.h"
-#include "kernels/gemm.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "comm/detail/check_nccl.h"
@@ -176,146 +171,22 @@ void run_gpu(comm::World& world, const Config& config, const std::vector<DType>&
 }
 #endif
 
-// The synthetic backward pass of an MLP: per layer, from the last, the input
-// gradient (dy W) and the weight gradient (dy^T x) as GEMMs into the flat
-// gradient buffer, then the weight's and bias's readiness.
-struct SyntheticModel {
-  int layers, width, batch;
-  Tensor gradients;
-  std::vector<comm::GradientSegment> segments;
-  std::vector<Tensor> weights;
-  Tensor x, dy, dx;
-
-  SyntheticModel(int layers_, int width_, int batch_)
-      : layers(layers_), width(width_), batch(batch_) {
-    std::int64_t offset = 0;
-    for (int l = layers - 1; l >= 0; --l)
-      for (bool bias : {true, false}) {
-        const core::Shape shape = bias ? core::Shape{width} : core::Shape{width, width};
-        segments.push_back({fmt::format("fc{}.{}", l, bias ? "bias" : "weight"), offset,
-                            core::shape_numel(shape), shape});
-        offset = (offset + core::shape_numel(shape) + 63) / 64 * 64;
-      }
-    gradients = comm::empty_host_buffer({offset}, DType::f32);
-    gradients.fill_(0.0);
-    core::Generator rng(1);
-    for (int l = 0; l < layers; ++l) {
-      weights.push_back(Tensor::empty({width, width}, DType::f32));
-      rng.normal(weights.back(), 0.0f, 0.02f);
-    }
-    x = Tensor::empty({batch, width}, DType::f32);
-    dy = Tensor::empty({batch, width}, DType::f32);
-    dx = Tensor::empty({batch, width}, DType::f32);
-    rng.normal(x, 0.0f, 1.0f);
-    rng.normal(dy, 0.0f, 1.0f);
-  }
-
-  void backward(comm::GradientSynchronizer& sync) {
-    for (int l = layers - 1; l >= 0; --l) {
-      const std::size_t bias = static_cast<std::size_t>(2 * (layers - 1 - l));
-      Tensor db = gradients.view(segments[bias].offset, {width});
-      db.fill_(0.5);
-      sync.mark_ready(bias);
-      core::ops::matmul(dy, weights[static_cast<std::size_t>(l)], dx);
-      Tensor dw = gradients.view(segments[bias + 1].offset, {width, width});
-      core::ops::matmul(dy, x, dw, {.trans_a = true});
-      sync.mark_ready(bias + 1);
-    }
-  }
-};
-
-// Median over steps of the slowest rank's step time.
-template <typename Step>
-double median_step_seconds(int steps, Step&& step) {
-  step();  // warm-up
-  std::vector<double> seconds;
-  for (int s = 0; s < steps; ++s) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto start = Clock::now();
-    step();
-    seconds.push_back(
-        slowest(MPI_COMM_WORLD, std::chrono::duration<double>(Clock::now() - start).count()));
-  }
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
-}
-
-void run_overlap(comm::World& world, const Config& config, int layers, int width, int batch,
-                 int steps) {
-  const bool rank0 = world.rank() == 0;
-  if (rank0)
-    fmt::print(
-        "\nsynchroniser cost, synthetic backward: {} layers {}x{}, batch {}, {} ranks\n"
-        "{:>10} {:>8} {:>12} {:>12} {:>11} {:>11} {:>9} {:>9}\n",
-        layers, width, width, batch, world.size(), "bucket MiB", "buckets", "no sync ms",
-        "synced ms", "comm ms", "exposed ms", "exposed", "hidden");
-  for (std::size_t cap_mib : {std::size_t{25}, std::size_t{4}}) {
-    SyntheticModel model(layers, width, batch);
-    comm::GradientSynchronizer sync(
-        world.host(),
-        {Tensor::zeros({model.gradients.numel()}, DType::f32), model.gradients, model.segments, {}},
-        {.bucket_cap_bytes = cap_mib << 20, .first_bucket_cap_bytes = std::size_t{1} << 20});
-    std::int64_t step = 0;
-    const double alone = median_step_seconds(steps, [&] {
-      auto guard = sync.no_sync();
-      model.backward(sync);
-    });
-    const double synced = median_step_seconds(steps, [&] {
-      sync.begin_step(step++);
-      model.backward(sync);
-      sync.finish();
-    });
-    const double comm_only = median_step_seconds(steps, [&] {
-      sync.begin_step(step++);
-      for (std::size_t s = 0; s < model.segments.size(); ++s) sync.mark_ready(s);
-      sync.finish();
-    });
-    const double exposed = std::max(0.0, synced - alone);
-    const double share = exposed / synced;
-    const double hidden = comm_only > 0 ? std::max(0.0, 1.0 - exposed / comm_only) : 1.0;
-    if (!rank0) continue;
-    fmt::print("{:>10} {:>8} {:>12.2f} {:>12.2f} {:>11.2f} {:>11.2f} {:>8.1f}% {:>8.1f}%\n",
-               cap_mib, sync.buckets().size(), alone * 1e3, synced * 1e3, comm_only * 1e3,
-               exposed * 1e3, share * 100, hidden * 100);
-    config.json->write(
-        {bench::field("bench", "sync_overlap"), bench::field("device", "cpu"),
-         bench::field("ranks", static_cast<long long>(world.size())),
-         bench::field("layers", static_cast<long long>(layers)),
-         bench::field("width", static_cast<long long>(width)),
-         bench::field("batch", static_cast<long long>(batch)),
-         bench::field("bucket_cap_mib", static_cast<long long>(cap_mib)),
-         bench::field("buckets", static_cast<long long>(sync.buckets().size())),
-         bench::field("step_ms_without_sync", alone * 1e3),
-         bench::field("step_ms_with_sync", synced * 1e3),
-         bench::field("comm_ms_alone", comm_only * 1e3), bench::field("exposed_ms", exposed * 1e3),
-         bench::field("exposed_share", share), bench::field("hidden_share", hidden)});
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "bench_allreduce: lockstep's allreduce against the raw MPI/NCCL call, and the "
-      "gradient synchroniser's exposed communication (run under mpiexec)"};
+      "bench_allreduce: lockstep's allreduce against the raw MPI/NCCL call (run under "
+      "mpiexec)"};
   std::string device_text = "cpu", json_path;
   std::vector<std::string> dtype_names{"f32", "bf16"};
   Config config;
-  bool no_huge_pages = false, skip_overlap = false, skip_allreduce = false;
-  int layers = 8, width = 1024, batch = 64, steps = 30;
+  bool no_huge_pages = false;
   app.add_option("--device", device_text, "cpu (MPI) or cuda (NCCL)")->capture_default_str();
   app.add_option("--dtype", dtype_names, "f32, bf16, f16")->capture_default_str();
   app.add_option("--sizes", config.sizes, "message sizes in bytes (default 4 KiB..256 MiB, x4)");
   app.add_option("--trials", config.trials, "timed batches per size (median)")
       ->capture_default_str();
   app.add_flag("--no-huge-pages", no_huge_pages, "host buffers on ordinary 4 KiB pages");
-  app.add_flag("--skip-allreduce", skip_allreduce, "only the synchroniser's cost");
-  app.add_flag("--skip-overlap", skip_overlap, "only the allreduce table");
-  app.add_option("--layers", layers, "synthetic backward: layers")->capture_default_str();
-  app.add_option("--width", width, "synthetic backward: layer width")->capture_default_str();
-  app.add_option("--batch", batch, "synthetic backward: batch per rank")->capture_default_str();
-  app.add_option("--steps", steps, "synthetic backward: timed steps (median)")
-      ->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here (rank 0)");
   CLI11_PARSE(app, argc, argv);
 
@@ -338,7 +209,6 @@ int main(int argc, char** argv) {
         throw InvalidArgument("--dtype '" + name + "' is not f32, bf16 or f16");
       dtypes.push_back(type);
     }
-    kernels::cpu::set_gemm_threads(1);
     bench::JsonLines json(world->rank() == 0 ? json_path : "");
     config.json = &json;
     if (world->rank() == 0)
@@ -346,17 +216,14 @@ int main(int argc, char** argv) {
                  device.is_cuda()    ? ""
                  : config.huge_pages ? " on huge pages"
                                      : " on 4 KiB pages");
-    if (!skip_allreduce) {
 #if LOCKSTEP_WITH_CUDA
-      if (device.is_cuda())
-        run_gpu(*world, config, dtypes);
-      else
-        run_host(*world, config, dtypes);
-#else
+    if (device.is_cuda())
+      run_gpu(*world, config, dtypes);
+    else
       run_host(*world, config, dtypes);
+#else
+    run_host(*world, config, dtypes);
 #endif
-    }
-    if (!skip_overlap) run_overlap(*world, config, layers, width, batch, steps);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_allreduce: {}\n", e.what());
     if (world && world->size() > 1) world->abort(e.what(), 1);

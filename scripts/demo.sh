@@ -24,4 +24,4 @@ mpirun -np 2 --bind-to none "$build"/examples/train/lockstep-train \
   --batch-size 32 --optimizer sgd --lr 0.05 --momentum 0.9 --schedule cosine --warmup 100 \
   --threads 1 --log-every 100 --metrics "$out/metrics.jsonl" --checkpoint-dir "$out/checkpoints"
 
-/usr/bin/python3 tools/plot_metrics.py "$out/metrics.jsonl" "$out/curves.png"
+/usr/bin/python3 tools/plot.py metrics "$out/metrics.jsonl" -o "$out/curves.png"

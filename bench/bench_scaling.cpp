@@ -1,0 +1,468 @@
+// bench_scaling: how well a full training step (forward, cross-entropy,
+// backward with bucketed gradient averaging, SGD with momentum, the step's
+// loss agreement) scales over the ranks it runs on (mpirun -np N).
+//
+// Everything is measured in one run. The one-rank baseline is rank 0 stepping
+// alone while the other ranks sleep (not spin) in a barrier, so "N ranks
+// against 1 rank" compares the same binary, model and machine state.
+//   weak:   fixed per-rank batch B; efficiency = solo(B) / synced(B)
+//   strong: fixed global batch G;   efficiency = solo(G) / (N * synced(G/N))
+// Beside the efficiencies it reports the step without synchronisation (all
+// ranks computing at once: what sharing the machine costs), the allreduce of
+// every bucket alone, the exposed communication and the overlap fraction.
+// It also writes the inputs of tools/scaling_model.py: the backward profile
+// (when each bucket's gradients are complete) and the link's alpha-beta fit.
+#include <fmt/core.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "comm/gradient_synchronizer.h"
+#include "comm/step_agreement.h"
+#include "comm/world.h"
+#include "engine/core/ops.h"
+#include "engine/core/random.h"
+#include "engine/models.h"
+#include "engine/nn/loss.h"
+#include "engine/optim/sgd.h"
+#include "engine/parameter_store.h"
+#include "kernels/gemm.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A barrier that sleeps while it waits, so that idle ranks leave their cores
+// to the rank being measured (MPI_Barrier would spin on them).
+void sleeping_barrier() {
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  for (int done = 0; MPI_Test(&request, &done, MPI_STATUS_IGNORE), !done;) ::usleep(200);
+}
+
+double slowest(double seconds) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return seconds;
+}
+
+// One rank's model, optimizer and synthetic batch, and the three kinds of
+// step the benchmark times. The synchroniser is built (collectively) only when
+// the runner takes part in synchronised steps.
+class StepRunner {
+ public:
+  StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
+             core::Device device, comm::World* world)
+      : stream_(core::Stream::create(device)), autocast_(autocast), world_(world) {
+    model_ = make_model(model_name);
+    initialize(*model_, 1);
+    store_ = std::make_unique<ParameterStore>(*model_, device, stream_);
+    sgd_ = std::make_unique<SGD>(*store_, single_group(*store_, 0.01, 0.0),
+                                 SgdOptions{.momentum = 0.9}, stream_);
+    const ModelPreset& preset = model_preset(model_name);
+    core::Shape shape{batch};
+    shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+    x_ = core::Tensor::empty(shape, DType::f32, device, stream_);
+    core::Generator(2).normal(x_, 0.0f, 1.0f, stream_);
+    std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
+    for (std::int64_t i = 0; i < batch; ++i) labels[i] = i % preset.classes;
+    y_ = core::Tensor::from_vector(labels, {batch}, DType::i64, device, stream_);
+    if (!world_) return;
+    comm::SynchronizedModel m{store_->values(), store_->grads(), {}, {}};
+    for (const ParameterStore::Slot& s : store_->slots())
+      m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
+    for (Buffer* b : model_->buffers()) m.buffers.push_back({b->name, b->value});
+    comm::SynchronizerOptions options;
+    options.compute_stream = stream_;
+    sync_ = std::make_unique<comm::GradientSynchronizer>(world_->for_device(device), m, options);
+  }
+
+  // The training step; with `synchronise`, gradients are averaged over the
+  // ranks as backward produces them and the ranks agree on the loss.
+  void step(bool synchronise) {
+    store_->zero_grad(stream_);
+    Context ctx = context();
+    if (synchronise) {
+      sync_->begin_step(steps_);
+      ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_->index_of(p)); };
+    }
+    const core::Tensor loss = loss_.forward(model_->forward(x_, ctx), y_, ctx);
+    model_->backward(loss_.backward(1.0f, ctx), ctx);
+    model_->report_ready(ctx);  // the root's own parameters, as the Trainer does
+    if (synchronise) sync_->finish();
+    sgd_->step(stream_);
+    if (synchronise)
+      comm::agree_on_step(world_->host(), loss.to_vector<float>(stream_)[0], x_.dim(0));
+    ++steps_;
+  }
+
+  // Every bucket's allreduce with nothing to overlap it.
+  void communicate_only() {
+    sync_->begin_step(steps_++);
+    for (std::size_t s = 0; s < sync_->segments().size(); ++s) sync_->mark_ready(s);
+    sync_->finish();
+    stream_.synchronize();
+  }
+
+  struct Profile {
+    double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
+    std::vector<double> segment_ready_ms;  // from the start of backward, in ready order
+  };
+  // One step timed in its phases. A GPU stream is synchronised at every
+  // readiness to read the host clock; the ready times are then rescaled so
+  // that the last one equals the backward time measured without those stalls.
+  Profile profile() {
+    Profile p;
+    Context ctx = context();
+    store_->zero_grad(stream_);
+    stream_.synchronize();
+    auto start = Clock::now();
+    const core::Tensor loss = loss_.forward(model_->forward(x_, ctx), y_, ctx);
+    stream_.synchronize();
+    p.forward_ms = 1e3 * seconds_since(start);
+    start = Clock::now();
+    model_->backward(loss_.backward(1.0f, ctx), ctx);
+    stream_.synchronize();
+    p.backward_ms = 1e3 * seconds_since(start);
+    start = Clock::now();
+    sgd_->step(stream_);
+    store_->zero_grad(stream_);
+    stream_.synchronize();
+    p.optimizer_ms = 1e3 * seconds_since(start);
+
+    p.segment_ready_ms.assign(store_->slots().size(), 0.0);
+    ctx.on_grad_ready = [&](Parameter& param) {
+      stream_.synchronize();
+      p.segment_ready_ms[store_->index_of(param)] = 1e3 * seconds_since(start);
+    };
+    const core::Tensor again = loss_.forward(model_->forward(x_, ctx), y_, ctx);
+    const core::Tensor dy = loss_.backward(1.0f, ctx);
+    stream_.synchronize();
+    start = Clock::now();
+    model_->backward(dy, ctx);
+    stream_.synchronize();
+    const double stalled_ms = 1e3 * seconds_since(start);
+    for (double& t : p.segment_ready_ms) t *= p.backward_ms / stalled_ms;
+    store_->zero_grad(stream_);
+    stream_.synchronize();
+    return p;
+  }
+
+  void synchronize() const { stream_.synchronize(); }
+  const comm::GradientSynchronizer& synchronizer() const { return *sync_; }
+  std::int64_t parameters() const {
+    std::int64_t n = 0;
+    for (const ParameterStore::Slot& s : store_->slots()) n += s.numel;
+    return n;
+  }
+
+ private:
+  Context context() const {
+    Context ctx;
+    ctx.stream = stream_;
+    ctx.autocast = autocast_;
+    ctx.step = static_cast<std::uint64_t>(steps_);
+    return ctx;
+  }
+
+  core::Stream stream_;
+  std::optional<DType> autocast_;
+  comm::World* world_;
+  std::unique_ptr<Module> model_;
+  std::unique_ptr<ParameterStore> store_;
+  std::unique_ptr<SGD> sgd_;
+  std::unique_ptr<comm::GradientSynchronizer> sync_;
+  core::Tensor x_, y_;
+  CrossEntropyLoss loss_;
+  std::int64_t steps_ = 0;
+};
+
+struct Config {
+  int steps = 20;  // per timed block
+  int trials = 5;  // blocks; the median is reported
+  int warmup = 3;
+};
+
+// Median over blocks of the slowest participating rank's seconds per step.
+// Every rank calls it; only those with `take_part` run `step`, the others
+// sleep through it.
+template <typename Step>
+double time_steps(const Config& config, bool take_part, Step&& step) {
+  std::vector<double> blocks;
+  if (take_part)
+    for (int i = 0; i < config.warmup; ++i) step();
+  for (int t = 0; t < config.trials; ++t) {
+    sleeping_barrier();
+    double s = 0.0;
+    if (take_part) {
+      const auto start = Clock::now();
+      for (int i = 0; i < config.steps; ++i) step();
+      s = seconds_since(start) / config.steps;
+    }
+    blocks.push_back(slowest(s));
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
+}
+
+struct Row {
+  std::string mode;
+  std::int64_t batch_per_rank, global_batch;
+  double solo_s, compute_s, synced_s, comm_s, efficiency;
+
+  double exposed_s() const { return std::max(0.0, synced_s - compute_s); }
+  // The share of the communication that backward hid.
+  double overlap() const {
+    return comm_s > 0 ? std::clamp(1.0 - exposed_s() / comm_s, 0.0, 1.0) : 1.0;
+  }
+};
+
+void print_row(const Row& r, int ranks) {
+  fmt::print(
+      "{:<7} {:>5} {:>7} {:>7} {:>9.2f} {:>11.2f} {:>10.2f} {:>8.2f} {:>10.2f} {:>8.0f}% "
+      "{:>11.3f}\n",
+      r.mode, ranks, r.batch_per_rank, r.global_batch, r.solo_s * 1e3, r.compute_s * 1e3,
+      r.synced_s * 1e3, r.comm_s * 1e3, r.exposed_s() * 1e3, r.overlap() * 100, r.efficiency);
+}
+
+std::vector<bench::JsonField> row_fields(const Row& r, int ranks) {
+  return {bench::field("mode", r.mode),
+          bench::field("ranks", static_cast<long long>(ranks)),
+          bench::field("batch_per_rank", static_cast<long long>(r.batch_per_rank)),
+          bench::field("global_batch", static_cast<long long>(r.global_batch)),
+          bench::field("solo_ms", r.solo_s * 1e3),
+          bench::field("compute_ms", r.compute_s * 1e3),
+          bench::field("synced_ms", r.synced_s * 1e3),
+          bench::field("comm_ms", r.comm_s * 1e3),
+          bench::field("exposed_ms", r.exposed_s() * 1e3),
+          bench::field("overlap", r.overlap()),
+          bench::field("contention", r.compute_s / r.solo_s),
+          bench::field("efficiency", r.efficiency)};
+}
+
+// Allreduce seconds at sizes from 4 KiB to 64 MiB, and the alpha-beta cost
+// t = alpha + (2 (p-1) / p) * bytes / bus_bandwidth (nccl-tests' busbw):
+// alpha from the smallest message, the bandwidth from the largest. Two
+// points, not a least-squares fit: on a loaded machine one slow mid-size
+// point would tilt a fit into a negative alpha.
+struct LinkFit {
+  std::vector<std::int64_t> sizes;
+  std::vector<double> seconds;
+  double alpha_s = 0, bus_bytes_per_s = 0;
+};
+
+LinkFit fit_link(comm::World& world, core::Device device, const Config& config) {
+  LinkFit fit;
+  comm::Communicator& comm = world.for_device(device);
+  const core::Stream stream = core::Stream::create(device);
+  for (std::int64_t bytes = 4096; bytes <= (std::int64_t{64} << 20); bytes *= 8) {
+    core::Tensor buffer = core::Tensor::zeros({bytes / 4}, DType::f32, device, stream);
+    fit.sizes.push_back(bytes);
+    fit.seconds.push_back(time_steps(config, true, [&] {
+      comm.allreduce(buffer, comm::ReduceOp::sum, stream);
+      stream.synchronize();
+    }));
+  }
+  const double p = world.size();
+  const double bus_bytes = 2.0 * (p - 1) / p * static_cast<double>(fit.sizes.back());
+  fit.alpha_s = fit.seconds.front();
+  fit.bus_bytes_per_s = bus_bytes / std::max(fit.seconds.back() - fit.alpha_s, 1e-9);
+  return fit;
+}
+
+// The device's dense GEMM rate in the step's compute type, for the scaling
+// model's translation of this profile to another device.
+double gemm_gflops(core::Device device, std::optional<DType> autocast) {
+  const std::int64_t n = device.is_cuda() ? 8192 : 1024;
+  const DType type = autocast.value_or(DType::f32);
+  const core::Stream stream = core::Stream::create(device);
+  core::Tensor a = core::Tensor::empty({n, n}, DType::f32, device, stream);
+  core::Generator(3).normal(a, 0.0f, 1.0f, stream);
+  core::Tensor in = a;
+  if (type != DType::f32) {
+    in = core::Tensor::empty({n, n}, type, device, stream);
+    core::ops::cast(a, in, stream);
+  }
+  core::Tensor c = core::Tensor::empty({n, n}, type, device, stream);
+  const double s = bench::median_seconds([&] { core::ops::matmul(in, in, c, {}, stream); },
+                                         [&] { stream.synchronize(); }, 3, 0.2);
+  return 2.0 * static_cast<double>(n * n * n) / s / 1e9;
+}
+
+struct Options {
+  std::string model = "mlp", precision = "fp32", device = "cpu", mode = "both", json;
+  std::int64_t batch = 128, global_batch = 0;
+  int threads = 1;
+  bool link = true;
+};
+
+int run(comm::World& world, const Options& o, const Config& config) {
+  const bool rank0 = world.rank() == 0;
+  const int n = world.size();
+  const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
+  std::optional<DType> autocast;
+  if (o.precision == "fp16")
+    autocast = DType::f16;
+  else if (o.precision == "bf16")
+    autocast = DType::bf16;
+  else if (o.precision != "fp32")
+    throw InvalidArgument("--precision '" + o.precision + "' is not fp32, fp16 or bf16");
+  if (o.mode != "weak" && o.mode != "strong" && o.mode != "both")
+    throw InvalidArgument("--mode '" + o.mode + "' is not weak, strong or both");
+  const std::int64_t global = o.global_batch > 0 ? o.global_batch : o.batch * n;
+  if (global % n != 0)
+    throw InvalidArgument(
+        fmt::format("--global-batch {} does not split evenly over {} ranks (use a multiple of {})",
+                    global, n, n));
+  bench::JsonLines json(rank0 ? o.json : std::string());
+  auto common = [&](const char* bench_name) {
+    return std::vector<bench::JsonField>{
+        bench::field("bench", bench_name), bench::field("model", o.model),
+        bench::field("device", device.str()), bench::field("precision", o.precision),
+        bench::field("threads", static_cast<long long>(o.threads))};
+  };
+
+  StepRunner runner(o.model, o.batch, autocast, device, &world);
+  if (rank0) {
+    const auto p = runner.profile();
+    const auto& buckets = runner.synchronizer().buckets();
+    auto fields = common("scaling_profile");
+    std::string list = "[";
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      double ready = 0;
+      for (std::size_t s = buckets[b].first_segment; s < buckets[b].end_segment; ++s)
+        ready = std::max(ready, p.segment_ready_ms[s]);
+      list += fmt::format("{}{{\"bytes\": {}, \"ready_ms\": {:.6g}}}", b ? ", " : "",
+                          buckets[b].numel * 4, ready);
+    }
+    list += "]";
+    for (auto& f : std::vector<bench::JsonField>{
+             bench::field("batch", static_cast<long long>(o.batch)),
+             bench::field("params", static_cast<long long>(runner.parameters())),
+             bench::field("gemm_gflops", gemm_gflops(device, autocast)),
+             bench::field("forward_ms", p.forward_ms),
+             bench::field("backward_ms", p.backward_ms),
+             bench::field("optimizer_ms", p.optimizer_ms),
+             bench::field("step_ms", p.forward_ms + p.backward_ms + p.optimizer_ms),
+             {"buckets", list}})
+      fields.push_back(f);
+    json.write(fields);
+    fmt::print(
+        "{} batch {} per rank, {} {}, {} ranks, {} thread(s) each; {} parameters in {} "
+        "buckets\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
+        "{:.2f} ms\n\n",
+        o.model, o.batch, device.str(), o.precision, n, o.threads, runner.parameters(),
+        buckets.size(), p.forward_ms, p.backward_ms, p.optimizer_ms);
+    fmt::print("{:<7} {:>5} {:>7} {:>7} {:>9} {:>11} {:>10} {:>8} {:>10} {:>9} {:>11}\n", "mode",
+               "ranks", "B/rank", "global", "solo ms", "compute ms", "synced ms", "comm ms",
+               "exposed ms", "overlap", "efficiency");
+  }
+
+  auto emit = [&](const Row& r) {
+    if (!rank0) return;
+    print_row(r, n);
+    auto fields = common("scaling");
+    for (auto& f : row_fields(r, n)) fields.push_back(f);
+    json.write(fields);
+  };
+
+  // Each kind of step is its own series of blocks (solo, all ranks computing,
+  // synchronised, communication alone): their medians are compared.
+  const double solo = time_steps(config, rank0, [&] { runner.step(false); });
+  const double compute = time_steps(config, true, [&] { runner.step(false); });
+  const double synced = time_steps(config, true, [&] { runner.step(true); });
+  const double comm_only = time_steps(config, true, [&] { runner.communicate_only(); });
+  if (o.mode != "strong")
+    emit({"weak", o.batch, o.batch * n, solo, compute, synced, comm_only, solo / synced});
+
+  if (o.mode != "weak") {
+    const std::int64_t per_rank = global / n;
+    std::optional<StepRunner> strong;
+    if (per_rank != o.batch) strong.emplace(o.model, per_rank, autocast, device, &world);
+    StepRunner& s = strong ? *strong : runner;
+    std::optional<StepRunner> whole;
+    if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
+    const double solo_global = time_steps(config, rank0, [&] { whole->step(false); });
+    const double s_compute = strong ? time_steps(config, true, [&] { s.step(false); }) : compute;
+    const double s_synced = strong ? time_steps(config, true, [&] { s.step(true); }) : synced;
+    const double s_comm =
+        strong ? time_steps(config, true, [&] { s.communicate_only(); }) : comm_only;
+    emit({"strong", per_rank, global, solo_global, s_compute, s_synced, s_comm,
+          solo_global / (n * s_synced)});
+  }
+
+  if (o.link && n > 1) {
+    const LinkFit fit = fit_link(world, device, config);
+    if (rank0) {
+      std::string sizes = "[", ms = "[";
+      for (std::size_t i = 0; i < fit.sizes.size(); ++i) {
+        sizes += fmt::format("{}{}", i ? ", " : "", fit.sizes[i]);
+        ms += fmt::format("{}{:.6g}", i ? ", " : "", fit.seconds[i] * 1e3);
+      }
+      fmt::print("\nlink: allreduce = {:.1f} us + bus bytes / {:.2f} GB/s ({} ranks)\n",
+                 fit.alpha_s * 1e6, fit.bus_bytes_per_s / 1e9, n);
+      json.write({bench::field("bench", "scaling_link"),
+                  bench::field("device", device.str()),
+                  bench::field("ranks", static_cast<long long>(n)),
+                  bench::field("alpha_us", fit.alpha_s * 1e6),
+                  bench::field("bus_bandwidth_gbps", fit.bus_bytes_per_s / 1e9),
+                  {"sizes_bytes", sizes + "]"},
+                  {"allreduce_ms", ms + "]"}});
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "bench_scaling: weak and strong scaling of a training step over the ranks of "
+      "mpirun -np N, against one rank in the same run"};
+  Options o;
+  Config config;
+  app.add_option("--model", o.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  app.add_option("--batch", o.batch, "per-rank batch (weak scaling)")->capture_default_str();
+  app.add_option("--global-batch", o.global_batch,
+                 "global batch for strong scaling (default: batch x ranks)");
+  app.add_option("--mode", o.mode, "weak, strong or both")->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank")->capture_default_str();
+  app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
+  app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
+  app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
+  app.add_option("--json", o.json, "write JSON lines here (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+  std::unique_ptr<comm::World> world;
+  try {
+    comm::InitOptions init;
+    init.use_gpu = o.device == "cuda";
+    world = comm::init(argc, argv, init);
+    if (!world->uses_mpi())
+      throw InvalidArgument("run bench_scaling under mpirun or mpiexec (-np 1 for one rank)");
+    if (o.device == "cuda" && !world->device().is_cuda())
+      throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
+    kernels::cpu::set_gemm_threads(o.threads);
+    const int rc = run(*world, o, config);
+    world->shutdown();
+    return rc;
+  } catch (const std::exception& e) {
+    if (world && world->size() > 1) world->abort(std::string("bench_scaling: ") + e.what(), 1);
+    fmt::print(stderr, "bench_scaling: {}\n", e.what());
+    return 1;
+  }
+}

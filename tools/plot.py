@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Plots lockstep's JSON lines into PNGs (Debian's python3-matplotlib).
+
+  plot.py metrics METRICS.jsonl -o curves.png   lockstep-train --metrics: training loss per
+                                                 step, test loss and accuracy per epoch
+  plot.py bench FILE.jsonl... -o bench.png      bench/* --json: one panel per kind of record
+                                                 (gemm, step, loader, allreduce,
+                                                 scaling, scaling_profile, scaling_link)
+
+One script so that both outputs share the input checks and the matplotlib setup.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on build machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+class InputError(Exception):
+    """Malformed input; the message names the file and line."""
+
+
+def read_jsonl(path):
+    """[(where, record)] from a JSON-lines file; blank lines are allowed."""
+    rows = []
+    try:
+        with open(path) as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{where}: not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{where}: expected a JSON object per line")
+                rows.append((where, row))
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from None
+    if not rows:
+        raise InputError(f"{path}: no records")
+    return rows
+
+
+def field(where, row, key, numeric=True, optional=False):
+    value = row.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise InputError(f"{where}: '{row.get('bench', 'metrics')}' record lacks '{key}'")
+    if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# metrics
+
+
+def plot_metrics(path, png):
+    steps, losses, evals = [], [], []
+    for where, row in read_jsonl(path):
+        if "val_accuracy" in row:
+            evals.append({k: field(where, row, k) for k in ("step", "epoch", "val_loss",
+                                                             "val_accuracy")})
+        elif "loss" in row:
+            steps.append(field(where, row, "step"))
+            losses.append(field(where, row, "loss"))
+        else:
+            raise InputError(f"{where}: neither a step record ('loss') nor an evaluation "
+                             "('val_accuracy'); is this a lockstep-train --metrics file?")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(steps, losses, linewidth=0.8, label="training loss (global batch)")
+    if evals:
+        left.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-",
+                  label="test loss")
+        right.plot([e["epoch"] + 1 for e in evals], [100 * e["val_accuracy"] for e in evals],
+                   "o-")
+    left.set_xlabel("step")
+    left.set_ylabel("loss")
+    left.legend()
+    right.set_xlabel("epoch")
+    right.set_ylabel("test accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    if evals:
+        print(f"final test accuracy: {100 * evals[-1]['val_accuracy']:.2f}% "
+              f"after {evals[-1]['step']} steps; curves in {png}")
+    else:
+        print(f"no evaluation in {path}; curves in {png}")
+
+
+# ---------------------------------------------------------------------------------------
+# bench: one function per record kind, each drawing into one axis
+
+
+def ratio_bars(ax, labels, ratios, title, target=None):
+    ax.barh(range(len(labels)), ratios, color="C0")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="k", linewidth=0.8)
+    if target is not None:
+        ax.axvline(target, color="C3", linestyle="--", linewidth=0.8, label=f"target {target}")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("lockstep / baseline (higher is better)")
+    ax.set_title(title, fontsize=9)
+
+
+def tag(source, sources):
+    """The file's name in a label, only when several files are plotted."""
+    return f" [{os.path.basename(source)}]" if len(sources) > 1 else ""
+
+
+def panel_gemm(ax, rows, sources):
+    labels, ratios = [], []
+    for where, src, r in rows:
+        ratio = field(where, r, "ratio", optional=True)
+        if ratio is None:  # f16/bf16 on the CPU have no baseline
+            continue
+        labels.append(f"{r.get('shape', '?')} {field(where, r, 'm')}x{field(where, r, 'n')}"
+                      f"x{field(where, r, 'k')} {r.get('dtype', '')} {r.get('device', '')}"
+                      + tag(src, sources))
+        ratios.append(ratio)
+    ratio_bars(ax, labels, ratios, "bench_gemm: GEMM vs BLAS (same buffers)", target=0.97)
+
+
+def panel_step(ax, rows, sources):
+    labels, ratios = [], []
+    for where, src, r in rows:
+        ratio = field(where, r, "ratio", optional=True)
+        if ratio is None:
+            continue
+        labels.append(f"{field(where, r, 'model', numeric=False)} b{field(where, r, 'batch')} "
+                      f"{r.get('precision', '')} {r.get('device', '')}" + tag(src, sources))
+        ratios.append(ratio)
+    ratio_bars(ax, labels, ratios, "bench_step: training step vs PyTorch (samples/s)")
+
+
+def panel_loader(ax, rows, sources):
+    labels, ratios = [], []
+    for where, src, r in rows:
+        ratio = field(where, r, "ratio", optional=True)
+        if ratio is None:
+            continue
+        labels.append(f"{field(where, r, 'lockstep', numeric=False)} vs "
+                      f"{field(where, r, 'baseline', numeric=False)}" + tag(src, sources))
+        ratios.append(ratio)
+    ratio_bars(ax, labels, ratios, "bench_loader: loader vs baseline (samples/s)")
+
+
+def panel_allreduce(ax, rows, sources):
+    series = {}
+    for where, src, r in rows:
+        key = (r.get("dtype", "?"), r.get("op", "?"), r.get("device", "?"), src)
+        series.setdefault(key, []).append(
+            (field(where, r, "size_bytes"), field(where, r, "lockstep_busbw_gbs"),
+             field(where, r, "raw_busbw_gbs", optional=True)))
+    for i, ((dtype, op, device, src), points) in enumerate(sorted(series.items())):
+        points.sort()
+        sizes = [p[0] for p in points]
+        label = f"{dtype} {op} {device}{tag(src, sources)}"
+        ax.plot(sizes, [p[1] for p in points], "o-", color=f"C{i}", markersize=3,
+                label=f"lockstep {label}")
+        raw = [(s, p[2]) for s, p in zip(sizes, points) if p[2] is not None]
+        if raw:
+            baseline = "NCCL" if device == "cuda" else "MPI"
+            ax.plot([s for s, _ in raw], [b for _, b in raw], "x--", color=f"C{i}",
+                    markersize=4, label=f"{baseline} {label}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message bytes")
+    ax.set_ylabel("bus bandwidth (GB/s, nccl-tests busbw)")
+    ax.set_title("bench_allreduce: allreduce bus bandwidth", fontsize=9)
+    ax.legend(fontsize=6)
+    ax.grid(True, alpha=0.3)
+
+
+def panel_scaling(ax, rows, sources):
+    series = {}
+    for where, src, r in rows:
+        key = (field(where, r, "model", numeric=False), r.get("mode", "weak"),
+               r.get("device", "?"), src)
+        series.setdefault(key, []).append((field(where, r, "ranks"),
+                                           field(where, r, "efficiency")))
+    for (model, mode, device, src), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [100 * p[1] for p in points],
+                "o-" if mode == "weak" else "s--",
+                label=f"{model} {mode} {device}{tag(src, sources)}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("efficiency (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("bench_scaling: scaling efficiency", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+
+
+def panel_scaling_profile(ax, rows, sources):
+    for i, (where, src, r) in enumerate(rows):
+        buckets = r.get("buckets")
+        if not isinstance(buckets, list) or not buckets:
+            raise InputError(f"{where}: scaling_profile record needs a non-empty 'buckets' list")
+        ready = [field(f"{where} buckets[{j}]", b, "ready_ms") for j, b in enumerate(buckets)]
+        mib = [field(f"{where} buckets[{j}]", b, "bytes") / 2 ** 20 for j, b in enumerate(buckets)]
+        backward = field(where, r, "backward_ms")
+        # Fraction of backward done when each bucket is ready, against the bytes ready by then.
+        cumulative = [sum(mib[:j + 1]) for j in range(len(mib))]
+        ax.step([0] + [t / backward for t in ready], [0] + cumulative, where="post",
+                color=f"C{i}", label=f"{field(where, r, 'model', numeric=False)} "
+                f"{r.get('device', '')}{tag(src, sources)}")
+    ax.set_xlabel("bucket ready time / backward time")
+    ax.set_ylabel("gradient MiB ready")
+    ax.set_title("bench_scaling: bucket readiness during backward", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+
+
+def panel_scaling_link(ax, rows, sources):
+    for i, (where, src, r) in enumerate(rows):
+        sizes, times = r.get("sizes_bytes"), r.get("allreduce_ms")
+        if not (isinstance(sizes, list) and isinstance(times, list) and len(sizes) == len(times)
+                and sizes):
+            raise InputError(f"{where}: scaling_link needs 'sizes_bytes' and 'allreduce_ms' "
+                             "lists of the same length")
+        alpha, bus, ranks = (field(where, r, k) for k in ("alpha_us", "bus_bandwidth_gbps",
+                                                          "ranks"))
+        if bus <= 0 or ranks < 2:
+            raise InputError(f"{where}: scaling_link needs bus_bandwidth_gbps > 0 and ranks >= 2, "
+                             f"got {bus:g} and {ranks:g} (rerun bench_scaling on 2 or more ranks)")
+        ax.plot(sizes, times, "o", color=f"C{i}", markersize=3,
+                label=f"measured, {ranks} ranks{tag(src, sources)}")
+        factor = 2.0 * (ranks - 1) / ranks
+        fit = [alpha * 1e-3 + factor * n / (bus * 1e6) for n in sizes]
+        ax.plot(sizes, fit, "-", color=f"C{i}",
+                label=f"fit: {alpha:g} us + {factor:g} n / {bus:g} GB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message bytes")
+    ax.set_ylabel("allreduce ms")
+    ax.set_title("bench_scaling: alpha-beta fit of the allreduce", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+
+
+PANELS = {
+    "gemm": panel_gemm, "step": panel_step, "loader": panel_loader,
+    "allreduce": panel_allreduce,
+    "scaling": panel_scaling, "scaling_profile": panel_scaling_profile,
+    "scaling_link": panel_scaling_link,
+}
+
+
+def plot_bench(paths, png):
+    by_kind, unknown = {}, {}
+    for path in paths:
+        for where, row in read_jsonl(path):
+            kind = row.get("bench")
+            if kind is None:
+                raise InputError(f"{where}: no 'bench' field; is this a bench --json file? "
+                                 "(use 'plot.py metrics' for lockstep-train --metrics)")
+            if kind in PANELS:
+                by_kind.setdefault(kind, []).append((where, path, row))
+            else:
+                unknown[kind] = unknown.get(kind, 0) + 1
+    for kind, count in sorted(unknown.items()):
+        print(f"plot.py: skipping {count} '{kind}' record(s): no plot for that kind",
+              file=sys.stderr)
+    if not by_kind:
+        raise InputError(f"no record of a known kind ({', '.join(PANELS)}) in {', '.join(paths)}")
+    kinds = [k for k in PANELS if k in by_kind]
+    cols = 1 if len(kinds) == 1 else 2
+    rows = math.ceil(len(kinds) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
+    for ax, kind in zip(axes.flat, kinds):
+        PANELS[kind](ax, by_kind[kind], paths)
+    for ax in list(axes.flat)[len(kinds):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    counts = ", ".join(f"{len(by_kind[k])} {k}" for k in kinds)
+    print(f"{counts} record(s) plotted in {png}")
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="Plot lockstep's metrics and benchmark JSON lines.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("metrics", help="lockstep-train --metrics file: loss and accuracy curves")
+    m.add_argument("file")
+    m.add_argument("-o", "--output", required=True, metavar="PNG")
+    b = sub.add_parser("bench", help="bench/* --json files: one panel per kind of record")
+    b.add_argument("files", nargs="+")
+    b.add_argument("-o", "--output", required=True, metavar="PNG")
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "metrics":
+            plot_metrics(args.file, args.output)
+        else:
+            plot_bench(args.files, args.output)
+    except InputError as e:
+        sys.exit(f"plot.py: {e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
