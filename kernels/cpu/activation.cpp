@@ -29,7 +29,13 @@ void activation_backward(Activation act, const void* dy, const void* x, void* dx
     const auto *g = static_cast<const float*>(dy), *in = static_cast<const float*>(x);
     auto* out = static_cast<float*>(dx);
     if (act == Activation::relu) {  // the common case, kept branch-free for the vectoriser
-      for (std::int64_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? g[i] : 0.0f;
+      // g[i] is loaded whatever the sign: a load under the condition may not
+      // be speculated, so GCC would emit a scalar loop with a branch that
+      // mispredicts on about half the elements (ten times slower).
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float gi = g[i];
+        out[i] = in[i] > 0.0f ? gi : 0.0f;
+      }
       return;
     }
     for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * detail::activation_derivative(act, in[i]);

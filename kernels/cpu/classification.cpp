@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
 
@@ -31,15 +32,18 @@ void softmax_xent_forward(const ClassificationShape& s, const float* logits, con
                           float* probs, float* loss, float* count) {
   double total = 0.0;
   std::int64_t counted = 0;
+  std::vector<double> exps(static_cast<std::size_t>(s.classes));  // one row's, computed once
   for (std::int64_t i = 0; i < s.rows; ++i) {
     const float* row = logits + i * s.classes;
     float* p = probs + i * s.classes;
     float max = row[0];
     for (std::int64_t j = 1; j < s.classes; ++j) max = std::fmax(max, row[j]);
     double sum = 0.0;
-    for (std::int64_t j = 0; j < s.classes; ++j) sum += std::exp(static_cast<double>(row[j] - max));
-    for (std::int64_t j = 0; j < s.classes; ++j)
-      p[j] = static_cast<float>(std::exp(static_cast<double>(row[j] - max)) / sum);
+    for (std::int64_t j = 0; j < s.classes; ++j) {
+      exps[j] = std::exp(static_cast<double>(row[j] - max));
+      sum += exps[j];
+    }
+    for (std::int64_t j = 0; j < s.classes; ++j) p[j] = static_cast<float>(exps[j] / sum);
     const std::int64_t label = counted_label(s, labels, i);
     if (label < 0) continue;
     total += std::log(sum) - static_cast<double>(row[label] - max);
