@@ -65,7 +65,7 @@ double slowest(double seconds) {
 class StepRunner {
  public:
   StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
-             core::Device device, comm::World* world)
+             core::Device device, comm::World* world, comm::SynchronizerOptions options = {})
       : stream_(core::Stream::create(device)), autocast_(autocast), world_(world) {
     model_ = make_model(model_name);
     initialize(*model_, 1);
@@ -85,7 +85,6 @@ class StepRunner {
     for (const ParameterStore::Slot& s : store_->slots())
       m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
     for (Buffer* b : model_->buffers()) m.buffers.push_back({b->name, b->value});
-    comm::SynchronizerOptions options;
     options.compute_stream = stream_;
     sync_ = std::make_unique<comm::GradientSynchronizer>(world_->for_device(device), m, options);
   }
@@ -306,6 +305,8 @@ struct Options {
   std::string model = "mlp", precision = "fp32", device = "cpu", mode = "both", json;
   std::int64_t batch = 128, global_batch = 0;
   int threads = 1;
+  double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
+  std::string host_overlap = "auto";
   bool link = true;
 };
 
@@ -335,7 +336,14 @@ int run(comm::World& world, const Options& o, const Config& config) {
         bench::field("threads", static_cast<long long>(o.threads))};
   };
 
-  StepRunner runner(o.model, o.batch, autocast, device, &world);
+  comm::SynchronizerOptions sync;
+  sync.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mib * (1 << 20));
+  sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
+  if (o.host_overlap != "auto" && o.host_overlap != "on" && o.host_overlap != "off")
+    throw InvalidArgument("--host-overlap '" + o.host_overlap + "' is not auto, on or off");
+  sync.host_overlap =
+      o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
+  StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
   if (rank0) {
     const auto p = runner.profile();
     const auto& buckets = runner.synchronizer().buckets();
@@ -362,10 +370,14 @@ int run(comm::World& world, const Options& o, const Config& config) {
     json.write(fields);
     fmt::print(
         "{} batch {} per rank, {} {}, {} ranks, {} thread(s) each; {} parameters in {} "
-        "buckets\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
+        "buckets{}\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
         "{:.2f} ms\n\n",
         o.model, o.batch, device.str(), o.precision, n, o.threads, runner.parameters(),
-        buckets.size(), p.forward_ms, p.backward_ms, p.optimizer_ms);
+        buckets.size(),
+        device.is_cuda()    ? ""
+        : sync.host_overlap ? ", reduced during backward"
+                            : ", reduced after backward",
+        p.forward_ms, p.backward_ms, p.optimizer_ms);
     fmt::print("{:<7} {:>5} {:>7} {:>7} {:>9} {:>11} {:>10} {:>8} {:>10} {:>9} {:>11}\n", "mode",
                "ranks", "B/rank", "global", "solo ms", "compute ms", "synced ms", "comm ms",
                "exposed ms", "overlap", "efficiency");
@@ -391,7 +403,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
   if (o.mode != "weak") {
     const std::int64_t per_rank = global / n;
     std::optional<StepRunner> strong;
-    if (per_rank != o.batch) strong.emplace(o.model, per_rank, autocast, device, &world);
+    if (per_rank != o.batch) strong.emplace(o.model, per_rank, autocast, device, &world, sync);
     StepRunner& s = strong ? *strong : runner;
     std::optional<StepRunner> whole;
     if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
@@ -442,6 +454,14 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank")->capture_default_str();
+  app.add_option("--bucket-cap-mib", o.bucket_cap_mib, "gradient bucket cap")
+      ->capture_default_str();
+  app.add_option("--first-bucket-cap-mib", o.first_bucket_cap_mib, "the first bucket's cap")
+      ->capture_default_str();
+  app.add_option("--host-overlap", o.host_overlap,
+                 "host gradients reduced during backward (on), after it (off), or on when a core "
+                 "is spare (auto)")
+      ->capture_default_str();
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();

@@ -75,8 +75,11 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   } else {
     if (options_.wire_dtype != DType::f32)
       wire_ = empty_host_buffer({largest}, options_.wire_dtype);
+    // Duplicated in both modes: ranks may choose differently (host_overlap
+    // depends on each node's cores) and a duplicate is a collective.
     thread_comm_ = comm_.duplicate("gradients");
-    runner_ = detail::make_thread_runner(reduce);
+    runner_ = options_.host_overlap ? detail::make_thread_runner(reduce)
+                                    : detail::make_deferred_runner(reduce);
   }
 }
 

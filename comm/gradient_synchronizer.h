@@ -46,6 +46,12 @@ struct SynchronizerOptions {
   // f32, or bf16/f16 on the wire (the buffer stays f32): half the bytes, at
   // the cost of rounding each rank's gradient and each partial sum.
   DType wire_dtype = DType::f32;
+  // Host buffers: reduce buckets on a communication thread while backward
+  // runs (true), or all of them on the caller's thread in finish() (false).
+  // Overlap pays only with a core the compute leaves free (Note [host
+  // overlap]); comm::host_overlap_pays says whether this rank has one.
+  // Unused for GPU buffers, which always overlap on a communication stream.
+  bool host_overlap = true;
   // The stream backward writes gradients on (GPU buffers); buckets start
   // after it and the averaged gradients are ready on it after finish().
   // Default: the device's default stream. Unused for host buffers.
@@ -58,6 +64,15 @@ struct SynchronizerOptions {
 // mark_ready(i) refers to segments[i]. Modules may report in another order
 // (out-of-order readiness is correct, it only overlaps less), but the layout
 // must follow the list: that keeps every bucket a contiguous slice.
+//
+// Note [host overlap]: a host allreduce is CPU work (MPI's shared-memory
+// transport copies and sums with the CPU), and OpenMPI's blocking collectives
+// spin while they wait for the other ranks. When every core already runs
+// compute (ranks x compute threads >= cores), the communication thread takes
+// its cycles from backward, and its wake-ups, spinning and cache traffic make
+// the step slower than reducing everything after backward: bench_scaling
+// measured mlp on 2 ranks x 1 thread on 2 cores at <TBD>. Overlap hides
+// communication only with a core to spare, as GPUs have (NCCL's stream).
 //
 // One training step:
 //

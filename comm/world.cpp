@@ -9,7 +9,10 @@
 #include "comm/world.h"
 
 #include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -67,6 +70,16 @@ std::optional<std::string> detect_launcher(const EnvLookup& getenv) {
 
 std::optional<std::string> detect_launcher() {
   return detect_launcher([](const char* name) { return std::getenv(name); });
+}
+
+bool host_overlap_pays(const World& world, int compute_threads) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const long machine = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const int bound = ::sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  const long cores =
+      bound > 0 && bound < machine ? bound : machine / std::max(1, world.local_size());
+  return cores > compute_threads;
 }
 
 std::unique_ptr<World> init(int& argc, char**& argv, const InitOptions& options) {

@@ -42,6 +42,13 @@ class World;
 // LOCKSTEP_COMM_TIMEOUT (seconds; default 600). Sets the log rank.
 std::unique_ptr<World> init(int& argc, char**& argv, const InitOptions& options = {});
 
+// Whether this rank has a core beyond its `compute_threads` for the gradient
+// synchroniser's communication thread (SynchronizerOptions::host_overlap,
+// Note [host overlap]). Its cores: its CPU affinity when the launcher bound it
+// to fewer than all of the machine's cores, else the machine's cores shared
+// by the node's ranks.
+bool host_overlap_pays(const World& world, int compute_threads);
+
 class World {
  public:
   ~World();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace lockstep::comm::detail {
 namespace {
@@ -76,6 +77,31 @@ class ThreadRunner final : public BucketRunner {
   std::thread thread_;  // last: starts once the members above exist
 };
 
+class DeferredRunner final : public BucketRunner {
+ public:
+  explicit DeferredRunner(Reduce reduce) : reduce_(std::move(reduce)) {}
+
+  void launch(std::size_t bucket) override { launched_.push_back(bucket); }
+
+  // Every launched bucket is reduced even when one fails, so that this rank
+  // issues the same collectives as the others; the first error is rethrown.
+  void wait_all() override {
+    std::exception_ptr error;
+    for (std::size_t bucket : std::exchange(launched_, {})) {
+      try {
+        reduce_(bucket, core::Stream());
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+ private:
+  Reduce reduce_;
+  std::vector<std::size_t> launched_;
+};
+
 class StreamRunner final : public BucketRunner {
  public:
   StreamRunner(Reduce reduce, core::Stream compute, core::Stream comm)
@@ -112,6 +138,10 @@ class StreamRunner final : public BucketRunner {
 
 std::unique_ptr<BucketRunner> make_thread_runner(BucketRunner::Reduce reduce) {
   return std::make_unique<ThreadRunner>(std::move(reduce));
+}
+
+std::unique_ptr<BucketRunner> make_deferred_runner(BucketRunner::Reduce reduce) {
+  return std::make_unique<DeferredRunner>(std::move(reduce));
 }
 
 std::unique_ptr<BucketRunner> make_stream_runner(BucketRunner::Reduce reduce,

@@ -3,6 +3,8 @@
 // progress in the background. GPU buffers: on a communication stream, ordered
 // after the compute that wrote the gradients by an event, because NCCL calls
 // return at once. Either way backward continues while buckets are reduced.
+// Host buffers on a machine with no core to spare: on the caller's thread in
+// finish(), all at once (Note [host overlap], comm/gradient_synchronizer.h).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +30,9 @@ class BucketRunner {
 };
 
 std::unique_ptr<BucketRunner> make_thread_runner(BucketRunner::Reduce reduce);
+// Host buffers without overlap: wait_all reduces the launched buckets, in
+// order, on the calling thread (Note [host overlap]).
+std::unique_ptr<BucketRunner> make_deferred_runner(BucketRunner::Reduce reduce);
 std::unique_ptr<BucketRunner> make_stream_runner(BucketRunner::Reduce reduce,
                                                  core::Stream compute_stream,
                                                  core::Stream comm_stream);

@@ -113,6 +113,7 @@ int run(Flags& f, comm::World& world) {
   trainer_options.autocast = autocast_for(f.precision);
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
+  trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
   Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
                   trainer_options, stream);
 

@@ -120,35 +120,41 @@ bool same_on_every_rank(comm::Communicator& comm, const Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("gradients are averaged over ranks for every bucket cap, wire format and ready order",
-          "[mpi][synchronizer]") {
+TEST_CASE(
+    "gradients are averaged over ranks for every bucket cap, wire format, ready order and "
+    "host overlap",
+    "[mpi][synchronizer]") {
   comm::Communicator& comm = test::mpi_world().host();
   struct Caps {
     std::size_t first, rest;
   };
-  // One parameter per bucket; a few buckets; one bucket for all.
+  // One parameter per bucket; a few buckets; one bucket for all. Overlap on
+  // every rank, on none, and on even ranks only (ranks may choose apart).
   for (Caps caps : {Caps{0, 0}, Caps{4096, 16384}, Caps{1 << 30, 1 << 30}})
     for (DType wire : {DType::f32, DType::bf16, DType::f16})
-      for (int order_kind : {0, 1, 2}) {
-        comm::SynchronizedModel model = make_model();
-        Tensor grads = model.gradients;
-        GradientSynchronizer sync(comm, std::move(model),
-                                  {.bucket_cap_bytes = caps.rest,
-                                   .first_bucket_cap_bytes = caps.first,
-                                   .wire_dtype = wire});
-        if (caps.rest == 0) CHECK(sync.buckets().size() == kParameters.size());
-        if (caps.rest == (1 << 30)) CHECK(sync.buckets().size() == 1);
-        for (int step = 0; step < 2; ++step) {
-          sync.begin_step(step);
-          backward(sync, grads, ready_order(kParameters.size(), order_kind, comm.rank()),
-                   comm.rank());
-          sync.finish();
+      for (int order_kind : {0, 1, 2})
+        for (int overlap_kind : {0, 1, 2}) {
+          const bool overlap = overlap_kind == 0 || (overlap_kind == 2 && comm.rank() % 2 == 0);
+          comm::SynchronizedModel model = make_model();
+          Tensor grads = model.gradients;
+          GradientSynchronizer sync(comm, std::move(model),
+                                    {.bucket_cap_bytes = caps.rest,
+                                     .first_bucket_cap_bytes = caps.first,
+                                     .wire_dtype = wire,
+                                     .host_overlap = overlap});
+          if (caps.rest == 0) CHECK(sync.buckets().size() == kParameters.size());
+          if (caps.rest == (1 << 30)) CHECK(sync.buckets().size() == 1);
+          for (int step = 0; step < 2; ++step) {
+            sync.begin_step(step);
+            backward(sync, grads, ready_order(kParameters.size(), order_kind, comm.rank()),
+                     comm.rank());
+            sync.finish();
+          }
+          INFO("caps " << caps.first << "/" << caps.rest << ", wire " << dtype_name(wire)
+                       << ", order " << order_kind << ", overlap " << overlap);
+          CHECK(far_from_mean(sync, grads, comm.size(), wire, 1) == 0);
+          CHECK(same_on_every_rank(comm, grads));
         }
-        INFO("caps " << caps.first << "/" << caps.rest << ", wire " << dtype_name(wire)
-                     << ", order " << order_kind);
-        CHECK(far_from_mean(sync, grads, comm.size(), wire, 1) == 0);
-        CHECK(same_on_every_rank(comm, grads));
-      }
 }
 
 TEST_CASE("no_sync micro-batches accumulate locally; the last one averages the sums",
@@ -312,8 +318,10 @@ TEST_CASE("a model that differs on one rank fails on every rank, naming it",
 TEST_CASE("a parameter no rank reported fails finish on every rank without a hang",
           "[mpi][synchronizer]") {
   comm::Communicator& comm = test::mpi_world().host();
-  GradientSynchronizer sync(comm, make_model(),
-                            {.bucket_cap_bytes = 0, .first_bucket_cap_bytes = 0});
+  const bool overlap = GENERATE(true, false);
+  GradientSynchronizer sync(
+      comm, make_model(),
+      {.bucket_cap_bytes = 0, .first_bucket_cap_bytes = 0, .host_overlap = overlap});
   sync.begin_step(3);
   for (std::size_t s = 0; s < kParameters.size(); ++s)
     if (s != 2) sync.mark_ready(s);
