@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,10 @@ class StepRunner {
       m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
     for (Buffer* b : model_->buffers()) m.buffers.push_back({b->name, b->value});
     options.compute_stream = stream_;
+    // As the Trainer: on the host the mean is taken in the loss gradient
+    // (Note [mean in the loss gradient], engine/trainer.h).
+    options.average = device.is_cuda();
+    if (!device.is_cuda()) loss_seed_ = 1.0f / static_cast<float>(world_->size());
     sync_ = std::make_unique<comm::GradientSynchronizer>(world_->for_device(device), m, options);
   }
 
@@ -99,7 +104,7 @@ class StepRunner {
       ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_->index_of(p)); };
     }
     const core::Tensor loss = loss_.forward(model_->forward(x_, ctx), y_, ctx);
-    model_->backward(loss_.backward(1.0f, ctx), ctx);
+    model_->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
     model_->report_ready(ctx);  // the root's own parameters, as the Trainer does
     if (synchronise) sync_->finish();
     sgd_->step(stream_);
@@ -187,6 +192,7 @@ class StepRunner {
   core::Tensor x_, y_;
   CrossEntropyLoss loss_;
   std::int64_t steps_ = 0;
+  float loss_seed_ = 1.0f;
 };
 
 struct Config {
@@ -217,10 +223,34 @@ double time_steps(const Config& config, bool take_part, Step&& step) {
   return blocks[blocks.size() / 2];
 }
 
+// Step-to-step variation of the unsynchronised step on every rank at once:
+// the standard deviation of single step times over their mean, averaged over
+// the ranks. A synchronised step waits for the slowest rank, so this is what
+// the scaling model's straggler term needs (tools/scaling_model.py).
+template <typename Step>
+double relative_jitter(const Config& config, Step&& step) {
+  std::vector<double> s;
+  sleeping_barrier();
+  for (int i = 0; i < config.steps * config.trials; ++i) {
+    const auto start = Clock::now();
+    step();
+    s.push_back(seconds_since(start));
+  }
+  double mean = 0, var = 0;
+  for (double x : s) mean += x / static_cast<double>(s.size());
+  for (double x : s) var += (x - mean) * (x - mean) / static_cast<double>(s.size());
+  double jitter = std::sqrt(var) / mean;
+  MPI_Allreduce(MPI_IN_PLACE, &jitter, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  return jitter / ranks;
+}
+
 struct Row {
   std::string mode;
   std::int64_t batch_per_rank, global_batch;
   double solo_s, compute_s, synced_s, comm_s, efficiency;
+  double jitter;
 
   double exposed_s() const { return std::max(0.0, synced_s - compute_s); }
   // The share of the communication that backward hid.
@@ -249,6 +279,7 @@ std::vector<bench::JsonField> row_fields(const Row& r, int ranks) {
           bench::field("exposed_ms", r.exposed_s() * 1e3),
           bench::field("overlap", r.overlap()),
           bench::field("contention", r.compute_s / r.solo_s),
+          bench::field("jitter", r.jitter),
           bench::field("efficiency", r.efficiency)};
 }
 
@@ -388,6 +419,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     print_row(r, n);
     auto fields = common("scaling");
     for (auto& f : row_fields(r, n)) fields.push_back(f);
+    fields.push_back(device.is_cuda()
+                         ? bench::JsonField{"host_overlap", "null"}
+                         : bench::JsonField{"host_overlap", sync.host_overlap ? "true" : "false"});
     json.write(fields);
   };
 
@@ -397,8 +431,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
   const double compute = time_steps(config, true, [&] { runner.step(false); });
   const double synced = time_steps(config, true, [&] { runner.step(true); });
   const double comm_only = time_steps(config, true, [&] { runner.communicate_only(); });
+  const double jitter = relative_jitter(config, [&] { runner.step(false); });
   if (o.mode != "strong")
-    emit({"weak", o.batch, o.batch * n, solo, compute, synced, comm_only, solo / synced});
+    emit({"weak", o.batch, o.batch * n, solo, compute, synced, comm_only, solo / synced, jitter});
 
   if (o.mode != "weak") {
     const std::int64_t per_rank = global / n;
@@ -412,8 +447,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     const double s_synced = strong ? time_steps(config, true, [&] { s.step(true); }) : synced;
     const double s_comm =
         strong ? time_steps(config, true, [&] { s.communicate_only(); }) : comm_only;
+    const double s_jitter = strong ? relative_jitter(config, [&] { s.step(false); }) : jitter;
     emit({"strong", per_rank, global, solo_global, s_compute, s_synced, s_comm,
-          solo_global / (n * s_synced)});
+          solo_global / (n * s_synced), s_jitter});
   }
 
   if (o.link && n > 1) {

@@ -262,11 +262,11 @@ void GradientSynchronizer::reduce_bucket(std::size_t b, const core::Stream& stre
   Communicator& comm = thread_comm_ ? *thread_comm_ : comm_;
   core::Tensor slice = model_.gradients.view(bucket.offset, {bucket.numel});
   if (options_.wire_dtype == DType::f32) {
-    comm.allreduce(slice, ReduceOp::avg, stream);
+    comm.allreduce(slice, options_.average ? ReduceOp::avg : ReduceOp::sum, stream);
     return;
   }
   core::Tensor wire = wire_.view(0, {bucket.numel});
-  core::ops::scale(slice, 1.0f / static_cast<float>(comm.size()), stream);
+  if (options_.average) core::ops::scale(slice, 1.0f / static_cast<float>(comm.size()), stream);
   core::ops::cast(slice, wire, stream);
   comm.allreduce(wire, ReduceOp::sum, stream);
   core::ops::cast(wire, slice, stream);

@@ -46,6 +46,11 @@ struct SynchronizerOptions {
   // f32, or bf16/f16 on the wire (the buffer stays f32): half the bytes, at
   // the cost of rounding each rank's gradient and each partial sum.
   DType wire_dtype = DType::f32;
+  // true: the gradients end as the mean over the ranks. false: as the sum,
+  // for callers that have already divided each rank's gradient by the world
+  // size (the Trainer does, in the loss gradient, on host buffers): on the
+  // CPU the division after the allreduce is a pass over every gradient.
+  bool average = true;
   // Host buffers: reduce buckets on a communication thread while backward
   // runs (true), or all of them on the caller's thread in finish() (false).
   // Overlap pays only with a core the compute leaves free (Note [host
@@ -70,8 +75,9 @@ struct SynchronizerOptions {
 // spin while they wait for the other ranks. When every core already runs
 // compute (ranks x compute threads >= cores), the communication thread takes
 // its cycles from backward, and its wake-ups, spinning and cache traffic make
-// the step slower than reducing everything after backward: bench_scaling
-// measured mlp on 2 ranks x 1 thread on 2 cores at <TBD>. Overlap hides
+// the step slower than reducing everything after backward (bench_scaling,
+// mlp, 2 ranks x 1 thread on 2 cores: weak-scaling efficiency 0.71-0.78 with
+// overlap, 0.82-0.93 without; docs/benchmarks.md). Overlap hides
 // communication only with a core to spare, as GPUs have (NCCL's stream).
 //
 // One training step:

@@ -39,6 +39,7 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
     throw InvalidArgument("--accum must be at least 1, got " +
                           std::to_string(options_.accumulation));
   options_.sync.compute_stream = stream_;
+  options_.sync.average = store_.device().is_cuda();  // Note [mean in the loss gradient]
   sync_ = std::make_unique<comm::GradientSynchronizer>(
       world_.for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
   model_.train();
@@ -65,7 +66,8 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   }
   store_.zero_grad(stream_);
   sync_->begin_step(steps_);
-  const float dloss = scaler_.scale() / static_cast<float>(k_total);
+  const int ranks_dividing = store_.device().is_cuda() ? 1 : world_.size();
+  const float dloss = scaler_.scale() / static_cast<float>(k_total * ranks_dividing);
   // [loss x counted rows, counted rows] summed over the micro-batches on the
   // device, read once after the step (not two host reads per micro-batch).
   core::Tensor totals_here = core::Tensor::zeros({2}, DType::f32, store_.device(), stream_);

@@ -564,8 +564,13 @@ def run_check(args):
         # compute_ms / solo_ms, measured, stretches every compute time.
         contention = m["compute_ms"] / m["solo_ms"]
         shared = profile.scaled(contention, profile.source)
+        if m.get("host_overlap") is False:
+            # The synchroniser reduced every bucket after backward (Note [host overlap]).
+            shared = replace(shared, buckets=[(b, shared.backward_ms) for b, _ in shared.buckets])
         with_contention = profile.compute_ms / predict(shared, network, m["ranks"], none)["step_ms"]
-        full = predict(shared, network, m["ranks"], terms)
+        # The run's own step-to-step jitter, when bench_scaling measured it.
+        measured_terms = replace(terms, jitter=m.get("jitter", terms.jitter))
+        full = predict(shared, network, m["ranks"], measured_terms)
         with_terms = profile.compute_ms / full["step_ms"]
         comm_pred = sum(network.allreduce_ms(b, m["ranks"], False)[0] for b, _ in profile.buckets)
         measured = m["efficiency"]

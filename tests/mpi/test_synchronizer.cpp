@@ -224,7 +224,8 @@ TEST_CASE("N ranks of batch B average to the one-rank gradient of the whole batc
   // the global batch (with and without two accumulation micro-batches, whose
   // losses are scaled by 1/2); the reference is the f64 gradient of all
   // size x B samples. Tolerance: f32 sums of B products, 1e-5 relative to the
-  // sum of magnitudes.
+  // sum of magnitudes. With average off, each rank divides its loss by the
+  // world size itself, as the Trainer does on the CPU.
   comm::Communicator& comm = test::mpi_world().host();
   constexpr int kIn = 5, kOut = 2, kB = 8;
   const int size = comm.size();
@@ -252,46 +253,48 @@ TEST_CASE("N ranks of batch B average to the one-rank gradient of the whole batc
       }
     }
 
-  for (int micro_batches : {1, 2}) {
-    comm::SynchronizedModel model = make_model({{"fc.bias", {kOut}}, {"fc.weight", {kOut, kIn}}});
-    Tensor grads = model.gradients;
-    GradientSynchronizer sync(comm, std::move(model));
-    const std::int64_t b_at = sync.segments()[0].offset, w_at = sync.segments()[1].offset;
-    float* g = grads.data_as<float>();
-    sync.begin_step(0);
-    grads.fill_(0.0);
-    const int per_micro = kB / micro_batches;
-    for (int micro = 0; micro < micro_batches; ++micro) {
-      std::optional<GradientSynchronizer::NoSync> guard;
-      if (micro + 1 < micro_batches) guard.emplace(sync.no_sync());
-      // This micro-batch's loss is its mean, scaled by 1/micro_batches.
-      const float scale = 1.0f / static_cast<float>(per_micro * micro_batches);
-      const int first = comm.rank() * kB + micro * per_micro;
-      for (int o = 0; o < kOut; ++o) {
-        float db = 0, dw[kIn] = {};
-        for (int j = first; j < first + per_micro; ++j) {
-          float e = b[o] - t[j * kOut + o];
-          for (int i = 0; i < kIn; ++i) e += w[o * kIn + i] * x[j * kIn + i];
-          db += e;
-          for (int i = 0; i < kIn; ++i) dw[i] += e * x[j * kIn + i];
+  for (int micro_batches : {1, 2})
+    for (bool average : {true, false}) {
+      comm::SynchronizedModel model = make_model({{"fc.bias", {kOut}}, {"fc.weight", {kOut, kIn}}});
+      Tensor grads = model.gradients;
+      GradientSynchronizer sync(comm, std::move(model), {.average = average});
+      const std::int64_t b_at = sync.segments()[0].offset, w_at = sync.segments()[1].offset;
+      float* g = grads.data_as<float>();
+      sync.begin_step(0);
+      grads.fill_(0.0);
+      const int per_micro = kB / micro_batches;
+      for (int micro = 0; micro < micro_batches; ++micro) {
+        std::optional<GradientSynchronizer::NoSync> guard;
+        if (micro + 1 < micro_batches) guard.emplace(sync.no_sync());
+        // This micro-batch's loss is its mean, scaled by 1/micro_batches.
+        const float scale =
+            1.0f / static_cast<float>(per_micro * micro_batches * (average ? 1 : size));
+        const int first = comm.rank() * kB + micro * per_micro;
+        for (int o = 0; o < kOut; ++o) {
+          float db = 0, dw[kIn] = {};
+          for (int j = first; j < first + per_micro; ++j) {
+            float e = b[o] - t[j * kOut + o];
+            for (int i = 0; i < kIn; ++i) e += w[o * kIn + i] * x[j * kIn + i];
+            db += e;
+            for (int i = 0; i < kIn; ++i) dw[i] += e * x[j * kIn + i];
+          }
+          g[b_at + o] += scale * db;
+          for (int i = 0; i < kIn; ++i) g[w_at + o * kIn + i] += scale * dw[i];
         }
-        g[b_at + o] += scale * db;
-        for (int i = 0; i < kIn; ++i) g[w_at + o * kIn + i] += scale * dw[i];
+        sync.mark_ready(0);  // backward finishes the bias first
+        sync.mark_ready(1);
       }
-      sync.mark_ready(0);  // backward finishes the bias first
-      sync.mark_ready(1);
+      sync.finish();
+      std::size_t far = 0;
+      for (int o = 0; o < kOut; ++o) {
+        far += std::fabs(g[b_at + o] - ref_b[o]) > 1e-5 * mag_b[o] + 1e-7;
+        for (int i = 0; i < kIn; ++i)
+          far += std::fabs(g[w_at + o * kIn + i] - ref_w[o * kIn + i]) >
+                 1e-5 * mag_w[o * kIn + i] + 1e-7;
+      }
+      INFO(micro_batches << " micro-batches per step, average " << average);
+      CHECK(far == 0);
     }
-    sync.finish();
-    std::size_t far = 0;
-    for (int o = 0; o < kOut; ++o) {
-      far += std::fabs(g[b_at + o] - ref_b[o]) > 1e-5 * mag_b[o] + 1e-7;
-      for (int i = 0; i < kIn; ++i)
-        far += std::fabs(g[w_at + o * kIn + i] - ref_w[o * kIn + i]) >
-               1e-5 * mag_w[o * kIn + i] + 1e-7;
-    }
-    INFO(micro_batches << " micro-batches per step");
-    CHECK(far == 0);
-  }
 }
 
 TEST_CASE("a model that differs on one rank fails on every rank, naming it",
