@@ -12,6 +12,8 @@
 // every bucket alone, the exposed communication and the overlap fraction.
 // It also writes the inputs of tools/scaling_model.py: the backward profile
 // (when each bucket's gradients are complete) and the link's alpha-beta fit.
+// Started without mpirun it is a world of one, which still gives the profile
+// (the GPU machine has no OpenMPI: tools/gpu-check.sh runs it that way).
 #include <fmt/core.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -47,16 +49,24 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+struct Config {
+  int steps = 20;  // per timed block
+  int trials = 5;  // blocks; the median is reported
+  int warmup = 3;
+  bool mpi = true;  // false: a world of one started without mpirun
+};
+
 // A barrier that sleeps while it waits, so that idle ranks leave their cores
 // to the rank being measured (MPI_Barrier would spin on them).
-void sleeping_barrier() {
+void sleeping_barrier(const Config& config) {
+  if (!config.mpi) return;
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Ibarrier(MPI_COMM_WORLD, &request);
   for (int done = 0; MPI_Test(&request, &done, MPI_STATUS_IGNORE), !done;) ::usleep(200);
 }
 
-double slowest(double seconds) {
-  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+double slowest(const Config& config, double seconds) {
+  if (config.mpi) MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return seconds;
 }
 
@@ -195,12 +205,6 @@ class StepRunner {
   float loss_seed_ = 1.0f;
 };
 
-struct Config {
-  int steps = 20;  // per timed block
-  int trials = 5;  // blocks; the median is reported
-  int warmup = 3;
-};
-
 // Median over blocks of the slowest participating rank's seconds per step.
 // Every rank calls it; only those with `take_part` run `step`, the others
 // sleep through it.
@@ -210,14 +214,14 @@ double time_steps(const Config& config, bool take_part, Step&& step) {
   if (take_part)
     for (int i = 0; i < config.warmup; ++i) step();
   for (int t = 0; t < config.trials; ++t) {
-    sleeping_barrier();
+    sleeping_barrier(config);
     double s = 0.0;
     if (take_part) {
       const auto start = Clock::now();
       for (int i = 0; i < config.steps; ++i) step();
       s = seconds_since(start) / config.steps;
     }
-    blocks.push_back(slowest(s));
+    blocks.push_back(slowest(config, s));
   }
   std::sort(blocks.begin(), blocks.end());
   return blocks[blocks.size() / 2];
@@ -230,7 +234,7 @@ double time_steps(const Config& config, bool take_part, Step&& step) {
 template <typename Step>
 double relative_jitter(const Config& config, Step&& step) {
   std::vector<double> s;
-  sleeping_barrier();
+  sleeping_barrier(config);
   for (int i = 0; i < config.steps * config.trials; ++i) {
     const auto start = Clock::now();
     step();
@@ -240,6 +244,7 @@ double relative_jitter(const Config& config, Step&& step) {
   for (double x : s) mean += x / static_cast<double>(s.size());
   for (double x : s) var += (x - mean) * (x - mean) / static_cast<double>(s.size());
   double jitter = std::sqrt(var) / mean;
+  if (!config.mpi) return jitter;
   MPI_Allreduce(MPI_IN_PLACE, &jitter, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -508,8 +513,7 @@ int main(int argc, char** argv) {
     comm::InitOptions init;
     init.use_gpu = o.device == "cuda";
     world = comm::init(argc, argv, init);
-    if (!world->uses_mpi())
-      throw InvalidArgument("run bench_scaling under mpirun or mpiexec (-np 1 for one rank)");
+    config.mpi = world->uses_mpi();  // without mpirun: one rank, the profile and solo step
     if (o.device == "cuda" && !world->device().is_cuda())
       throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
     kernels::cpu::set_gemm_threads(o.threads);

@@ -5,14 +5,16 @@
 #                             libraries they need, as .gpu-pack/lockstep-gpu.tar.gz
 #   tools/gpu-check.sh run    on the GPU machine (device tool, carry .gpu-pack):
 #                             [gpu] tests, unit tests, bench_gemm, the PyTorch
-#                             baseline; logs and JSON under $OUT; a table last.
+#                             baseline, bench_scaling's GPU profiles and the
+#                             scaling model on them; logs and JSON under $OUT;
+#                             a table last.
 # Record what `run` printed in docs/gpu-results.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 binaries=(tests/lockstep_gpu_tests tests/comm/lockstep_comm_gpu_tests tests/io/lockstep_io_gpu_tests
           tests/engine/lockstep_engine_gpu_tests tests/lockstep_unit_tests bench/bench_gemm
-          bench/bench_step examples/train/lockstep-train examples/shard/lockstep-shard)
+          bench/bench_step bench/bench_scaling examples/train/lockstep-train examples/shard/lockstep-shard)
 
 pack() {
   set -e
@@ -20,7 +22,8 @@ pack() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
   cmake --build "$build" --target lockstep_gpu_tests lockstep_comm_gpu_tests lockstep_io_gpu_tests \
-    lockstep_engine_gpu_tests lockstep_unit_tests bench_gemm bench_step lockstep-train lockstep-shard
+    lockstep_engine_gpu_tests lockstep_unit_tests bench_gemm bench_step bench_scaling lockstep-train \
+    lockstep-shard
   rm -rf .gpu-pack && mkdir -p "$stage/bin" "$stage/lib"
   for b in "${binaries[@]}"; do cp "$build/$b" "$stage/bin/"; done
   cp -L "$build"/kernels/liblockstep_*.so "$build"/engine/core/liblockstep_*.so "$build"/comm/liblockstep_*.so \
@@ -83,6 +86,16 @@ run() {
       --steps 20 --python "$python" --json "$OUT/bench_step_$1_$3.json"
   done
   cat "$OUT"/bench_step_*.json >"$OUT/bench_step.json" 2>/dev/null
+  # One rank (no mpirun here): the GPU backward profiles that tools/scaling_model.py
+  # extrapolates from, in place of CPU profiles scaled by GEMM rate.
+  for run in "mlp-large 1024 bf16" "resnet 256 fp16"; do
+    set -- $run
+    step "scaling_$1" 180 "$work/bin/bench_scaling" --device cuda --model "$1" --batch "$2" \
+      --precision "$3" --steps 10 --trials 3 --json "$OUT/bench_scaling_$1.json"
+  done
+  cat "$OUT"/bench_scaling_*.json >"$OUT/bench_scaling.json" 2>/dev/null
+  step scaling_model 60 "$python" tools/scaling_model.py --profile "$OUT/bench_scaling.json" \
+    --json "$OUT/scaling_model.json"
   # A few hundred steps on the GPU and on the CPU from the same seed: the
   # losses must agree within autocast-free f32 tolerance (tools/gpu_baseline.py compare).
   "$work/bin/lockstep-shard" synthetic --out "$OUT/data" --count 8192 --shape 1,28,28 --dtype u8 \
