@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -205,26 +206,39 @@ class StepRunner {
   float loss_seed_ = 1.0f;
 };
 
-// Median over blocks of the slowest participating rank's seconds per step.
-// Every rank calls it; only those with `take_part` run `step`, the others
-// sleep through it.
-template <typename Step>
-double time_steps(const Config& config, bool take_part, Step&& step) {
-  std::vector<double> blocks;
-  if (take_part)
-    for (int i = 0; i < config.warmup; ++i) step();
-  for (int t = 0; t < config.trials; ++t) {
-    sleeping_barrier(config);
-    double s = 0.0;
-    if (take_part) {
-      const auto start = Clock::now();
-      for (int i = 0; i < config.steps; ++i) step();
-      s = seconds_since(start) / config.steps;
+// One kind of step: run by every rank, or (solo) by rank 0 alone while the
+// others sleep through it.
+struct Phase {
+  bool take_part;
+  std::function<void()> step;
+};
+
+// Per phase, the median over blocks of the slowest participating rank's
+// seconds per step. Blocks of the phases alternate (trial by trial), so that
+// a drift of the machine's speed hits every phase alike rather than biasing
+// the ratio of two of them.
+std::vector<double> time_phases(const Config& config, const std::vector<Phase>& phases) {
+  for (const Phase& p : phases)
+    if (p.take_part)
+      for (int i = 0; i < config.warmup; ++i) p.step();
+  std::vector<std::vector<double>> blocks(phases.size());
+  for (int t = 0; t < config.trials; ++t)
+    for (std::size_t k = 0; k < phases.size(); ++k) {
+      sleeping_barrier(config);
+      double s = 0.0;
+      if (phases[k].take_part) {
+        const auto start = Clock::now();
+        for (int i = 0; i < config.steps; ++i) phases[k].step();
+        s = seconds_since(start) / config.steps;
+      }
+      blocks[k].push_back(slowest(config, s));
     }
-    blocks.push_back(slowest(config, s));
+  std::vector<double> medians;
+  for (auto& b : blocks) {
+    std::sort(b.begin(), b.end());
+    medians.push_back(b[b.size() / 2]);
   }
-  std::sort(blocks.begin(), blocks.end());
-  return blocks[blocks.size() / 2];
+  return medians;
 }
 
 // Step-to-step variation of the unsynchronised step on every rank at once:
@@ -290,31 +304,39 @@ std::vector<bench::JsonField> row_fields(const Row& r, int ranks) {
 
 // Allreduce seconds at sizes from 4 KiB to 64 MiB, and the alpha-beta cost
 // t = alpha + (2 (p-1) / p) * bytes / bus_bandwidth (nccl-tests' busbw):
-// alpha from the smallest message, the bandwidth from the largest. Two
-// points, not a least-squares fit: on a loaded machine one slow mid-size
-// point would tilt a fit into a negative alpha.
+// alpha from the smallest message, the bandwidth from the size nearest the
+// model's largest bucket (on a CPU a 2 MB message stays in the caches and
+// runs twice as fast as a 64 MiB one). Two points, not a least-squares fit:
+// on a loaded machine one slow point would tilt a fit into a negative alpha.
 struct LinkFit {
   std::vector<std::int64_t> sizes;
   std::vector<double> seconds;
   double alpha_s = 0, bus_bytes_per_s = 0;
 };
 
-LinkFit fit_link(comm::World& world, core::Device device, const Config& config) {
+LinkFit fit_link(comm::World& world, core::Device device, const Config& config,
+                 std::int64_t bucket_bytes) {
   LinkFit fit;
   comm::Communicator& comm = world.for_device(device);
   const core::Stream stream = core::Stream::create(device);
   for (std::int64_t bytes = 4096; bytes <= (std::int64_t{64} << 20); bytes *= 8) {
     core::Tensor buffer = core::Tensor::zeros({bytes / 4}, DType::f32, device, stream);
     fit.sizes.push_back(bytes);
-    fit.seconds.push_back(time_steps(config, true, [&] {
-      comm.allreduce(buffer, comm::ReduceOp::sum, stream);
-      stream.synchronize();
-    }));
+    const Phase allreduce{true, [&] {
+                            comm.allreduce(buffer, comm::ReduceOp::sum, stream);
+                            stream.synchronize();
+                          }};
+    fit.seconds.push_back(time_phases(config, {allreduce})[0]);
   }
+  std::size_t at = fit.sizes.size() - 1;  // nearest on a log scale
+  for (std::size_t i = 1; i < fit.sizes.size(); ++i)
+    if (std::fabs(std::log(static_cast<double>(fit.sizes[i]) / bucket_bytes)) <
+        std::fabs(std::log(static_cast<double>(fit.sizes[at]) / bucket_bytes)))
+      at = i;
   const double p = world.size();
-  const double bus_bytes = 2.0 * (p - 1) / p * static_cast<double>(fit.sizes.back());
+  const double bus_bytes = 2.0 * (p - 1) / p * static_cast<double>(fit.sizes[at]);
   fit.alpha_s = fit.seconds.front();
-  fit.bus_bytes_per_s = bus_bytes / std::max(fit.seconds.back() - fit.alpha_s, 1e-9);
+  fit.bus_bytes_per_s = bus_bytes / std::max(fit.seconds[at] - fit.alpha_s, 1e-9);
   return fit;
 }
 
@@ -430,35 +452,39 @@ int run(comm::World& world, const Options& o, const Config& config) {
     json.write(fields);
   };
 
-  // Each kind of step is its own series of blocks (solo, all ranks computing,
-  // synchronised, communication alone): their medians are compared.
-  const double solo = time_steps(config, rank0, [&] { runner.step(false); });
-  const double compute = time_steps(config, true, [&] { runner.step(false); });
-  const double synced = time_steps(config, true, [&] { runner.step(true); });
-  const double comm_only = time_steps(config, true, [&] { runner.communicate_only(); });
+  // Solo, all ranks computing, synchronised, communication alone.
+  auto phases_of = [&](StepRunner& r) {
+    return std::vector<Phase>{{rank0, [&r] { r.step(false); }},
+                              {true, [&r] { r.step(false); }},
+                              {true, [&r] { r.step(true); }},
+                              {true, [&r] { r.communicate_only(); }}};
+  };
+  const std::vector<double> weak = time_phases(config, phases_of(runner));
   const double jitter = relative_jitter(config, [&] { runner.step(false); });
   if (o.mode != "strong")
-    emit({"weak", o.batch, o.batch * n, solo, compute, synced, comm_only, solo / synced, jitter});
+    emit({"weak", o.batch, o.batch * n, weak[0], weak[1], weak[2], weak[3], weak[0] / weak[2],
+          jitter});
 
   if (o.mode != "weak") {
+    // Solo is one rank with the whole global batch; the rest at G / N per rank.
     const std::int64_t per_rank = global / n;
     std::optional<StepRunner> strong;
     if (per_rank != o.batch) strong.emplace(o.model, per_rank, autocast, device, &world, sync);
     StepRunner& s = strong ? *strong : runner;
     std::optional<StepRunner> whole;
     if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
-    const double solo_global = time_steps(config, rank0, [&] { whole->step(false); });
-    const double s_compute = strong ? time_steps(config, true, [&] { s.step(false); }) : compute;
-    const double s_synced = strong ? time_steps(config, true, [&] { s.step(true); }) : synced;
-    const double s_comm =
-        strong ? time_steps(config, true, [&] { s.communicate_only(); }) : comm_only;
+    std::vector<Phase> phases = phases_of(s);
+    phases[0].step = [&] { whole->step(false); };
+    const std::vector<double> t = time_phases(config, phases);
     const double s_jitter = strong ? relative_jitter(config, [&] { s.step(false); }) : jitter;
-    emit({"strong", per_rank, global, solo_global, s_compute, s_synced, s_comm,
-          solo_global / (n * s_synced), s_jitter});
+    emit({"strong", per_rank, global, t[0], t[1], t[2], t[3], t[0] / (n * t[2]), s_jitter});
   }
 
   if (o.link && n > 1) {
-    const LinkFit fit = fit_link(world, device, config);
+    std::int64_t largest = 0;
+    for (const comm::Bucket& b : runner.synchronizer().buckets())
+      largest = std::max(largest, b.numel * 4);
+    const LinkFit fit = fit_link(world, device, config, largest);
     if (rank0) {
       std::string sizes = "[", ms = "[";
       for (std::size_t i = 0; i < fit.sizes.size(); ++i) {

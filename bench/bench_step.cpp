@@ -9,6 +9,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,10 +33,14 @@ namespace {
 struct Measure {
   double ms_per_step;
   std::size_t peak_bytes;
+  std::optional<double> floor_ms;  // the GEMMs alone, timed alternately with the step
 };
 
+// With a `floor` (the step's GEMMs alone), step and floor are timed in
+// alternating batches (bench::compare_seconds), so that the machine's drift
+// does not tilt their ratio; the peak memory then comes from the warm-up.
 Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<DType> autocast,
-                     core::Device device, int steps) {
+                     core::Device device, int steps, const std::function<void()>& floor = nullptr) {
   auto model = make_model(name);
   initialize(*model, 1);
   const core::Stream stream = core::Stream::create(device);
@@ -60,14 +66,21 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
     scaler.unscale(store.grads(), stream);
     if (scaler.update(stream)) sgd.step(stream);
   };
+  core::reset_peak_memory(device);
   for (int i = 0; i < 3; ++i) step();
   stream.synchronize();
+  if (floor) {
+    const std::size_t peak = core::memory_stats(device).peak_bytes;
+    const auto [step_s, floor_s] = bench::compare_seconds(
+        step, floor, [&] { stream.synchronize(); }, 7, 0.002 * steps);
+    return {1e3 * step_s, peak, 1e3 * floor_s};
+  }
   core::reset_peak_memory(device);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   stream.synchronize();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {1e3 * s / steps, core::memory_stats(device).peak_bytes};
+  return {1e3 * s / steps, core::memory_stats(device).peak_bytes, std::nullopt};
 }
 
 // PyTorch's figures for the same step, or nothing when it cannot run here.
@@ -92,28 +105,42 @@ std::optional<Measure> run_torch(const std::string& python, const std::string& n
   if (at == std::string::npos || std::sscanf(out.c_str() + at + 15, "%lf", &ms) != 1)
     return std::nullopt;
   if (at_peak != std::string::npos) std::sscanf(out.c_str() + at_peak + 14, "%lf", &peak);
-  return Measure{ms, static_cast<std::size_t>(peak)};
+  return Measure{ms, static_cast<std::size_t>(peak), std::nullopt};
 }
 
 // mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
-// floor a step cannot beat on the CPU.
-double mlp_gemm_ms(std::int64_t batch, int steps) {
+// floor a step cannot beat on the CPU. Every layer has its own weight,
+// activation and gradient buffers, as in the model: shared buffers would keep
+// the floor's data in cache and make it 3-5% faster than the step can be.
+std::function<void()> mlp_gemms(std::int64_t batch) {
   const std::int64_t dims[] = {784, 512, 512, 10};
-  std::vector<float> a(batch * 784, 0.5f), w(512 * 784, 0.25f), out(batch * 512), dw(512 * 784);
-  auto gemms = [&] {
+  struct Layer {
+    std::vector<float> x, w, y, dw, dy, dx;
+  };
+  auto layers = std::make_shared<std::vector<Layer>>();
+  for (int l = 0; l < 3; ++l) {
+    const std::size_t in = dims[l], o = dims[l + 1], b = static_cast<std::size_t>(batch);
+    layers->push_back({std::vector<float>(b * in, 0.5f), std::vector<float>(o * in, 0.25f),
+                       std::vector<float>(b * o), std::vector<float>(o * in),
+                       std::vector<float>(b * o, 0.125f), std::vector<float>(b * in)});
+  }
+  return [layers, batch, dims] {
     for (int l = 0; l < 3; ++l) {
+      Layer& L = (*layers)[l];
       const std::int64_t in = dims[l], o = dims[l + 1];
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, o, in, 1, a.data(), in, w.data(),
-                  in, 0, out.data(), o);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, in, batch, 1, out.data(), o, a.data(),
-                  in, 1, dw.data(), in);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, o, in, 1, L.x.data(), in,
+                  L.w.data(), in, 0, L.y.data(), o);
+    }
+    for (int l = 2; l >= 0; --l) {
+      Layer& L = (*layers)[l];
+      const std::int64_t in = dims[l], o = dims[l + 1];
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, in, batch, 1, L.dy.data(), o,
+                  L.x.data(), in, 1, L.dw.data(), in);
       if (l > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, o, 1, out.data(), o,
-                    w.data(), in, 0, a.data(), in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, o, 1, L.dy.data(), o,
+                    L.w.data(), in, 0, L.dx.data(), in);
     }
   };
-  return 1e3 * bench::median_seconds(
-                   gemms, [] {}, 5, 0.05 * steps / 20);
 }
 
 }  // namespace
@@ -148,12 +175,12 @@ int main(int argc, char** argv) {
     else if (precision != "fp32")
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
-    const Measure ours = run_lockstep(model, batch, autocast, device, steps);
+    const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
+    const Measure ours = run_lockstep(model, batch, autocast, device, steps,
+                                      gemm_floor ? mlp_gemms(batch) : nullptr);
     std::optional<Measure> torch;
     if (baseline) torch = run_torch(python, model, batch, precision, device, steps, threads);
-    std::optional<double> gemm_ms;
-    if (model == "mlp" && !device.is_cuda() && precision == "fp32")
-      gemm_ms = mlp_gemm_ms(batch, steps);
+    const std::optional<double> gemm_ms = ours.floor_ms;
 
     const double samples_per_s = 1e3 * batch / ours.ms_per_step;
     std::optional<double> torch_sps, ratio, gemm_ratio;

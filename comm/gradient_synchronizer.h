@@ -76,8 +76,8 @@ struct SynchronizerOptions {
 // compute (ranks x compute threads >= cores), the communication thread takes
 // its cycles from backward, and its wake-ups, spinning and cache traffic make
 // the step slower than reducing everything after backward (bench_scaling,
-// mlp, 2 ranks x 1 thread on 2 cores: weak-scaling efficiency 0.71-0.78 with
-// overlap, 0.82-0.93 without; docs/benchmarks.md). Overlap hides
+// mlp, 2 ranks x 1 thread on 2 cores: weak-scaling efficiency 0.79-0.81 with
+// overlap, 0.83-0.89 without; docs/benchmarks.md). Overlap hides
 // communication only with a core to spare, as GPUs have (NCCL's stream).
 //
 // One training step:
