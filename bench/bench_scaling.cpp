@@ -377,10 +377,6 @@ int run(comm::World& world, const Options& o, const Config& config) {
     autocast = DType::f16;
   else if (o.precision == "bf16")
     autocast = DType::bf16;
-  else if (o.precision != "fp32")
-    throw InvalidArgument("--precision '" + o.precision + "' is not fp32, fp16 or bf16");
-  if (o.mode != "weak" && o.mode != "strong" && o.mode != "both")
-    throw InvalidArgument("--mode '" + o.mode + "' is not weak, strong or both");
   const std::int64_t global = o.global_batch > 0 ? o.global_batch : o.batch * n;
   if (global % n != 0)
     throw InvalidArgument(
@@ -397,8 +393,6 @@ int run(comm::World& world, const Options& o, const Config& config) {
   comm::SynchronizerOptions sync;
   sync.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mib * (1 << 20));
   sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
-  if (o.host_overlap != "auto" && o.host_overlap != "on" && o.host_overlap != "off")
-    throw InvalidArgument("--host-overlap '" + o.host_overlap + "' is not auto, on or off");
   sync.host_overlap =
       o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
   StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
@@ -517,9 +511,15 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "per-rank batch (weak scaling)")->capture_default_str();
   app.add_option("--global-batch", o.global_batch,
                  "global batch for strong scaling (default: batch x ranks)");
-  app.add_option("--mode", o.mode, "weak, strong or both")->capture_default_str();
-  app.add_option("--precision", o.precision, "fp32, fp16 or bf16")->capture_default_str();
-  app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--mode", o.mode, "weak, strong or both")
+      ->check(CLI::IsMember({"weak", "strong", "both"}))
+      ->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32, fp16 or bf16")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank")->capture_default_str();
   app.add_option("--bucket-cap-mib", o.bucket_cap_mib, "gradient bucket cap")
       ->capture_default_str();
@@ -528,6 +528,7 @@ int main(int argc, char** argv) {
   app.add_option("--host-overlap", o.host_overlap,
                  "host gradients reduced during backward (on), after it (off), or on when a core "
                  "is spare (auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
