@@ -29,15 +29,15 @@
 #include <vector>
 
 #include "bench/report.h"
+#include "bench/synthetic_training.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
-#include "engine/models.h"
 #include "engine/nn/loss.h"
-#include "engine/optim/sgd.h"
 #include "engine/parameter_store.h"
+#include "engine/trainer.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -78,49 +78,33 @@ class StepRunner {
  public:
   StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
              core::Device device, comm::World* world, comm::SynchronizerOptions options = {})
-      : stream_(core::Stream::create(device)), autocast_(autocast), world_(world) {
-    model_ = make_model(model_name);
-    initialize(*model_, 1);
-    store_ = std::make_unique<ParameterStore>(*model_, device, stream_);
-    sgd_ = std::make_unique<SGD>(*store_, single_group(*store_, 0.01, 0.0),
-                                 SgdOptions{.momentum = 0.9}, stream_);
-    const ModelPreset& preset = model_preset(model_name);
-    core::Shape shape{batch};
-    shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
-    x_ = core::Tensor::empty(shape, DType::f32, device, stream_);
-    core::Generator(2).normal(x_, 0.0f, 1.0f, stream_);
-    std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
-    for (std::int64_t i = 0; i < batch; ++i) labels[i] = i % preset.classes;
-    y_ = core::Tensor::from_vector(labels, {batch}, DType::i64, device, stream_);
+      : t_(model_name, batch, device), autocast_(autocast), world_(world) {
     if (!world_) return;
-    comm::SynchronizedModel m{store_->values(), store_->grads(), {}, {}};
-    for (const ParameterStore::Slot& s : store_->slots())
-      m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
-    for (Buffer* b : model_->buffers()) m.buffers.push_back({b->name, b->value});
-    options.compute_stream = stream_;
-    // As the Trainer: on the host the mean is taken in the loss gradient
-    // (Note [mean in the loss gradient], engine/trainer.h).
-    options.average = device.is_cuda();
-    if (!device.is_cuda()) loss_seed_ = 1.0f / static_cast<float>(world_->size());
-    sync_ = std::make_unique<comm::GradientSynchronizer>(world_->for_device(device), m, options);
+    // As the Trainer does (Note [mean in the loss gradient], engine/trainer.h).
+    const RankMean mean = rank_mean(*world_, device);
+    options.compute_stream = t_.stream;
+    options.average = mean.synchronizer_averages;
+    loss_seed_ = 1.0f / static_cast<float>(mean.loss_gradient_divisor);
+    sync_ = std::make_unique<comm::GradientSynchronizer>(
+        world_->for_device(device), synchronized_model(*t_.model, *t_.store), options);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
   // ranks as backward produces them and the ranks agree on the loss.
   void step(bool synchronise) {
-    store_->zero_grad(stream_);
+    t_.store->zero_grad(t_.stream);
     Context ctx = context();
     if (synchronise) {
       sync_->begin_step(steps_);
-      ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_->index_of(p)); };
+      ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(t_.store->index_of(p)); };
     }
-    const core::Tensor loss = loss_.forward(model_->forward(x_, ctx), y_, ctx);
-    model_->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
-    model_->report_ready(ctx);  // the root's own parameters, as the Trainer does
+    const core::Tensor loss = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
+    t_.model->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
+    t_.model->report_ready(ctx);  // the root's own parameters, as the Trainer does
     if (synchronise) sync_->finish();
-    sgd_->step(stream_);
+    t_.sgd->step(t_.stream);
     if (synchronise)
-      comm::agree_on_step(world_->host(), loss.to_vector<float>(stream_)[0], x_.dim(0));
+      comm::agree_on_step(world_->host(), loss.to_vector<float>(t_.stream)[0], t_.x.dim(0));
     ++steps_;
   }
 
@@ -129,7 +113,6 @@ class StepRunner {
     sync_->begin_step(steps_++);
     for (std::size_t s = 0; s < sync_->segments().size(); ++s) sync_->mark_ready(s);
     sync_->finish();
-    stream_.synchronize();
   }
 
   struct Profile {
@@ -142,75 +125,73 @@ class StepRunner {
   Profile profile() {
     Profile p;
     Context ctx = context();
-    store_->zero_grad(stream_);
-    stream_.synchronize();
+    t_.store->zero_grad(t_.stream);
+    t_.stream.synchronize();
     auto start = Clock::now();
-    const core::Tensor loss = loss_.forward(model_->forward(x_, ctx), y_, ctx);
-    stream_.synchronize();
+    const core::Tensor loss = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
+    t_.stream.synchronize();
     p.forward_ms = 1e3 * seconds_since(start);
     start = Clock::now();
-    model_->backward(loss_.backward(1.0f, ctx), ctx);
-    stream_.synchronize();
+    t_.model->backward(loss_.backward(1.0f, ctx), ctx);
+    t_.stream.synchronize();
     p.backward_ms = 1e3 * seconds_since(start);
     start = Clock::now();
-    sgd_->step(stream_);
-    store_->zero_grad(stream_);
-    stream_.synchronize();
+    t_.sgd->step(t_.stream);
+    t_.store->zero_grad(t_.stream);
+    t_.stream.synchronize();
     p.optimizer_ms = 1e3 * seconds_since(start);
 
-    p.segment_ready_ms.assign(store_->slots().size(), 0.0);
+    p.segment_ready_ms.assign(t_.store->slots().size(), 0.0);
     ctx.on_grad_ready = [&](Parameter& param) {
-      stream_.synchronize();
-      p.segment_ready_ms[store_->index_of(param)] = 1e3 * seconds_since(start);
+      t_.stream.synchronize();
+      p.segment_ready_ms[t_.store->index_of(param)] = 1e3 * seconds_since(start);
     };
-    const core::Tensor again = loss_.forward(model_->forward(x_, ctx), y_, ctx);
+    const core::Tensor again = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
     const core::Tensor dy = loss_.backward(1.0f, ctx);
-    stream_.synchronize();
+    t_.stream.synchronize();
     start = Clock::now();
-    model_->backward(dy, ctx);
-    stream_.synchronize();
+    t_.model->backward(dy, ctx);
+    t_.stream.synchronize();
     const double stalled_ms = 1e3 * seconds_since(start);
     for (double& t : p.segment_ready_ms) t *= p.backward_ms / stalled_ms;
-    store_->zero_grad(stream_);
-    stream_.synchronize();
+    t_.store->zero_grad(t_.stream);
+    t_.stream.synchronize();
     return p;
   }
 
-  void synchronize() const { stream_.synchronize(); }
+  void synchronize() const { t_.stream.synchronize(); }
   const comm::GradientSynchronizer& synchronizer() const { return *sync_; }
   std::int64_t parameters() const {
     std::int64_t n = 0;
-    for (const ParameterStore::Slot& s : store_->slots()) n += s.numel;
+    for (const ParameterStore::Slot& s : t_.store->slots()) n += s.numel;
     return n;
   }
 
  private:
   Context context() const {
     Context ctx;
-    ctx.stream = stream_;
+    ctx.stream = t_.stream;
     ctx.autocast = autocast_;
     ctx.step = static_cast<std::uint64_t>(steps_);
     return ctx;
   }
 
-  core::Stream stream_;
+  bench::SyntheticTraining t_;
   std::optional<DType> autocast_;
   comm::World* world_;
-  std::unique_ptr<Module> model_;
-  std::unique_ptr<ParameterStore> store_;
-  std::unique_ptr<SGD> sgd_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;
-  core::Tensor x_, y_;
   CrossEntropyLoss loss_;
   std::int64_t steps_ = 0;
   float loss_seed_ = 1.0f;
 };
 
 // One kind of step: run by every rank, or (solo) by rank 0 alone while the
-// others sleep through it.
+// others sleep through it. `wait` ends a timed block: the stream
+// synchronisation that makes a GPU's queued steps count.
 struct Phase {
   bool take_part;
   std::function<void()> step;
+  std::function<void()> wait;
 };
 
 // Per phase, the median over blocks of the slowest participating rank's
@@ -229,6 +210,7 @@ std::vector<double> time_phases(const Config& config, const std::vector<Phase>& 
       if (phases[k].take_part) {
         const auto start = Clock::now();
         for (int i = 0; i < config.steps; ++i) phases[k].step();
+        phases[k].wait();
         s = seconds_since(start) / config.steps;
       }
       blocks[k].push_back(slowest(config, s));
@@ -245,13 +227,13 @@ std::vector<double> time_phases(const Config& config, const std::vector<Phase>& 
 // the standard deviation of single step times over their mean, averaged over
 // the ranks. A synchronised step waits for the slowest rank, so this is what
 // the scaling model's straggler term needs (tools/scaling_model.py).
-template <typename Step>
-double relative_jitter(const Config& config, Step&& step) {
+double relative_jitter(const Config& config, StepRunner& runner) {
   std::vector<double> s;
   sleeping_barrier(config);
   for (int i = 0; i < config.steps * config.trials; ++i) {
     const auto start = Clock::now();
-    step();
+    runner.step(false);
+    runner.synchronize();
     s.push_back(seconds_since(start));
   }
   double mean = 0, var = 0;
@@ -322,10 +304,8 @@ LinkFit fit_link(comm::World& world, core::Device device, const Config& config,
   for (std::int64_t bytes = 4096; bytes <= (std::int64_t{64} << 20); bytes *= 8) {
     core::Tensor buffer = core::Tensor::zeros({bytes / 4}, DType::f32, device, stream);
     fit.sizes.push_back(bytes);
-    const Phase allreduce{true, [&] {
-                            comm.allreduce(buffer, comm::ReduceOp::sum, stream);
-                            stream.synchronize();
-                          }};
+    const Phase allreduce{true, [&] { comm.allreduce(buffer, comm::ReduceOp::sum, stream); },
+                          [&] { stream.synchronize(); }};
     fit.seconds.push_back(time_phases(config, {allreduce})[0]);
   }
   std::size_t at = fit.sizes.size() - 1;  // nearest on a log scale
@@ -336,7 +316,11 @@ LinkFit fit_link(comm::World& world, core::Device device, const Config& config,
   const double p = world.size();
   const double bus_bytes = 2.0 * (p - 1) / p * static_cast<double>(fit.sizes[at]);
   fit.alpha_s = fit.seconds.front();
-  fit.bus_bytes_per_s = bus_bytes / std::max(fit.seconds[at] - fit.alpha_s, 1e-9);
+  // A noisy run can time the small message slower than the large one; then
+  // the whole large-message time counts as transfer.
+  const double transfer_s =
+      fit.seconds[at] > fit.alpha_s ? fit.seconds[at] - fit.alpha_s : fit.seconds[at];
+  fit.bus_bytes_per_s = bus_bytes / transfer_s;
   return fit;
 }
 
@@ -448,13 +432,14 @@ int run(comm::World& world, const Options& o, const Config& config) {
 
   // Solo, all ranks computing, synchronised, communication alone.
   auto phases_of = [&](StepRunner& r) {
-    return std::vector<Phase>{{rank0, [&r] { r.step(false); }},
-                              {true, [&r] { r.step(false); }},
-                              {true, [&r] { r.step(true); }},
-                              {true, [&r] { r.communicate_only(); }}};
+    const auto wait = [&r] { r.synchronize(); };
+    return std::vector<Phase>{{rank0, [&r] { r.step(false); }, wait},
+                              {true, [&r] { r.step(false); }, wait},
+                              {true, [&r] { r.step(true); }, wait},
+                              {true, [&r] { r.communicate_only(); }, wait}};
   };
   const std::vector<double> weak = time_phases(config, phases_of(runner));
-  const double jitter = relative_jitter(config, [&] { runner.step(false); });
+  const double jitter = relative_jitter(config, runner);
   if (o.mode != "strong")
     emit({"weak", o.batch, o.batch * n, weak[0], weak[1], weak[2], weak[3], weak[0] / weak[2],
           jitter});
@@ -468,9 +453,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     std::optional<StepRunner> whole;
     if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
     std::vector<Phase> phases = phases_of(s);
-    phases[0].step = [&] { whole->step(false); };
+    phases[0] = {rank0, [&] { whole->step(false); }, [&] { whole->synchronize(); }};
     const std::vector<double> t = time_phases(config, phases);
-    const double s_jitter = strong ? relative_jitter(config, [&] { s.step(false); }) : jitter;
+    const double s_jitter = strong ? relative_jitter(config, s) : jitter;
     emit({"strong", per_rank, global, t[0], t[1], t[2], t[3], t[0] / (n * t[2]), s_jitter});
   }
 

@@ -16,13 +16,10 @@
 #include <vector>
 
 #include "bench/report.h"
+#include "bench/synthetic_training.h"
 #include "engine/core/memory.h"
-#include "engine/core/random.h"
-#include "engine/models.h"
 #include "engine/nn/loss.h"
 #include "engine/optim/loss_scaler.h"
-#include "engine/optim/sgd.h"
-#include "engine/parameter_store.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -41,30 +38,19 @@ struct Measure {
 // does not tilt their ratio; the peak memory then comes from the warm-up.
 Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<DType> autocast,
                      core::Device device, int steps, const std::function<void()>& floor = nullptr) {
-  auto model = make_model(name);
-  initialize(*model, 1);
-  const core::Stream stream = core::Stream::create(device);
-  ParameterStore store(*model, device, stream);
-  SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9}, stream);
+  bench::SyntheticTraining t(name, batch, device);
+  const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
-  const ModelPreset& preset = model_preset(name);
-  core::Shape shape{batch};
-  shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
-  core::Tensor x = core::Tensor::empty(shape, DType::f32, device, stream);
-  core::Generator(2).normal(x, 0.0f, 1.0f, stream);
-  std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
-  for (std::int64_t i = 0; i < batch; ++i) labels[i] = i % preset.classes;
-  const core::Tensor y = core::Tensor::from_vector(labels, {batch}, DType::i64, device, stream);
   CrossEntropyLoss loss;
   Context ctx;
   ctx.stream = stream;
   ctx.autocast = autocast;
   auto step = [&] {
-    store.zero_grad(stream);
-    loss.forward(model->forward(x, ctx), y, ctx);
-    model->backward(loss.backward(scaler.scale(), ctx), ctx);
-    scaler.unscale(store.grads(), stream);
-    if (scaler.update(stream)) sgd.step(stream);
+    t.store->zero_grad(stream);
+    loss.forward(t.model->forward(t.x, ctx), t.y, ctx);
+    t.model->backward(loss.backward(scaler.scale(), ctx), ctx);
+    scaler.unscale(t.store->grads(), stream);
+    if (scaler.update(stream)) t.sgd->step(stream);
   };
   core::reset_peak_memory(device);
   for (int i = 0; i < 3; ++i) step();

@@ -10,7 +10,6 @@
 #include "engine/optim/clip.h"
 
 namespace lockstep::engine {
-namespace {
 
 comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
   comm::SynchronizedModel m;
@@ -22,7 +21,10 @@ comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store)
   return m;
 }
 
-}  // namespace
+RankMean rank_mean(const comm::World& world, core::Device device) {
+  if (device.is_cuda()) return {1, true};
+  return {world.size(), false};
+}
 
 Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
                  LossScaler& scaler, comm::World& world, TrainerOptions options,
@@ -39,9 +41,13 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
     throw InvalidArgument("--accum must be at least 1, got " +
                           std::to_string(options_.accumulation));
   options_.sync.compute_stream = stream_;
-  options_.sync.average = store_.device().is_cuda();  // Note [mean in the loss gradient]
+  const RankMean mean = rank_mean(world_, store_.device());
+  options_.sync.average = mean.synchronizer_averages;
+  loss_gradient_divisor_ = mean.loss_gradient_divisor;
   sync_ = std::make_unique<comm::GradientSynchronizer>(
       world_.for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
+  step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
+  weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
 }
 
@@ -66,13 +72,9 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   }
   store_.zero_grad(stream_);
   sync_->begin_step(steps_);
-  const int ranks_dividing = store_.device().is_cuda() ? 1 : world_.size();
-  const float dloss = scaler_.scale() / static_cast<float>(k_total * ranks_dividing);
-  // [loss x counted rows, counted rows] summed over the micro-batches on the
-  // device, read once after the step (not two host reads per micro-batch).
-  core::Tensor totals_here = core::Tensor::zeros({2}, DType::f32, store_.device(), stream_);
-  core::Tensor weighted = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
-  core::Tensor loss_total = totals_here.view(0, {1}), rows_total = totals_here.view(1, {1});
+  const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
+  step_totals_.fill_(0.0, stream_);
+  core::Tensor loss_total = step_totals_.view(0, {1}), rows_total = step_totals_.view(1, {1});
   for (int k = 0; k < k_total; ++k) {
     std::optional<comm::GradientSynchronizer::NoSync> quiet;
     if (k + 1 < k_total) quiet.emplace(sync_->no_sync());
@@ -81,8 +83,8 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
     ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     const core::Tensor logits = model_.forward(batch.inputs, ctx);
     const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
-    core::ops::mul(loss, loss_.counted_rows(), weighted, stream_);
-    core::ops::add(loss_total, weighted, loss_total, stream_);
+    core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
+    core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
     core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
     model_.backward(loss_.backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
@@ -102,7 +104,7 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   r.lr = optimizer_.lr(0);
   if (finite) optimizer_.step(stream_);
 
-  const auto local = totals_here.to_vector<float>(stream_);
+  const auto local = step_totals_.to_vector<float>(stream_);
   const comm::StepTotals totals =
       comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
   r.step = ++steps_;

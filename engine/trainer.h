@@ -62,6 +62,19 @@ struct EvalResult {
   std::int64_t samples = 0;
 };
 
+// The model as the GradientSynchronizer sees it: the store's flat buffers,
+// its slots as gradient segments in ready order, the model's buffers.
+comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store);
+
+// Where the mean over ranks is taken (Note [mean in the loss gradient]): the
+// number each rank divides its loss gradient by, and whether the
+// synchroniser averages (the two always go together).
+struct RankMean {
+  int loss_gradient_divisor = 1;
+  bool synchronizer_averages = true;
+};
+RankMean rank_mean(const comm::World& world, core::Device device);
+
 class Trainer {
  public:
   // Collective (builds the synchroniser: checks every rank built the same
@@ -95,6 +108,10 @@ class Trainer {
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;
   CrossEntropyLoss loss_;
+  // [loss x counted rows, counted rows] summed over a step's micro-batches on
+  // the device and read once after it; and one micro-batch's loss x rows.
+  core::Tensor step_totals_, weighted_loss_;
+  int loss_gradient_divisor_ = 1;  // RankMean's
   std::int64_t steps_ = 0;
 };
 

@@ -10,7 +10,6 @@
 One script so that both outputs share the input checks and the matplotlib setup.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -20,32 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on build machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-class InputError(Exception):
-    """Malformed input; the message names the file and line."""
-
-
-def read_jsonl(path):
-    """[(where, record)] from a JSON-lines file; blank lines are allowed."""
-    rows = []
-    try:
-        with open(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{where}: not JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{where}: expected a JSON object per line")
-                rows.append((where, row))
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from None
-    if not rows:
-        raise InputError(f"{path}: no records")
-    return rows
+from jsonl import InputError, read_jsonl  # noqa: E402  (tools/jsonl.py)
 
 
 def field(where, row, key, numeric=True, optional=False):

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from jsonl import InputError, read_jsonl  # tools/jsonl.py
+
 MiB = 1 << 20
 # lockstep's bucket plan (comm/buckets.h): 1 MiB first bucket so that communication starts
 # early, 25 MiB after it, segments 256-byte aligned; PyTorch DDP's defaults are the same caps.
@@ -32,10 +34,6 @@ REFERENCE_POINTS = [
     (16, 0.93, "PyTorch DDP, ResNet-50, 16 GPUs\n(Li et al., VLDB 2020)"),
     (8, 16621 / (8 * 2470), "NVIDIA DeepLearningExamples, ResNet-50 AMP,\n8 A100 (DGX A100)"),
 ]
-
-
-class InputError(Exception):
-    """Bad input: the message names the file and record at fault."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,27 +216,6 @@ def resnet50_profile(step_ms, optimizer_ms):
 # Input files
 
 
-def read_records(path):
-    """JSON lines -> [(line number, record)]; errors name the file and line."""
-    records = []
-    try:
-        with open(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{lineno}: not JSON ({e.msg}); bench_scaling "
-                                     "--json writes one object per line") from None
-                if not isinstance(record, dict):
-                    raise InputError(f"{path}:{lineno}: expected a JSON object")
-                records.append((lineno, record))
-    except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from None
-    return records
-
-
 def need(record, where, key, kind=float, positive=False):
     if key not in record or record[key] is None:
         raise InputError(f"{where}: '{record.get('bench')}' record lacks '{key}'")
@@ -291,8 +268,7 @@ def parse_measurement(record, where):
 
 def load_bench_file(path):
     profiles, links, measurements = [], [], []
-    for lineno, record in read_records(path):
-        where = f"{path}:{lineno}"
+    for where, record in read_jsonl(path, allow_empty=True):
         kind = record.get("bench")
         if kind == "scaling_profile":
             profiles.append(parse_profile(record, where))

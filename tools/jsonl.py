@@ -1,0 +1,32 @@
+"""Reading the JSON-lines files lockstep writes (bench --json, lockstep-train --metrics),
+shared by tools/plot.py and tools/scaling_model.py so that both report bad input alike:
+the message names the file and line at fault."""
+import json
+
+
+class InputError(Exception):
+    """Malformed input; the message names the file and line (or record) at fault."""
+
+
+def read_jsonl(path, allow_empty=False):
+    """[(where, record)] with where = "path:line"; blank lines are skipped."""
+    rows = []
+    try:
+        with open(path) as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{where}: not JSON ({e.msg}); lockstep's tools write one "
+                                     "JSON object per line") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{where}: expected a JSON object per line")
+                rows.append((where, row))
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from None
+    if not rows and not allow_empty:
+        raise InputError(f"{path}: no records (was it written by a run that finished?)")
+    return rows
