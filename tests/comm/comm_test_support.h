@@ -66,4 +66,17 @@ inline std::vector<comm::GradientSegment> aligned_segments(
   return segments;
 }
 
+// The layout test_buckets.cpp works its bucket plans out on by hand and
+// test_synchronizer_unit.cpp synchronises: sizes 1000, 10, 300, 5000, 1, 2000
+// at offsets 0, 1024, 1088, 1408, 6464, 6528 (`total` 8576).
+inline std::vector<comm::GradientSegment> six_segments(std::int64_t& total) {
+  return aligned_segments({{"head.weight", {10, 100}},
+                           {"head.bias", {10}},
+                           {"mid.weight", {3, 100}},
+                           {"body.weight", {50, 100}},
+                           {"body.scale", {1}},
+                           {"stem.weight", {20, 100}}},
+                          total);
+}
+
 }  // namespace lockstep::test

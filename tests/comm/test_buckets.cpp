@@ -1,5 +1,6 @@
 // Bucket planning and the segment-table checks, on a layout worked out by
-// hand (offsets 256-byte aligned, as the ParameterStore places them).
+// hand (comm_test_support.h's six_segments: offsets 256-byte aligned, as the
+// ParameterStore places them).
 #include <catch2/catch.hpp>
 
 #include "comm/buckets.h"
@@ -9,19 +10,9 @@
 using namespace lockstep;
 using comm::Bucket;
 using comm::GradientSegment;
+using test::six_segments;
 
 namespace {
-
-// Sizes 1000, 10, 300, 5000, 1, 2000 at offsets 0, 1024, 1088, 1408, 6464, 6528.
-std::vector<GradientSegment> six_segments(std::int64_t& total) {
-  return test::aligned_segments({{"head.weight", {10, 100}},
-                                 {"head.bias", {10}},
-                                 {"mid.weight", {3, 100}},
-                                 {"body.weight", {50, 100}},
-                                 {"body.scale", {1}},
-                                 {"stem.weight", {20, 100}}},
-                                total);
-}
 
 bool same_bucket(const Bucket& b, std::int64_t offset, std::int64_t numel, std::size_t first,
                  std::size_t end) {

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <ios>
 #include <limits>
 #include <random>
 #include <vector>
@@ -58,6 +59,25 @@ void inputs(std::vector<std::uint16_t>& a, std::vector<std::uint16_t>& b,
   }
 }
 
+// Runs `sum` (b += a) and compares each element with the reference rounding of
+// the exact sum of the decoded inputs; returns the sums for the special cases.
+template <typename Decode, typename Round>
+std::vector<std::uint16_t> checked_sum(SumFunction sum, const std::vector<std::uint16_t>& a,
+                                       const std::vector<std::uint16_t>& b, Decode decode,
+                                       Round round) {
+  std::vector<std::uint16_t> out = b;
+  sum(a.data(), out.data(), static_cast<std::int64_t>(a.size()));
+  std::size_t wrong = 0, first_wrong = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (same(decode(out[i]), round(decode(a[i]) + decode(b[i])))) continue;
+    if (wrong++ == 0) first_wrong = i;
+  }
+  INFO(wrong << " wrong sums, the first at element " << first_wrong << ": 0x" << std::hex
+             << a[first_wrong] << " + 0x" << b[first_wrong] << " gave 0x" << out[first_wrong]);
+  CHECK(wrong == 0);
+  return out;
+}
+
 TEST_CASE("f16 sums are the correctly rounded sums of the inputs", "[comm][half]") {
   // Every f16 value is a multiple of 2^-24 below 2^16, so the f64 sum of two
   // is exact and the reference rounds it once.
@@ -75,13 +95,8 @@ TEST_CASE("f16 sums are the correctly rounded sums of the inputs", "[comm][half]
          },
          [&] { return static_cast<std::uint16_t>(bits(rng)); });
   for (SumFunction sum_f16 : {&comm::detail::sum_f16, &comm::detail::sum_f16_portable}) {
-    std::vector<std::uint16_t> sum = b;
-    sum_f16(a.data(), sum.data(), static_cast<std::int64_t>(a.size()));
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      wrong += !same(decode_f16(sum[i]), round_f16(decode_f16(a[i]) + decode_f16(b[i])));
     INFO((sum_f16 == &comm::detail::sum_f16 ? "selected for this CPU" : "portable"));
-    CHECK(wrong == 0);
+    const auto sum = checked_sum(sum_f16, a, b, decode_f16, round_f16);
     CHECK(sum[0] == 0x7c00);
     CHECK(std::isnan(decode_f16(sum[1])));
     CHECK(sum[2] == 0x8000);
@@ -109,13 +124,8 @@ TEST_CASE("bf16 sums are the correctly rounded sums of the inputs", "[comm][half
         return static_cast<std::uint16_t>((sign(rng) << 15) | (exponent(rng) << 7) | mantissa(rng));
       });
   for (SumFunction sum_bf16 : {&comm::detail::sum_bf16, &comm::detail::sum_bf16_portable}) {
-    std::vector<std::uint16_t> sum = b;
-    sum_bf16(a.data(), sum.data(), static_cast<std::int64_t>(a.size()));
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < a.size(); ++i)
-      wrong += !same(decode_bf16(sum[i]), round_bf16(decode_bf16(a[i]) + decode_bf16(b[i])));
     INFO((sum_bf16 == &comm::detail::sum_bf16 ? "selected for this CPU" : "portable"));
-    CHECK(wrong == 0);
+    const auto sum = checked_sum(sum_bf16, a, b, decode_bf16, round_bf16);
     CHECK(sum[0] == 0x7f80);
     CHECK(std::isnan(decode_bf16(sum[1])));
     CHECK(sum[3] == 0x3f80);

@@ -98,18 +98,13 @@ class RecordingCommunicator final : public comm::Communicator {
   std::shared_ptr<CallLog> log_;
 };
 
-// Six parameters in ready order; with caps of 1024 then 4096 floats the
-// buckets are {0}, {1, 2}, {3}, {4, 5} (worked out in test_buckets.cpp).
+// comm_test_support.h's six parameters in ready order; with caps of 1024 then
+// 4096 floats the buckets are {0}, {1, 2}, {3}, {4, 5} (worked out in
+// test_buckets.cpp).
 comm::SynchronizedModel six_parameter_model() {
   std::int64_t total = 0;
   comm::SynchronizedModel model;
-  model.segments = test::aligned_segments({{"head.weight", {10, 100}},
-                                           {"head.bias", {10}},
-                                           {"mid.weight", {3, 100}},
-                                           {"body.weight", {50, 100}},
-                                           {"body.scale", {1}},
-                                           {"stem.weight", {20, 100}}},
-                                          total);
+  model.segments = test::six_segments(total);
   model.parameters = Tensor::zeros({total}, DType::f32);
   model.gradients = Tensor::zeros({total}, DType::f32);
   return model;
