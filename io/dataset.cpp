@@ -97,7 +97,9 @@ void Dataset::read_inputs(std::span<const std::int64_t> rows, void* dst) const {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] < 0 || rows[i] >= total)
       throw InvalidArgument(
-          fmt::format("row {} is outside the dataset's {} samples", rows[i], total));
+          fmt::format("row {} is outside the dataset's {} samples (read rows that a sampler "
+                      "over this dataset's size() gives)",
+                      rows[i], total));
     wants[i] = {rows[i], i};
   }
   std::sort(wants.begin(), wants.end(), [](const Want& a, const Want& b) {

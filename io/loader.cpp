@@ -42,6 +42,15 @@ struct Slot {
 
 bool referenced_elsewhere(const core::Tensor& t) { return t.storage().use_count() > 1; }
 
+// u8 rows to f32 x * kU8Scale in one pass: bit for bit what ops::cast then
+// ops::scale give (the widening is exact, the product is the same f32 one),
+// without their two sweeps and per-element dtype dispatch.
+void scale_u8(const core::Tensor& u8, core::Tensor& f32) {
+  const auto* in = u8.data_as<std::uint8_t>();
+  float* out = f32.data_as<float>();
+  for (std::int64_t i = 0; i < u8.numel(); ++i) out[i] = kU8Scale * static_cast<float>(in[i]);
+}
+
 }  // namespace
 
 struct DataLoader::State {
@@ -143,10 +152,7 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
                    batch};
     options.transform(host);
   }
-  if (slot.staging.defined()) {
-    core::ops::cast(slot.staging, slot.inputs);
-    core::ops::scale(slot.inputs, kU8Scale);
-  }
+  if (slot.staging.defined()) scale_u8(slot.staging, slot.inputs);
 }
 
 void DataLoader::State::stop_workers() {
@@ -211,7 +217,14 @@ Batch DataLoader::State::hand_out(int index, std::int64_t batch) {
     std::lock_guard lock(mutex);
     slot.lent = true;
   }
-  return {slot.inputs, slot.labels, slot.rows.indices, slot.rows.valid, epoch, batch, {}};
+  // The slot's rows are not read again: assemble() replaces them on refill.
+  return {.inputs = slot.inputs,
+          .labels = slot.labels,
+          .indices = std::move(slot.rows.indices),
+          .valid = slot.rows.valid,
+          .epoch = epoch,
+          .index = batch,
+          .ready = {}};
 }
 
 #if LOCKSTEP_WITH_CUDA
@@ -240,8 +253,13 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(labels.data(), slot.host_labels, labels.nbytes(),
                                       cudaMemcpyHostToDevice, stream));
   slot.copied.record(copy_stream);
-  Batch out{
-      std::move(inputs), std::move(labels), slot.rows.indices, slot.rows.valid, epoch, batch, {}};
+  Batch out{.inputs = std::move(inputs),
+            .labels = std::move(labels),
+            .indices = std::move(slot.rows.indices),  // refilled by assemble()
+            .valid = slot.rows.valid,
+            .epoch = epoch,
+            .index = batch,
+            .ready = {}};
   out.ready.record(copy_stream);
   {
     std::lock_guard lock(mutex);
@@ -252,7 +270,9 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
 }
 #else
 Batch DataLoader::State::copy_to_device(int, std::int64_t) {
-  throw InvalidArgument("DataLoader: a cuda device in a build without CUDA");
+  throw InvalidArgument(
+      "DataLoader: batches on a cuda device, but this build has no CUDA (rebuild with "
+      "LOCKSTEP_WITH_CUDA=ON, or load onto the cpu)");
 }
 #endif
 
@@ -288,16 +308,24 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   State& s = *state_;
   const LoaderOptions& o = s.options;
   const ShardFormat& format = s.dataset.format();
-  if (o.threads < 1) throw InvalidArgument(fmt::format("DataLoader: {} threads", o.threads));
-  if (o.depth < 0) throw InvalidArgument(fmt::format("DataLoader: depth {}", o.depth));
+  if (o.threads < 1)
+    throw InvalidArgument(
+        fmt::format("DataLoader: LoaderOptions::threads is {}; it must be at least 1", o.threads));
+  if (o.depth < 0)
+    throw InvalidArgument(
+        fmt::format("DataLoader: LoaderOptions::depth is {}; pass a positive pool size, or 0 for "
+                    "2 * threads + 2",
+                    o.depth));
   if (o.scale_u8 && format.input_dtype != DType::u8)
     throw InvalidArgument(std::string("DataLoader: scale_u8 needs u8 inputs, but the dataset "
                                       "holds ") +
-                          dtype_name(format.input_dtype));
+                          dtype_name(format.input_dtype) +
+                          " (turn scale_u8 off, or write the shards with u8 inputs)");
   core::require_usable(o.device);
   if (o.stream.device().is_cuda() && !(o.stream.device() == o.device))
     throw InvalidArgument("DataLoader: a stream of " + o.stream.device().str() +
-                          " for batches on " + o.device.str());
+                          " for batches on " + o.device.str() +
+                          " (pass a stream of the loader's device, or none)");
   if (o.num_classes > 0) s.dataset.check_labels(o.num_classes);
 
   const std::int64_t rows = o.sampler.micro_batch;
@@ -372,7 +400,9 @@ void DataLoader::start_epoch(std::int64_t epoch, std::int64_t position) {
 
 std::optional<Batch> DataLoader::next() {
   State& s = *state_;
-  if (!s.started) throw InvalidArgument("DataLoader::next() before start_epoch()");
+  if (!s.started)
+    throw InvalidArgument(
+        "DataLoader::next() before start_epoch() (call start_epoch(epoch) first)");
   if (s.failure) std::rethrow_exception(s.failure);
   if (s.next_out == s.end_epoch) return std::nullopt;
   const std::int64_t batch = s.next_out;

@@ -30,12 +30,17 @@ constexpr std::int64_t kWordBlock = 8192;
 
 DistributedSampler::DistributedSampler(std::int64_t dataset_size, const SamplerOptions& options)
     : dataset_size_(dataset_size), options_(options) {
-  if (dataset_size < 0) throw InvalidArgument("sampler: negative dataset size");
+  if (dataset_size < 0)
+    throw InvalidArgument(fmt::format("sampler: dataset size {} is negative", dataset_size));
   if (options.micro_batch < 1)
-    throw InvalidArgument(fmt::format("sampler: micro-batch {} is below 1", options.micro_batch));
+    throw InvalidArgument(fmt::format(
+        "sampler: micro-batch {} is below 1 (set SamplerOptions::micro_batch to the rows per rank)",
+        options.micro_batch));
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
     throw InvalidArgument(
-        fmt::format("sampler: rank {} is outside a world of {}", options.rank, options.world_size));
+        fmt::format("sampler: rank {} is outside a world of {} (pass the communicator's rank "
+                    "and size)",
+                    options.rank, options.world_size));
 }
 
 std::int64_t DistributedSampler::batches_per_epoch() const {

@@ -93,7 +93,9 @@ struct ShardWriter::Handles {
 ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t rows)
     : path_(std::move(path)), format_(format), rows_(rows) {
   check_format(format);
-  if (rows < 0) throw InvalidArgument("shard " + quoted(path_) + ": negative row count");
+  if (rows < 0)
+    throw InvalidArgument("shard " + quoted(path_) + ": row count " + std::to_string(rows) +
+                          " is negative (pass the number of samples the shard will hold)");
   temp_path_ = path_;
   temp_path_ += ".tmp";
   Hdf5Lock lock;
@@ -123,10 +125,14 @@ ShardWriter::~ShardWriter() {
 }
 
 void ShardWriter::append(const void* inputs, const void* labels, std::int64_t count) {
-  if (!handles_) throw InvalidArgument("shard " + quoted(path_) + " is already closed");
+  if (!handles_)
+    throw InvalidArgument("shard " + quoted(path_) +
+                          " is already closed (append every row before close())");
   if (count < 0 || written_ + count > rows_)
-    throw InvalidArgument(fmt::format("shard {}: appending {} rows to {} of {} overflows it",
-                                      quoted(path_), count, written_, rows_));
+    throw InvalidArgument(fmt::format(
+        "shard {}: appending {} rows to {} of {} overflows it (create the writer with the "
+        "shard's full row count)",
+        quoted(path_), count, written_, rows_));
   if (count == 0) return;
   Hdf5Lock lock;
   try {
@@ -142,10 +148,12 @@ void ShardWriter::append(const void* inputs, const void* labels, std::int64_t co
 }
 
 void ShardWriter::close() {
-  if (!handles_) throw InvalidArgument("shard " + quoted(path_) + " is already closed");
+  if (!handles_)
+    throw InvalidArgument("shard " + quoted(path_) + " is already closed (close it only once)");
   if (written_ != rows_)
     throw InvalidArgument(
-        fmt::format("shard {}: closed after {} of its {} rows", quoted(path_), written_, rows_));
+        fmt::format("shard {}: closed after {} of its {} rows (append the rest before close())",
+                    quoted(path_), written_, rows_));
   {
     Hdf5Lock lock;
     handles_->inputs.reset();
@@ -200,8 +208,10 @@ std::int64_t DatasetWriter::shard_end(int shard) const {
 
 void DatasetWriter::append(const void* inputs, const void* labels, std::int64_t count) {
   if (count < 0 || written_ + count > total_rows_)
-    throw InvalidArgument(fmt::format("dataset writer: appending {} samples to {} of {} overflows",
-                                      count, written_, total_rows_));
+    throw InvalidArgument(fmt::format(
+        "dataset writer: appending {} samples to {} of {} overflows (create the writer with "
+        "the dataset's full sample count)",
+        count, written_, total_rows_));
   const auto* in = static_cast<const std::byte*>(inputs);
   const auto* lab = static_cast<const std::byte*>(labels);
   while (count > 0) {
@@ -224,7 +234,9 @@ void DatasetWriter::append(const void* inputs, const void* labels, std::int64_t 
 void DatasetWriter::close() {
   if (written_ != total_rows_)
     throw InvalidArgument(
-        fmt::format("dataset writer: closed after {} of its {} samples", written_, total_rows_));
+        fmt::format("dataset writer: closed after {} of its {} samples (append the rest before "
+                    "close())",
+                    written_, total_rows_));
   if (writer_) writer_->close();
   writer_.reset();
   closed_ = true;

@@ -22,8 +22,8 @@ core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor Activation::backward(const core::Tensor& dy, Context& ctx) {
-  if (!input_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!input_.defined()) no_forward_error();
+  check_gradient(dy, input_.shape(), input_.device());
   const core::Tensor g = dy.dtype() == input_.dtype() ? dy : dy.cast(input_.dtype(), ctx.stream);
   core::Tensor dx = core::Tensor::empty(g.shape(), g.dtype(), g.device(), ctx.stream);
   core::dispatch(
@@ -82,8 +82,8 @@ core::Tensor Dropout::forward(const core::Tensor& x, Context& ctx) {
 
 core::Tensor Dropout::backward(const core::Tensor& dy, Context& ctx) {
   if (p_ == 0.0f) return dy;
-  if (!mask_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!mask_.defined()) no_forward_error();
+  check_gradient(dy, mask_.shape(), mask_.device());
   core::Tensor dx = core::Tensor::empty(dy.shape(), dy.dtype(), dy.device(), ctx.stream);
   const auto* mask = mask_.data_as<std::uint8_t>();
   const float scale = 1.0f / (1.0f - p_);

@@ -63,9 +63,7 @@ void BatchNorm2d::check_devices(const core::Tensor& x) const {
 core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
   if (x.shape().size() != 4 || x.dim(1) != num_features_ || x.numel() == 0)
     shape_error(x, "expects [batch, " + std::to_string(num_features_) + ", H, W]");
-  if (!is_floating(x.dtype()))
-    throw InvalidArgument(describe() + ": input dtype " + dtype_name(x.dtype()) +
-                          " is not a float type");
+  require_float(x, "input");
   check_devices(x);
   input_ = save_mean_ = save_rstd_ = core::Tensor();  // eval keeps nothing
   const bool batch_stats = training() || !running_mean_;
@@ -121,12 +119,8 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
-  if (!input_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
-  if (dy.shape() != input_.shape() || !(dy.device() == input_.device()))
-    throw InvalidArgument(describe() + ": gradient " + core::shape_str(dy.shape()) + " on " +
-                          dy.device().str() + ", the output was " +
-                          core::shape_str(input_.shape()) + " on " + input_.device().str());
+  if (!input_.defined()) no_forward_error();
+  check_gradient(dy, input_.shape(), input_.device());
   const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::BatchNormShape s{input_.dim(0), num_features_, input_.dim(2) * input_.dim(3),
                                   eps_};

@@ -81,6 +81,7 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   if (relu_after_add_) {
+    if (!output_.defined()) no_forward_error();
     const core::Tensor d =
         dy.dtype() == output_.dtype() ? dy : dy.cast(output_.dtype(), ctx.stream);
     g = core::Tensor::empty(d.shape(), d.dtype(), d.device(), ctx.stream);

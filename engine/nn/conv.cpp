@@ -71,9 +71,7 @@ kernels::Conv2dShape Conv2d::shape_for(const core::Tensor& x) const {
     shape_error(x, "expects [batch, " + std::to_string(s.in_channels) + ", H, W] with H >= " +
                        std::to_string(min_h) + " and W >= " + std::to_string(min_w) +
                        " (check the previous layer's output channels)");
-  if (!is_floating(x.dtype()))
-    throw InvalidArgument(describe() + ": input dtype " + dtype_name(x.dtype()) +
-                          " is not a float type");
+  require_float(x, "input");
   if (!(x.device() == weight_->value.device()))
     throw InvalidArgument(describe() + ": input on " + x.device().str() + " but weight on " +
                           weight_->value.device().str() + " (move one of them)");
@@ -108,14 +106,9 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
-  if (!input_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!input_.defined()) no_forward_error();
   const kernels::Conv2dShape s = shape_for(input_);
-  const core::Shape out_shape{s.batch, s.out_channels, s.out_h(), s.out_w()};
-  if (dy.shape() != out_shape || !(dy.device() == input_.device()))
-    throw InvalidArgument(describe() + ": gradient " + core::shape_str(dy.shape()) + " on " +
-                          dy.device().str() + ", the output was " + core::shape_str(out_shape) +
-                          " on " + input_.device().str());
+  check_gradient(dy, {s.batch, s.out_channels, s.out_h(), s.out_w()}, input_.device());
   const DType type = input_.dtype();
   const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);

@@ -39,8 +39,7 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
 }
 
 core::Tensor Embedding::backward(const core::Tensor& dy, Context& ctx) {
-  if (!indices_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!indices_.defined()) no_forward_error();
   if (weight_->requires_grad) {
     const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
     const kernels::EmbeddingShape s{indices_.numel(), vocab_, dim_, indices_.dtype()};

@@ -58,8 +58,8 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
-  if (!input_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!input_.defined()) no_forward_error();
+  check_gradient(dy, {input_.dim(0), out_features_}, input_.device());
   const DType type = input_.dtype();
   const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
   if (weight_->requires_grad)  // dW += dy^T x, straight into the f32 gradient

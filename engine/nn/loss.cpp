@@ -58,7 +58,9 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits, const core::T
 }
 
 core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
-  if (!probs_.defined()) throw InvalidArgument("CrossEntropyLoss: backward without a forward");
+  if (!probs_.defined())
+    throw InvalidArgument(
+        "CrossEntropyLoss: backward without a forward (run forward once before each backward)");
   const auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
   core::Tensor dlogits =
       core::Tensor::empty(probs_.shape(), DType::f32, probs_.device(), ctx.stream);
@@ -78,10 +80,10 @@ core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor
                               Context& ctx) {
   if (prediction.shape() != target.shape())
     throw InvalidArgument("MSELoss: prediction " + core::shape_str(prediction.shape()) +
-                          " and target " + core::shape_str(target.shape()) + " differ in shape");
+                          " and target " + core::shape_str(target.shape()) +
+                          " differ in shape (give the target the prediction's shape)");
   prediction_dtype_ = prediction.dtype();
-  diff_ = core::Tensor::empty(prediction.shape(), DType::f32, prediction.device(), ctx.stream);
-  diff_.copy_from(as_f32(prediction, ctx.stream), ctx.stream);
+  diff_ = prediction.cast(DType::f32, ctx.stream);  // always a fresh tensor: axpy writes it
   core::ops::axpy(-1.0f, as_f32(target, ctx.stream), diff_, ctx.stream);
   core::Tensor loss = core::ops::sum_squares(diff_, ctx.stream);
   core::ops::scale(loss, 1.0f / static_cast<float>(std::max<std::int64_t>(1, diff_.numel())),
@@ -90,7 +92,9 @@ core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor
 }
 
 core::Tensor MSELoss::backward(float dloss, Context& ctx) {
-  if (!diff_.defined()) throw InvalidArgument("MSELoss: backward without a forward");
+  if (!diff_.defined())
+    throw InvalidArgument(
+        "MSELoss: backward without a forward (run forward once before each backward)");
   core::Tensor grad = diff_;  // d/dp mean((p - t)^2) = 2 (p - t) / n
   core::ops::scale(grad, 2.0f * dloss / static_cast<float>(std::max<std::int64_t>(1, grad.numel())),
                    ctx.stream);

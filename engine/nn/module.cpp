@@ -112,6 +112,27 @@ void Module::shape_error(const core::Tensor& x, const std::string& expected) con
                         expected);
 }
 
+void Module::require_float(const core::Tensor& t, const char* what) const {
+  if (!is_floating(t.dtype()))
+    throw InvalidArgument(describe() + ": " + what + " dtype " + dtype_name(t.dtype()) +
+                          " is not a float type (cast it to f32, f16 or bf16)");
+}
+
+void Module::check_gradient(const core::Tensor& dy, const core::Shape& output_shape,
+                            const core::Device& output_device) const {
+  if (dy.shape() != output_shape || !(dy.device() == output_device))
+    throw InvalidArgument(describe() + ": gradient " + core::shape_str(dy.shape()) + " on " +
+                          dy.device().str() + ", the output was " + core::shape_str(output_shape) +
+                          " on " + output_device.str() +
+                          " (pass the gradient of this layer's own output)");
+}
+
+void Module::no_forward_error() const {
+  throw InvalidArgument(describe() +
+                        ": backward without a training-mode forward (call train() before "
+                        "forward, and run forward once before each backward)");
+}
+
 const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
                                         const core::Stream& stream) {
   if (type == DType::f32) return weight.value;

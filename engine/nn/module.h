@@ -90,6 +90,15 @@ class Module {
   virtual void set_input_grad(bool on) { input_grad_ = on; }
   bool input_grad() const { return input_grad_; }
 
+  // Input checks shared by the layers; their errors name this layer.
+  // Throws InvalidArgument unless `t` (the layer's `what`: "input", "gradient")
+  // has a float dtype.
+  void require_float(const core::Tensor& t, const char* what) const;
+  // Throws InvalidArgument unless the gradient `dy` has the shape and device
+  // of the output forward returned.
+  void check_gradient(const core::Tensor& dy, const core::Shape& output_shape,
+                      const core::Device& output_device) const;
+
   // Gives every module its path and every parameter and buffer its dotted
   // name. Call on the root once the tree is built (ParameterStore does).
   void assign_names(const std::string& path = "");
@@ -118,6 +127,8 @@ class Module {
   Module& add_child(const std::string& name, std::unique_ptr<Module> child);
   // Throws InvalidArgument naming this layer, the input shape and what it expects.
   [[noreturn]] void shape_error(const core::Tensor& x, const std::string& expected) const;
+  // Throws InvalidArgument: backward found nothing kept by a training-mode forward.
+  [[noreturn]] void no_forward_error() const;
 
  private:
   struct Child {

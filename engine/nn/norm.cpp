@@ -52,8 +52,7 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
-  if (!input_.defined())
-    throw InvalidArgument(describe() + ": backward without a training-mode forward");
+  if (!input_.defined()) no_forward_error();
   const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::LayerNormShape s{input_.numel() / features_, features_, eps_};
   core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);

@@ -19,7 +19,9 @@ kernels::Pool2dShape make_config(const std::string& layer, Size2 kernel, Size2 s
   s.pad_h = padding.h;
   s.pad_w = padding.w;
   if (s.kernel_h <= 0 || s.kernel_w <= 0 || s.stride_h <= 0 || s.stride_w <= 0)
-    throw InvalidArgument(layer + ": kernel size and stride must be positive");
+    throw InvalidArgument(layer + ": kernel size " + std::to_string(s.kernel_h) + "x" +
+                          std::to_string(s.kernel_w) + " and stride " + std::to_string(s.stride_h) +
+                          "x" + std::to_string(s.stride_w) + " must be positive");
   if (s.pad_h < 0 || s.pad_w < 0 || 2 * s.pad_h > s.kernel_h || 2 * s.pad_w > s.kernel_w)
     throw InvalidArgument(layer + ": padding " + std::to_string(s.pad_h) + "x" +
                           std::to_string(s.pad_w) + " must be at most half the kernel " +
@@ -53,20 +55,11 @@ kernels::Pool2dShape with_input(kernels::Pool2dShape s, const core::Tensor& x) {
   return s;
 }
 
-void require_float(const Module& m, const core::Tensor& t) {
-  if (!is_floating(t.dtype()))
-    throw InvalidArgument(m.describe() + ": dtype " + dtype_name(t.dtype()) +
-                          " is not a float type");
-}
-
 // The output gradient in the input's dtype, after checking its shape and device.
 core::Tensor gradient_in(const Module& m, const core::Tensor& dy, const core::Shape& expected,
                          const PoolRecord& input, const core::Stream& stream) {
-  if (dy.shape() != expected || !(dy.device() == input.device))
-    throw InvalidArgument(m.describe() + ": gradient " + core::shape_str(dy.shape()) + " on " +
-                          dy.device().str() + ", the output was " + core::shape_str(expected) +
-                          " on " + input.device.str());
-  require_float(m, dy);
+  m.check_gradient(dy, expected, input.device);
+  m.require_float(dy, "gradient");
   return dy.dtype() == input.dtype ? dy : dy.cast(input.dtype, stream);
 }
 
@@ -84,10 +77,6 @@ std::optional<PoolRecord> record(bool training, const kernels::Pool2dShape& s,
   return PoolRecord{s, x.dtype(), x.device()};
 }
 
-[[noreturn]] void no_forward(const Module& m) {
-  throw InvalidArgument(m.describe() + ": backward without a training-mode forward");
-}
-
 }  // namespace
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, Size2 stride, Size2 padding)
@@ -95,7 +84,7 @@ MaxPool2d::MaxPool2d(Size2 kernel_size, Size2 stride, Size2 padding)
 
 core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
   if (!fits(x, config_)) shape_error(x, expectation(config_));
-  require_float(*this, x);
+  require_float(x, "input");
   const kernels::Pool2dShape s = with_input(config_, x);
   core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
   core::Tensor argmax;
@@ -113,7 +102,7 @@ core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor MaxPool2d::backward(const core::Tensor& dy, Context& ctx) {
-  if (!pending_) no_forward(*this);
+  if (!pending_) no_forward_error();
   const kernels::Pool2dShape s = pending_->shape;
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
@@ -137,7 +126,7 @@ AvgPool2d::AvgPool2d(Size2 kernel_size, Size2 stride, Size2 padding, bool count_
 
 core::Tensor AvgPool2d::forward(const core::Tensor& x, Context& ctx) {
   if (!fits(x, config_)) shape_error(x, expectation(config_));
-  require_float(*this, x);
+  require_float(x, "input");
   const kernels::Pool2dShape s = with_input(config_, x);
   core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
   core::dispatch(
@@ -154,7 +143,7 @@ core::Tensor AvgPool2d::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor AvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
-  if (!pending_) no_forward(*this);
+  if (!pending_) no_forward_error();
   const kernels::Pool2dShape s = pending_->shape;
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
@@ -172,7 +161,7 @@ core::Tensor AvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
 
 core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
   if (x.shape().size() != 4 || x.numel() == 0) shape_error(x, "expects [batch, channels, H, W]");
-  require_float(*this, x);
+  require_float(x, "input");
   const kernels::Pool2dShape s = with_input({}, x);
   const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
   core::Tensor y =
@@ -191,7 +180,7 @@ core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
 }
 
 core::Tensor GlobalAvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
-  if (!pending_) no_forward(*this);
+  if (!pending_) no_forward_error();
   const kernels::Pool2dShape s = pending_->shape;
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, {s.batch, s.channels, 1, 1}, *pending_, ctx.stream);
