@@ -1,5 +1,17 @@
 // The communication watchdog (comm/watchdog.h): in-flight bookkeeping, the
 // polling thread, and the failure message with the other ranks' states.
+//
+// Note [busy ranks]: a collective that outlives the timeout is not a failure
+// yet when the ranks it waits for are busy on purpose: rank 0 writing a
+// checkpoint, for longer than LOCKSTEP_COMM_TIMEOUT, while the others wait in
+// the next step's allreduce. The watchdog asks the other ranks first; when
+// every one answers, at least one is busy (Watchdog::Busy), and each of the
+// rest has joined this collective or waits in another one, it logs whom it
+// waits for and gives the collective another timeout. A rank that does not
+// answer (dead, stopped, cut off) or that is idle outside any collective
+// still ends the job at the first timeout. A busy rank's own work is not
+// timed: a save that never ends keeps the others waiting, one log line per
+// timeout, until the job's time limit.
 #include "comm/watchdog.h"
 
 #include <fmt/core.h>
@@ -23,19 +35,32 @@ double seconds_since(Watchdog::Clock::time_point start) {
   return Seconds(Watchdog::Clock::now() - start).count();
 }
 
-// The first line of a peer's status: the keys of its collectives in flight.
-bool status_has_key(const std::string& status, const std::string& key) {
-  std::istringstream keys(status.substr(0, status.find('\n')));
-  std::string word;
-  while (keys >> word)
-    if (word == key) return true;
-  return false;
-}
+// A peer's Watchdog::status(), in its three parts.
+struct PeerStatus {
+  std::string keys;  // of its collectives in flight, space-separated
+  std::string busy;  // what it is busy with; empty when it is not
+  std::string sentence;
 
-std::string status_sentence(const std::string& status) {
-  const auto newline = status.find('\n');
-  return newline == std::string::npos ? status : status.substr(newline + 1);
-}
+  explicit PeerStatus(const std::string& status) {
+    const auto first = status.find('\n');
+    const auto second = first == std::string::npos ? first : status.find('\n', first + 1);
+    if (second == std::string::npos) {
+      sentence = status;
+      return;
+    }
+    keys = status.substr(0, first);
+    busy = status.substr(first + 1, second - first - 1);
+    sentence = status.substr(second + 1);
+  }
+  bool has_key(const std::string& key) const {
+    std::istringstream words(keys);
+    std::string word;
+    while (words >> word)
+      if (word == key) return true;
+    return false;
+  }
+  bool in_collective() const { return !keys.empty(); }
+};
 
 }  // namespace
 
@@ -102,11 +127,24 @@ Watchdog::Scope::~Scope() {
   if (watchdog_) watchdog_->finish(item_);
 }
 
+Watchdog::Busy::Busy(Watchdog* watchdog, std::string what) : watchdog_(watchdog) {
+  if (!watchdog_) return;
+  std::lock_guard lock(watchdog_->mutex_);
+  outer_ = std::move(watchdog_->busy_);
+  watchdog_->busy_.emplace(std::move(what), Clock::now());
+}
+
+Watchdog::Busy::~Busy() {
+  if (!watchdog_) return;
+  std::lock_guard lock(watchdog_->mutex_);
+  watchdog_->busy_ = std::move(outer_);
+}
+
 std::list<Watchdog::Item>::iterator Watchdog::add(OperationInfo info, std::function<bool()> done) {
   info.step = step_;
   if (info.context.empty()) info.context = OperationContext::current();
   std::lock_guard lock(mutex_);
-  in_flight_.push_back({std::move(info), Clock::now(), std::move(done)});
+  in_flight_.push_back({std::move(info), Clock::now(), std::move(done), false, next_item_id_++});
   return std::prev(in_flight_.end());
 }
 
@@ -146,11 +184,17 @@ std::string Watchdog::status() const {
     if (!keys.empty()) keys += ' ';
     keys += item.info.key();
   }
-  if (!in_flight_.empty()) return keys + "\n" + in_flight_text();
+  const std::string busy =
+      busy_ ? fmt::format("{} for {:.1f} s", busy_->first, seconds_since(busy_->second)) : "";
+  const std::string head = keys + "\n" + busy + "\n";
+  if (!in_flight_.empty()) return head + in_flight_text();
+  if (busy_) return head + "not in a collective: busy " + busy;
   if (!last_finished_)
-    return "\nnot in a collective; none has run yet (step " + std::to_string(step_.load()) + ")";
-  return fmt::format("\nnot in a collective; the last one, {}, finished {:.1f} s ago",
-                     last_finished_->first.describe(), seconds_since(last_finished_->second));
+    return head + "not in a collective; none has run yet (step " + std::to_string(step_.load()) +
+           ")";
+  return head + fmt::format("not in a collective; the last one, {}, finished {:.1f} s ago",
+                            last_finished_->first.describe(),
+                            seconds_since(last_finished_->second));
 }
 
 void Watchdog::run() {
@@ -171,7 +215,7 @@ void Watchdog::run() {
         core::log_warn("watchdog: answering other ranks failed: {}", e.what());
       }
     }
-    if (failure) report(*failure);
+    if (failure) handle(*failure);
     lock.lock();
   }
 }
@@ -203,7 +247,7 @@ std::optional<Watchdog::Failure> Watchdog::find_failure() {
       return Failure{fmt::format("{} has not completed after {:.1f} s (LOCKSTEP_COMM_TIMEOUT is "
                                  "{:g} s); it is waiting for all {} ranks to join it",
                                  item.info.describe(), waited, timeout_.count(), ranks),
-                     item.info.key()};
+                     item.info.key(), item.id};
     }
     ++it;
   }
@@ -224,28 +268,65 @@ std::optional<Watchdog::Failure> Watchdog::find_failure() {
   return std::nullopt;
 }
 
-void Watchdog::report(const Failure& failure) {
-  std::string message = "watchdog: " + failure.head;
+void Watchdog::handle(const Failure& failure) {
+  Answers answers;
+  std::string ask_error;
   if (peers_) {
-    std::vector<std::optional<std::string>> answers;
     try {
       answers = peers_->ask_all(std::min(timeout_, Seconds(2.0)), [this] { return status(); });
     } catch (const std::exception& e) {
-      message += fmt::format(". Asking the other ranks failed: {}", e.what());
-    }
-    for (std::size_t r = 0; r < answers.size(); ++r) {
-      if (static_cast<int>(r) == peers_->rank()) continue;
-      const auto& answer = answers[r];
-      if (!answer)
-        message += fmt::format("\n  rank {}: no answer (the process is dead or wedged)", r);
-      else if (!failure.key.empty() && status_has_key(*answer, failure.key))
-        message += fmt::format("\n  rank {} has joined it: {}", r, status_sentence(*answer));
-      else if (!failure.key.empty())
-        message += fmt::format("\n  rank {} has NOT joined it: {}", r, status_sentence(*answer));
-      else
-        message += fmt::format("\n  rank {}: {}", r, status_sentence(*answer));
+      ask_error = e.what();
     }
   }
+  if (ask_error.empty() && wait_for_busy_ranks(failure, answers)) return;
+  report(failure, answers, ask_error);
+}
+
+bool Watchdog::wait_for_busy_ranks(const Failure& failure, const Answers& answers) {
+  if (failure.key.empty() || !peers_) return false;
+  std::string busy;  // "rank 0 (saving checkpoint ckpt-12.h5 for 6.1 s)"
+  for (std::size_t r = 0; r < answers.size(); ++r) {
+    if (static_cast<int>(r) == peers_->rank()) continue;
+    if (!answers[r]) return false;
+    const PeerStatus peer(*answers[r]);
+    if (!peer.busy.empty())
+      busy += fmt::format("{}rank {} ({})", busy.empty() ? "" : ", ", r, peer.busy);
+    else if (!peer.in_collective())
+      return false;
+  }
+  if (busy.empty()) return false;
+  std::lock_guard lock(mutex_);
+  const auto item = std::find_if(in_flight_.begin(), in_flight_.end(),
+                                 [&](const Item& i) { return i.id == failure.item_id; });
+  if (item == in_flight_.end()) return true;  // it finished meanwhile
+  core::log_info("watchdog: {} has waited {:.1f} s for {}; waiting another {:g} s",
+                 item->info.describe(), seconds_since(item->start), busy, timeout_.count());
+  item->start = Clock::now();
+  item->reported = false;
+  return true;
+}
+
+void Watchdog::report(const Failure& failure, const Answers& answers,
+                      const std::string& ask_error) {
+  std::string message = "watchdog: " + failure.head;
+  if (!ask_error.empty()) message += ". Asking the other ranks failed: " + ask_error;
+  std::string silent;  // the ranks that did not answer
+  for (std::size_t r = 0; peers_ && r < answers.size(); ++r) {
+    if (static_cast<int>(r) == peers_->rank()) continue;
+    if (!answers[r]) {
+      message += fmt::format("\n  rank {}: no answer (the process is dead, stopped or cut off)", r);
+      silent += fmt::format("{}{}", silent.empty() ? "" : ", ", r);
+      continue;
+    }
+    const PeerStatus peer(*answers[r]);
+    if (!failure.key.empty() && peer.has_key(failure.key))
+      message += fmt::format("\n  rank {} has joined it: {}", r, peer.sentence);
+    else if (!failure.key.empty())
+      message += fmt::format("\n  rank {} has NOT joined it: {}", r, peer.sentence);
+    else
+      message += fmt::format("\n  rank {}: {}", r, peer.sentence);
+  }
+  if (!silent.empty()) message += fmt::format("\n  ranks that did not answer: {}", silent);
   handler_(message);
 }
 

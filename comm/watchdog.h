@@ -4,6 +4,8 @@
 // (LOCKSTEP_COMM_TIMEOUT, default 10 minutes), polls asynchronous errors
 // (NCCL), and on a failure asks the other ranks what they are doing, so that
 // the message names the operation, the step and the ranks that did not arrive.
+// A rank that is busy on purpose outside the collectives (rank 0 saving a
+// checkpoint) says so, and the others wait for it (Note [busy ranks]).
 #pragma once
 
 #include <atomic>
@@ -98,6 +100,7 @@ class Watchdog {
     Clock::time_point start;
     std::function<bool()> done;  // asynchronous collectives only
     bool reported = false;
+    std::uint64_t id = 0;
   };
 
  public:
@@ -124,6 +127,24 @@ class Watchdog {
     std::list<Item>::iterator item_;
   };
 
+  // Says, while it lives, that this rank is outside every collective on
+  // purpose, doing what `what` names ("saving checkpoint ckpt-12.h5"): the
+  // other ranks' watchdogs then wait for it past their timeout instead of
+  // ending the job (Note [busy ranks], watchdog.cpp). Wrap work that one rank
+  // does while the others wait for it in the next collective. Scopes nest;
+  // the innermost is shown. A null watchdog does nothing.
+  class Busy {
+   public:
+    Busy(Watchdog* watchdog, std::string what);
+    ~Busy();
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    Watchdog* watchdog_;
+    std::optional<std::pair<std::string, Clock::time_point>> outer_;
+  };
+
   // Watches an asynchronous collective (NCCL) until `done()` returns true.
   // `done` runs on the watchdog thread; an exception from it is a failure.
   void watch_async(OperationInfo info, std::function<bool()> done);
@@ -132,7 +153,8 @@ class Watchdog {
   void remove_error_source(int id);
 
   // This rank's state as peers receive it: the keys of its collectives in
-  // flight on the first line (maybe empty), then one sentence.
+  // flight on the first line (maybe empty), what it is busy with on the
+  // second (Busy; maybe empty), then one sentence.
   std::string status() const;
 
   // Ends the thread and releases the peer channel; later collectives go
@@ -142,14 +164,18 @@ class Watchdog {
  private:
   struct Failure {
     std::string head;
-    std::string key;  // of the collective that timed out; empty for errors
+    std::string key;            // of the collective that timed out; empty for errors
+    std::uint64_t item_id = 0;  // of that collective
   };
+  using Answers = std::vector<std::optional<std::string>>;
 
   std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done);
   void finish(std::list<Item>::iterator item);
   void run();
   std::optional<Failure> find_failure();
-  void report(const Failure& failure);
+  void handle(const Failure& failure);
+  bool wait_for_busy_ranks(const Failure& failure, const Answers& answers);
+  void report(const Failure& failure, const Answers& answers, const std::string& ask_error);
   std::string in_flight_text() const;  // mutex_ held
 
   const Seconds timeout_;
@@ -162,6 +188,8 @@ class Watchdog {
   bool stopping_ = false;
   std::list<Item> in_flight_;
   std::optional<std::pair<OperationInfo, Clock::time_point>> last_finished_;
+  std::optional<std::pair<std::string, Clock::time_point>> busy_;  // Busy's what, since
+  std::uint64_t next_item_id_ = 0;
   std::vector<std::pair<int, ErrorSource>> sources_;
   int next_source_id_ = 0;
   std::thread thread_;

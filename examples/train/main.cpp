@@ -156,7 +156,11 @@ int run(Flags& f, comm::World& world) {
                     f.batch_size * world.size(),
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
-    if (lead) fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
+    if (!lead) return;
+    // The others wait for rank 0 in the next step, past their timeout if need be.
+    comm::Watchdog::Busy saving(&world.watchdog(),
+                                fmt::format("saving the checkpoint of step {}", trainer.steps()));
+    fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
   };
 
   std::optional<io::DataLoader> val_loader;

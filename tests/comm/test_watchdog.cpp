@@ -56,10 +56,15 @@ OperationInfo allreduce_info(std::uint64_t sequence) {
   return info;
 }
 
-// Rank 0 of three: rank 1 is in the same collective, rank 2 in none.
+// Rank 0 of three: rank 1 is in the same collective, rank 2 in none, or
+// busy (set_rank2), or silent.
 class ScriptedPeers final : public comm::PeerChannel {
  public:
   explicit ScriptedPeers(bool rank2_answers) : rank2_answers_(rank2_answers) {}
+  void set_rank2(std::optional<std::string> status) {
+    std::lock_guard lock(mutex_);
+    rank2_ = std::move(status);
+  }
   int rank() const override { return 0; }
   int size() const override { return 3; }
   void serve(const std::function<std::string()>& status) override {
@@ -73,8 +78,9 @@ class ScriptedPeers final : public comm::PeerChannel {
   std::vector<std::optional<std::string>> ask_all(Seconds,
                                                   const std::function<std::string()>&) override {
     std::vector<std::optional<std::string>> answers(3);
-    answers[1] = "world#57\nwaiting in allreduce #57 on 'world' for 0.1 s";
-    if (rank2_answers_) answers[2] = "\nnot in a collective; the last one finished 9.0 s ago";
+    answers[1] = "world#57\n\nwaiting in allreduce #57 on 'world' for 0.1 s";
+    std::lock_guard lock(mutex_);
+    if (rank2_answers_) answers[2] = rank2_;
     return answers;
   }
 
@@ -82,6 +88,7 @@ class ScriptedPeers final : public comm::PeerChannel {
   bool rank2_answers_;
   std::mutex mutex_;
   std::string last_status_;
+  std::optional<std::string> rank2_ = "\n\nnot in a collective; the last one finished 9.0 s ago";
 };
 
 }  // namespace
@@ -117,7 +124,7 @@ TEST_CASE("collectives that finish in time are not reported", "[comm][watchdog]"
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   CHECK(reports.count() == 0);
   CHECK_THAT(watchdog.status(),
-             Catch::StartsWith("\nnot in a collective; the last one, allreduce #100"));
+             Catch::StartsWith("\n\nnot in a collective; the last one, allreduce #100"));
   Watchdog::Scope unwatched(nullptr, allreduce_info(101));  // a null watchdog watches nothing
 }
 
@@ -178,7 +185,8 @@ TEST_CASE("the timeout message says which ranks joined the collective and which 
     if (rank2_answers)
       CHECK_THAT(message, Catch::Contains("rank 2 has NOT joined it: not in a collective"));
     else
-      CHECK_THAT(message, Catch::Contains("rank 2: no answer"));
+      CHECK_THAT(message, Catch::Contains("rank 2: no answer") &&
+                              Catch::Contains("ranks that did not answer: 2"));
     CHECK_THAT(message, !Catch::Contains("rank 0"));  // this rank does not ask itself
   }
 }
@@ -196,9 +204,52 @@ TEST_CASE("the watchdog answers other ranks' questions with its collectives in f
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     answer = channel->last_status();
   }
-  CHECK_THAT(answer, Catch::StartsWith("world#5\nwaiting in allreduce #5 on 'world'") &&
+  CHECK_THAT(answer, Catch::StartsWith("world#5\n\nwaiting in allreduce #5 on 'world'") &&
                          Catch::Contains("at step 3"));
   CHECK(reports.count() == 0);
+}
+
+TEST_CASE("a busy rank says what it is busy with, and for how long", "[comm][watchdog]") {
+  Reports reports;
+  Watchdog watchdog(Seconds(5.0), reports.handler());
+  {
+    Watchdog::Busy saving(&watchdog, "saving checkpoint ckpt-12.h5");
+    CHECK_THAT(watchdog.status(),
+               Catch::StartsWith("\nsaving checkpoint ckpt-12.h5 for 0.") &&
+                   Catch::Contains("\nnot in a collective: busy saving checkpoint ckpt-12.h5"));
+    {
+      Watchdog::Busy inner(&watchdog, "fsync");
+      CHECK_THAT(watchdog.status(), Catch::StartsWith("\nfsync for "));
+    }
+    CHECK_THAT(watchdog.status(), Catch::StartsWith("\nsaving checkpoint"));
+  }
+  CHECK_THAT(watchdog.status(), Catch::StartsWith("\n\nnot in a collective; none has run yet"));
+  Watchdog::Busy nothing(nullptr, "a null watchdog watches nothing");
+}
+
+// Note [busy ranks]: rank 2 busy keeps rank 0 waiting past its 0.1 s timeout,
+// however often it times out (0.6 s is six timeouts); once rank 2 is idle,
+// or silent, the next timeout is reported.
+TEST_CASE("a collective waiting for a busy rank waits on; an idle or silent rank ends it",
+          "[comm][watchdog]") {
+  for (const std::optional<std::string>& after :
+       {std::optional<std::string>("\n\nnot in a collective; the last one finished 9.0 s ago"),
+        std::optional<std::string>()}) {
+    Reports reports;
+    auto peers = std::make_unique<ScriptedPeers>(true);
+    ScriptedPeers* channel = peers.get();
+    channel->set_rank2("\nsaving checkpoint ckpt-12.h5 for 3.0 s\nnot in a collective: busy");
+    Watchdog watchdog(Seconds(0.1), reports.handler(), std::move(peers));
+    Watchdog::Scope scope(&watchdog, allreduce_info(57));
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    CHECK(reports.count() == 0);
+    channel->set_rank2(after);
+    REQUIRE(reports.wait_for_one());
+    if (after)
+      CHECK_THAT(reports.first(), Catch::Contains("rank 2 has NOT joined it: not in a collective"));
+    else
+      CHECK_THAT(reports.first(), Catch::Contains("ranks that did not answer: 2"));
+  }
 }
 
 TEST_CASE("LOCKSTEP_COMM_TIMEOUT takes positive seconds", "[comm][watchdog]") {
