@@ -5,8 +5,11 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
@@ -40,6 +43,16 @@ std::optional<DType> autocast_for(const std::string& precision) {
   if (precision == "fp16") return DType::f16;
   if (precision == "bf16") return DType::bf16;
   throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
+}
+
+// LOCKSTEP_TEST_SAVE_DELAY: seconds added to each save of rank 0.
+double parse_save_delay(const std::string& text) {
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(seconds >= 0 && seconds <= 3600))
+    throw InvalidArgument("LOCKSTEP_TEST_SAVE_DELAY='" + text +
+                          "' is not a number of seconds from 0 to 3600");
+  return seconds;
 }
 
 // The fields a resume may not change (Note [resume fingerprint]).
@@ -147,6 +160,10 @@ int run(Flags& f, comm::World& world) {
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
     if (!checkpoints || last_saved == trainer.steps()) return;
     last_saved = trainer.steps();
+    // Rank 0 writes while the others wait for it in the next step, past
+    // their timeout if need be; every rank copies the state first.
+    comm::Watchdog::Busy saving(&world.watchdog(),
+                                fmt::format("saving the checkpoint of step {}", trainer.steps()));
     TrainingState s{trainer.steps(),
                     at_epoch,
                     at_position,
@@ -157,9 +174,9 @@ int run(Flags& f, comm::World& world) {
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
     if (!lead) return;
-    // The others wait for rank 0 in the next step, past their timeout if need be.
-    comm::Watchdog::Busy saving(&world.watchdog(),
-                                fmt::format("saving the checkpoint of step {}", trainer.steps()));
+    // A test hook (tests/multihost, docs/faults.md): a slower disk.
+    if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
+      std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
     fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
   };
 
