@@ -12,8 +12,10 @@
 #   resume       a 2-host job killed after a checkpoint and relaunched with
 #                --resume auto (the loop of docs/faults.md) ends with the
 #                parameters of an uninterrupted run, bit for bit
-#   bandwidth    host 0's link limited (tc tbf): same results, and
-#                bench_scaling's link fit sees the lower bandwidth
+#   bandwidth    both hosts' links limited to 100 Mbit/s (tc tbf): same
+#                results, and bench_scaling's link fit sees a lower bandwidth
+#   latency      10 ms added each way (tc netem): same results, and the fit's
+#                alpha grows; skipped where the kernel has no sch_netem
 set -uo pipefail
 build=$1
 mode=$2
@@ -128,8 +130,124 @@ fault() {
     "after $((SECONDS - start)) s (LOCKSTEP_COMM_TIMEOUT $comm_timeout s)"
 }
 
+slow_save() {
+  hosts_make 2
+  make_data
+  # Each save of rank 0 takes three timeouts longer (the test hook of
+  # docs/faults.md, as a slow disk would), while rank 1 waits for it.
+  LOCKSTEP_COMM_TIMEOUT=2 LOCKSTEP_TEST_SAVE_DELAY=6 hosts_mpirun 2 -x LOCKSTEP_COMM_TIMEOUT \
+    -x LOCKSTEP_TEST_SAVE_DELAY "$train" "${common[@]}" --data "$work/data" --steps 4 \
+    --checkpoint-every 2 --checkpoint-dir "$work/c" >"$work/out" 2>&1
+  local status=$?
+  cat "$work/out"
+  [ "$status" -eq 0 ] || fail "the job failed ($status)"
+  grep -q "waiting another 2 s" "$work/out" || fail "rank 1 never waited for the save"
+  grep -q "rank 0 (saving the checkpoint of step 2" "$work/out" || fail "the wait names no save"
+  [ -f "$work/c/ckpt-4.h5" ] || fail "no checkpoint of step 4"
+  echo "saves of 6 s under a 2 s timeout: the job finished"
+}
+
+# The relaunch loop of docs/faults.md: up to 3 restarts, each from the newest
+# good checkpoint.
+relaunch_loop() {
+  local attempt
+  for attempt in 0 1 2 3; do
+    hosts_mpirun 2 "$train" "$@" --resume auto && return 0
+    echo "attempt $attempt failed; relaunching from the newest good checkpoint"
+  done
+  return 1
+}
+
+resume() {
+  hosts_make 2
+  make_data
+  local args=("${common[@]}" --data "$work/data" --steps 40 --checkpoint-every 10 --keep 10)
+  hosts_mpirun 2 "$train" "${args[@]}" --checkpoint-dir "$work/a" >/dev/null || fail "uninterrupted run"
+  # Kills rank 1 once, after the first checkpoint; the loop relaunches the job.
+  (
+    while [ ! -f "$work/b/ckpt-10.h5.crc32" ]; do sleep 0.1; done
+    kill -KILL "$(rank_pid 1)"
+  ) &
+  local killer=$!
+  relaunch_loop "${args[@]}" --checkpoint-dir "$work/b" >"$work/out" 2>&1
+  local status=$?
+  wait "$killer"
+  cat "$work/out"
+  [ "$status" -eq 0 ] || fail "the relaunch loop gave up"
+  grep -q "attempt 0 failed" "$work/out" || fail "the first attempt was not killed"
+  grep -q "resumed from $work/b/ckpt-[1-3]0.h5" "$work/out" || fail "the relaunch did not resume"
+  /usr/bin/python3 "$here/../programs/same_checkpoints.py" "$work/a/ckpt-40.h5" "$work/b/ckpt-40.h5" 0 ||
+    fail "the resumed run's parameters differ"
+  echo "killed after a checkpoint, relaunched with --resume auto: parameters identical"
+}
+
+# link_fit NAME: bench_scaling's link fit between the two hosts, as
+# "alpha_us bus_bandwidth_gbps".
+link_fit() {
+  hosts_mpirun 2 "$build/bench/bench_scaling" --model cnn --device cpu --mode weak --steps 1 \
+    --trials 1 --json "$work/$1.json" >/dev/null || fail "bench_scaling ($1)"
+  /usr/bin/python3 -c "import json,sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r['bench'] == 'scaling_link': print(r['alpha_us'], r['bus_bandwidth_gbps'])" "$work/$1.json"
+}
+
+# shaped KIND QDISC...: a slower link (tc on both hosts' eth0) changes the
+# speed, not the results: the same metrics and parameters as without it; and
+# bench_scaling's link fit sees it (CHECK: "alpha" or "bandwidth").
+shaped() {
+  local check=$1
+  shift
+  [ -x "$build/bench/bench_scaling" ] || hosts_skip "bench_scaling is not built (LOCKSTEP_BUILD_BENCH)"
+  make_data
+  local args=("${common[@]}" --data "$work/data" --steps 3)
+  hosts_mpirun 2 "$train" "${args[@]}" --checkpoint-dir "$work/free" --metrics "$work/free.jsonl" \
+    >/dev/null || fail "the job on a free link"
+  local free
+  free=$(link_fit free)
+  for ns in "${HOST_NS[@]}"; do ip netns exec "$ns" tc qdisc add dev eth0 root "$@" || exit 1; done
+  hosts_mpirun 2 "$train" "${args[@]}" --checkpoint-dir "$work/slow" --metrics "$work/slow.jsonl" \
+    >/dev/null || fail "the job on a shaped link"
+  local slow
+  slow=$(link_fit slow)
+  diff <(losses "$work/free.jsonl") <(losses "$work/slow.jsonl") || fail "the loss sequences differ"
+  /usr/bin/python3 "$here/../programs/same_checkpoints.py" "$work/free/ckpt-3.h5" \
+    "$work/slow/ckpt-3.h5" 0 || fail "the parameters differ"
+  echo "link fit (alpha us, bus GB/s): free $free; with tc qdisc $*: $slow"
+  # Wide margins: the shaping is 10 to 100 times what it is checked against.
+  read -r free_alpha free_bw <<<"$free"
+  read -r slow_alpha slow_bw <<<"$slow"
+  case $check in
+    bandwidth)
+      /usr/bin/python3 -c "import sys; sys.exit(not float(sys.argv[2]) < float(sys.argv[1]) / 2)" \
+        "$free_bw" "$slow_bw" || fail "the fit's bandwidth did not fall"
+      ;;
+    alpha)
+      /usr/bin/python3 -c "import sys; sys.exit(not float(sys.argv[2]) > float(sys.argv[1]) + 5000)" \
+        "$free_alpha" "$slow_alpha" || fail "the fit's alpha did not grow by the added 10 ms"
+      ;;
+  esac
+  echo "same results; the fit sees the slower link"
+}
+
+latency() {
+  hosts_make 2
+  ip netns exec "${HOST_NS[0]}" tc qdisc add dev eth0 root netem delay 1ms 2>"$work/err" ||
+    hosts_skip "tc netem is not available (the kernel has no sch_netem): $(cat "$work/err")"
+  ip netns exec "${HOST_NS[0]}" tc qdisc del dev eth0 root
+  # 10 ms each way: an allreduce's round trip takes 20 ms more, at least.
+  shaped alpha netem delay 10ms
+}
+
 case $mode in
   equivalence) equivalence ;;
+  bandwidth)
+    hosts_make 2
+    shaped bandwidth tbf rate 100mbit burst 64kb latency 200ms
+    ;;
+  latency) latency ;;
   link | stop | kill) fault "$mode" ;;
+  slow-save) slow_save ;;
+  resume) resume ;;
   *) fail "unknown mode $mode" ;;
 esac
