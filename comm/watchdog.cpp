@@ -129,6 +129,7 @@ Watchdog::Scope::~Scope() {
 
 Watchdog::Busy::Busy(Watchdog* watchdog, std::string what) : watchdog_(watchdog) {
   if (!watchdog_) return;
+  std::replace(what.begin(), what.end(), '\n', ' ');  // status() is line-based
   std::lock_guard lock(watchdog_->mutex_);
   outer_ = std::move(watchdog_->busy_);
   watchdog_->busy_.emplace(std::move(what), Clock::now());
