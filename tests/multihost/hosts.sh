@@ -27,6 +27,20 @@ hosts_remove() {
   rm -rf "$hosts_work"
 }
 trap hosts_remove EXIT
+trap 'exit 1' TERM INT HUP  # the EXIT trap runs on these too
+
+# Namespaces left by a test that was killed outright (SIGKILL, ctest's
+# timeout): their shell is gone, so they go now.
+hosts_remove_stale() {
+  local ns owner
+  for ns in $(ip netns list 2>/dev/null | grep -o '^lsmh[0-9]*-[a-z0-9]*'); do
+    owner=${ns#lsmh}
+    owner=${owner%%-*}
+    kill -0 "$owner" 2>/dev/null && continue
+    ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
 
 hosts_skip() {
   echo "SKIPPED: $*"
@@ -38,6 +52,7 @@ hosts_make() {
   [ "$(id -u)" -eq 0 ] || hosts_skip "network namespaces need root (this test runs as uid $(id -u))"
   command -v ip >/dev/null || hosts_skip "iproute2's ip is not installed"
   command -v mpirun >/dev/null || hosts_skip "mpirun is not installed"
+  hosts_remove_stale
   local switch="$HOSTS_PREFIX-switch"
   ip netns add "$switch" 2>"$hosts_work/err" ||
     hosts_skip "cannot make a network namespace: $(cat "$hosts_work/err")"
