@@ -9,7 +9,9 @@
 #                         exits 77 (ctest's skip) saying why it cannot
 #   hosts_mpirun N ARGS   mpirun of N ranks, one per host, over TCP only
 #   hosts_pids            the processes still running in any host
+#   hosts_skip REASON     prints the reason and exits 77
 #   hosts_remove          kills what runs in the hosts, removes them (EXIT trap)
+# shellcheck shell=bash disable=SC2016
 HOSTS_SKIP=77
 HOSTS_SUBNET=10.99.0.0/24
 HOSTS_PREFIX="lsmh$$"
