@@ -165,7 +165,7 @@ resume() {
   hosts_mpirun 2 "$train" "${args[@]}" --checkpoint-dir "$work/a" >/dev/null || fail "uninterrupted run"
   # Kills rank 1 once, after the first checkpoint; the loop relaunches the job.
   (
-    while [ ! -f "$work/b/ckpt-10.h5.crc32" ]; do sleep 0.1; done
+    while [ ! -f "$work/b/ckpt-10.h5" ]; do sleep 0.1; done  # renamed into place last
     kill -KILL "$(rank_pid 1)"
   ) &
   local killer=$!
