@@ -165,7 +165,10 @@ resume() {
   hosts_mpirun 2 "$train" "${args[@]}" --checkpoint-dir "$work/a" >/dev/null || fail "uninterrupted run"
   # Kills rank 1 once, after the first checkpoint; the loop relaunches the job.
   (
-    while [ ! -f "$work/b/ckpt-10.h5" ]; do sleep 0.1; done  # renamed into place last
+    for ((i = 0; i < 1200; i++)); do
+      [ -f "$work/b/ckpt-10.h5" ] && break # renamed into place last
+      sleep 0.1
+    done
     kill -KILL "$(rank_pid 1)"
   ) &
   local killer=$!
