@@ -39,14 +39,14 @@ common=(--model cnn --batch-size 16 --device cpu --seed 5 --log-every 1000)
 # The metrics lines without the throughput, which differs from run to run.
 losses() { sed 's/, "samples_per_s.*//' "$1"; }
 
-# Every host's count of bytes received on eth0.
+# The bytes that host namespace $1 received on eth0.
 rx_bytes() { ip netns exec "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
 
-# waits_for N FILE: until FILE has N lines, or fails after 120 s.
+# wait_for_lines N FILE: until FILE has N lines; fails after 120 s.
 wait_for_lines() {
   local i
   for ((i = 0; i < 600; i++)); do
-    [ "$(cat "$2" 2>/dev/null | wc -l)" -ge "$1" ] && return 0
+    [ -f "$2" ] && [ "$(wc -l <"$2")" -ge "$1" ] && return 0
     sleep 0.2
   done
   fail "no $1 lines in $2 after 120 s"
@@ -79,9 +79,8 @@ equivalence() {
   # The gradients went through eth0: an allreduce of N bytes on two ranks
   # receives at least N/2 bytes on each (in fact about N).
   local param_bytes
-  param_bytes=$(/usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1]); \
-n=[]; f['model'].visit(lambda k: n.append(f['model'][k].nbytes) if hasattr(f['model'][k],'nbytes') else None); print(sum(n))" \
-    "$work/hosts/ckpt-1.h5")
+  param_bytes=$(/usr/bin/python3 -c "import h5py, sys
+print(sum(d.nbytes for d in h5py.File(sys.argv[1])['model'].values()))" "$work/hosts/ckpt-1.h5")
   local received=$((after - before)) least=$((6 * param_bytes / 2))
   [ "$received" -ge "$least" ] || fail "host 1 received $received bytes on eth0, less than $least"
   echo "2 hosts x 1 rank == 1 host x 2 ranks: 6 steps' metrics and checkpoints identical;" \
