@@ -14,6 +14,7 @@
 #include "engine/core/device.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -118,15 +119,24 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> squares;
   int threads = 1, trials = 5;
   double batch_s = 0.1;
-  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")
+      ->check(examples::device_name())
+      ->capture_default_str();
   app.add_option("--dtype", dtype_names, "input dtypes (C is the same type)")
+      ->check(examples::one_of({"f32", "f16", "bf16"}))
       ->capture_default_str();
-  app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)");
-  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")->capture_default_str();
+  app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)")
+      ->check(examples::within(1, 16384));
+  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")
+      ->check(examples::threads_per_rank())
+      ->capture_default_str();
   app.add_option("--trials", trials, "timed batches per measurement (median reported)")
+      ->check(examples::within(1, 1000))
       ->capture_default_str();
-  app.add_option("--batch-seconds", batch_s, "length of one timed batch")->capture_default_str();
-  app.add_option("--json", json_path, "write JSON lines here");
+  app.add_option("--batch-seconds", batch_s, "length of one timed batch")
+      ->check(examples::within(1e-3, 60))
+      ->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -25,6 +25,7 @@
 
 #include "bench/report.h"
 #include "engine/core/memory.h"
+#include "examples/common/flags.h"
 #include "io/loader.h"
 #include "io/shard_writer.h"
 
@@ -230,25 +231,40 @@ int main(int argc, char** argv) {
   int trials = 9, depth = 0;
   std::uint64_t seed = 1;
   app.add_option("--data", data_dir, "dataset directory (lockstep-shard synthetic ...)")
+      ->check(examples::non_empty())
       ->required();
-  app.add_option("--batch", batch, "micro-batch (one rank)")->capture_default_str();
+  app.add_option("--batch", batch, "micro-batch (one rank)")
+      ->check(examples::within(1, examples::kMaxRows))
+      ->capture_default_str();
   app.add_option("--threads", threads, "loader threads, and pread baseline threads")
+      ->check(examples::threads_per_rank())
       ->capture_default_str();
   app.add_option("--depth", depth, "loader buffers (0: its default, 2 * threads + 2)")
+      ->check(examples::within(0, 1 << 16))
       ->capture_default_str();
-  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")
+      ->check(examples::device_name())
+      ->capture_default_str();
   app.add_option("--trials", trials, "epochs per measurement (median reported)")
+      ->check(examples::within(1, 1000))
       ->capture_default_str();
-  app.add_option("--seed", seed, "permutation seed")->capture_default_str();
+  app.add_option("--seed", seed, "permutation seed")
+      ->check(examples::seed_value())
+      ->capture_default_str();
   app.add_option("--python", python, "python with h5py, or '' to skip h5py")->capture_default_str();
-  app.add_option("--h5py-script", script, "the h5py side of the benchmark")->capture_default_str();
-  app.add_option("--json", json_path, "write JSON lines here");
+  app.add_option("--h5py-script", script, "the h5py side of the benchmark")
+      ->check(examples::non_empty())
+      ->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {
     const core::Device device = core::parse_device(device_text);
     core::require_usable(device);
     const io::Dataset data = io::Dataset::open(data_dir);
+    if (batch > data.size())
+      throw InvalidArgument(fmt::format("--batch {} is more than the {} samples of --data {}",
+                                        batch, data.size(), data_dir));
     const std::size_t row_bytes = data.sample_bytes();
     const io::SamplerOptions sampler{.micro_batch = batch, .seed = seed};
     const std::vector<std::int64_t> order = io::DistributedSampler(data.size(), sampler).order(0);

@@ -38,6 +38,7 @@
 #include "engine/nn/loss.h"
 #include "engine/parameter_store.h"
 #include "engine/trainer.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -492,33 +493,46 @@ int main(int argc, char** argv) {
       "mpirun -np N, against one rank in the same run"};
   Options o;
   Config config;
-  app.add_option("--model", o.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
-  app.add_option("--batch", o.batch, "per-rank batch (weak scaling)")->capture_default_str();
+  app.add_option("--model", o.model, "mlp, cnn, resnet or mlp-large")
+      ->check(examples::model_name())
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "per-rank batch (weak scaling)")
+      ->check(examples::within(1, examples::kMaxRows))
+      ->capture_default_str();
   app.add_option("--global-batch", o.global_batch,
-                 "global batch for strong scaling (default: batch x ranks)");
+                 "global batch for strong scaling (default: batch x ranks)")
+      ->check(examples::within(1, examples::kMaxRows));
   app.add_option("--mode", o.mode, "weak, strong or both")
-      ->check(CLI::IsMember({"weak", "strong", "both"}))
+      ->check(examples::one_of({"weak", "strong", "both"}))
       ->capture_default_str();
   app.add_option("--precision", o.precision, "fp32, fp16 or bf16")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->check(examples::precision_name())
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->check(examples::device_name())
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "CPU threads per rank")->capture_default_str();
+  app.add_option("--threads", o.threads, "CPU threads per rank")
+      ->check(examples::threads_per_rank())
+      ->capture_default_str();
   app.add_option("--bucket-cap-mib", o.bucket_cap_mib, "gradient bucket cap")
+      ->check(examples::within(0.001, 1 << 20))
       ->capture_default_str();
   app.add_option("--first-bucket-cap-mib", o.first_bucket_cap_mib, "the first bucket's cap")
+      ->check(examples::within(0.001, 1 << 20))
       ->capture_default_str();
   app.add_option("--host-overlap", o.host_overlap,
                  "host gradients reduced during backward (on), after it (off), or on when a core "
                  "is spare (auto)")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->check(examples::one_of({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
-  app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
+  app.add_option("--steps", config.steps, "steps per timed block")
+      ->check(examples::within(1, 1e6))
+      ->capture_default_str();
+  app.add_option("--trials", config.trials, "timed blocks (median)")
+      ->check(examples::within(1, 1000))
+      ->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
-  app.add_option("--json", o.json, "write JSON lines here (rank 0)");
+  app.add_option("--json", o.json, "write JSON lines here (rank 0)")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<comm::World> world;
   try {

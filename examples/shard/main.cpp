@@ -3,7 +3,7 @@
 //   lockstep-shard synthetic --out DIR --count N --shape 3,64,64 --dtype u8 --classes K ...
 // A program to copy from when converting your own data: read samples in
 // order, hand them to io::DatasetWriter in pieces, close it.
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/common/flags.h"
 #include "idx_file.h"
 #include "io/shard_writer.h"
 #include "kernels/error.h"
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::int64_t kPieceBytes = 64 << 20;  // samples converted per append, in bytes
+constexpr std::int64_t kMaxSampleBytes = std::int64_t{1} << 31;  // HDF5 chunks stay below 4 GiB
 
 // Prints "<what>: 1234/60000 samples (2%)" at most once a second, and at the end.
 class Progress {
@@ -53,6 +55,9 @@ void convert_idx(const fs::path& images_path, const fs::path& labels_path, const
   if (labels.dims().size() != 1 || labels.dims()[0] != count)
     throw IoError(fmt::format("'{}' holds {} images but '{}' holds {} labels", images_path.string(),
                               count, labels_path.string(), labels.dims()[0]));
+  if (shards > count)
+    throw InvalidArgument(fmt::format("--shards {} is more than the {} samples of '{}'", shards,
+                                      count, images_path.string()));
   io::ShardFormat format{DType::u8, {1}, DType::i64};
   for (std::size_t i = 1; i < images.dims().size(); ++i)
     format.sample_shape.push_back(images.dims()[i]);
@@ -107,6 +112,14 @@ int synthetic(const SyntheticOptions& o) {
   else if (o.dtype != "u8")
     throw InvalidArgument("--dtype '" + o.dtype + "' is not u8, f16 or f32");
   if (o.classes < 1) throw InvalidArgument("--classes must be at least 1");
+  if (o.shards > o.count)
+    throw InvalidArgument(fmt::format(
+        "--shards {} is more than --count {}: every shard needs a sample", o.shards, o.count));
+  std::int64_t sample_bytes = static_cast<std::int64_t>(dtype_size(format.input_dtype));
+  for (std::int64_t d : o.shape)
+    if (__builtin_mul_overflow(sample_bytes, d, &sample_bytes) || sample_bytes > kMaxSampleBytes)
+      throw InvalidArgument(fmt::format("--shape {} of {}: a sample would be over {} GiB",
+                                        fmt::join(o.shape, ","), o.dtype, kMaxSampleBytes >> 30));
   io::check_format(format);
   const std::int64_t values = core::shape_numel(o.shape);
   const std::int64_t words = (static_cast<std::int64_t>(format.sample_bytes()) + 3) / 4;
@@ -164,23 +177,36 @@ int main(int argc, char** argv) {
                          "convert Fashion-MNIST's gzipped IDX files into OUT/train and OUT/test "
                          "(inputs u8 [N, 1, 28, 28], labels i64)");
   fm->add_option("--src", src, "directory of the IDX files (Debian: dataset-fashion-mnist)")
+      ->check(examples::non_empty())
       ->capture_default_str();
-  fm->add_option("--out", fm_out, "output directory")->required();
-  fm->add_option("--shards", fm_shards, "shards per split")->capture_default_str();
+  fm->add_option("--out", fm_out, "output directory")->check(examples::non_empty())->required();
+  fm->add_option("--shards", fm_shards, "shards per split")
+      ->check(examples::within(1, 1e6))
+      ->capture_default_str();
 
   SyntheticOptions syn;
   CLI::App* sy = app.add_subcommand(
       "synthetic", "random samples for benchmarks and tests; sample i depends only on (seed, i)");
-  sy->add_option("--out", syn.out, "output directory")->required();
-  sy->add_option("--count", syn.count, "number of samples")->required();
+  sy->add_option("--out", syn.out, "output directory")->check(examples::non_empty())->required();
+  sy->add_option("--count", syn.count, "number of samples")
+      ->check(examples::within(1, 1e12))
+      ->required();
   sy->add_option("--shape", syn.shape, "per-sample shape, comma-separated")
+      ->check(examples::within(1, 1 << 30))
       ->delimiter(',')
       ->capture_default_str();
-  sy->add_option("--dtype", syn.dtype, "u8, f16 or f32")->capture_default_str();
-  sy->add_option("--classes", syn.classes, "labels are uniform in [0, classes)")
+  sy->add_option("--dtype", syn.dtype, "u8, f16 or f32")
+      ->check(examples::one_of({"u8", "f16", "f32"}))
       ->capture_default_str();
-  sy->add_option("--shards", syn.shards, "number of shards")->capture_default_str();
-  sy->add_option("--seed", syn.seed, "Philox seed")->capture_default_str();
+  sy->add_option("--classes", syn.classes, "labels are uniform in [0, classes)")
+      ->check(examples::within(1, 1e12))
+      ->capture_default_str();
+  sy->add_option("--shards", syn.shards, "number of shards")
+      ->check(examples::within(1, 1e6))
+      ->capture_default_str();
+  sy->add_option("--seed", syn.seed, "Philox seed")
+      ->check(examples::seed_value())
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
