@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -163,7 +164,10 @@ int run(Flags& f, comm::World& world) {
                     f.batch_size * world.size(),
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
-    if (lead) fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
+    if (lead) {
+      fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
+      std::fflush(stdout);
+    }
   };
 
   std::optional<io::DataLoader> val_loader;
@@ -204,7 +208,13 @@ int run(Flags& f, comm::World& world) {
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
-        if (lead) fmt::print("stop requested: stopped at step {}\n", r->step);
+        if (lead) {
+          // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
+          fmt::print("stopped at step {} on request (a signal): {}\n", r->step,
+                     checkpoints ? "to continue, run the same command with --resume auto"
+                                 : "nothing saved (no --checkpoint-dir)");
+          std::fflush(stdout);
+        }
         stopped = true;
         break;
       }
@@ -235,6 +245,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<comm::World> world;
   Flags f;
   CLI::App app{"lockstep-train: data-parallel training of a model preset on HDF5 shards"};
+  app.footer(
+      "Stopping: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 finishes the current step, saves\n"
+      "(with --checkpoint-dir) and exits 0; a second SIGINT exits at once (130).\n"
+      "Under OpenMPI's mpirun, send SIGUSR1 (kill -USR1 <mpirun pid>): mpirun forwards\n"
+      "it and exits 0. Ctrl-C or SIGTERM to mpirun aborts the job instead: each rank\n"
+      "gets SIGTERM a second later, SIGKILL a second after that, and mpirun exits 1\n"
+      "(docs/communication.md). Continue with the same command and --resume auto.");
   app.add_option("--data", f.data, "training shards (a directory of *.h5)")
       ->check(non_empty())
       ->required();
