@@ -21,9 +21,10 @@ namespace lockstep::examples {
 
 // Largest values the common flags accept: far above any real use, low
 // enough that sizes derived from them cannot overflow 64 bits.
-inline constexpr double kMaxThreads = 1024;                   // CPU threads per rank
-inline constexpr double kMaxRows = 1 << 30;                   // samples in one micro-batch
-inline constexpr double kMaxSteps = 1e12;                     // steps, epochs, intervals
+inline constexpr double kMaxThreads = 1024;  // CPU threads per rank
+inline constexpr double kMaxRows = 1 << 30;  // samples in one micro-batch
+inline constexpr double kMaxSteps = 1e12;    // steps, intervals in steps
+inline constexpr double kMaxEpochs = 1e6;    // times the steps of an epoch: below 2^63
 inline constexpr double kMaxSeed = 1.8446744073709551615e19;  // 2^64 - 1
 
 // A finite number in [lo, hi]. CLI::Range is not enough: NaN passes its

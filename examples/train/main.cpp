@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
       ->check(model_name())
       ->capture_default_str();
   auto* epochs =
-      app.add_option("--epochs", f.epochs, "epochs to train")->check(within(1, kMaxSteps));
+      app.add_option("--epochs", f.epochs, "epochs to train")->check(within(1, kMaxEpochs));
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
       ->check(within(1, kMaxSteps))
       ->excludes(epochs);

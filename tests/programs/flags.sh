@@ -58,7 +58,7 @@ refuses "$ts" --keep 0 -1 1e9 EMPTY
 refuses "$ts" --log-every 0 -1 nan EMPTY
 refuses "$ts" --checkpoint-every -1 nan 1e15 EMPTY
 refuses "$ts" --seed -1 nan 1e30 EMPTY
-refuses "$t" --epochs 0 -1 nan 1e15 EMPTY
+refuses "$t" --epochs 0 -1 nan 1e7 EMPTY
 refuses "$t" --steps 0 -1 nan 1e15 EMPTY
 for flag in --model --optimizer --schedule --precision --device --shuffle --log-level; do
   refuses "$ts" "$flag" EMPTY nonsense
