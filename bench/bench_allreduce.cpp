@@ -182,20 +182,19 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtype_names{"f32", "bf16"};
   Config config;
   bool no_huge_pages = false;
-  app.add_option("--device", device_text, "cpu (MPI) or cuda (NCCL)")
-      ->check(examples::device_name())
-      ->capture_default_str();
-  app.add_option("--dtype", dtype_names, "f32, bf16, f16")
-      ->check(examples::one_of({"f32", "bf16", "f16"}))
-      ->capture_default_str();
-  app.add_option("--sizes", config.sizes, "message sizes in bytes (default 4 KiB..256 MiB, x4)")
-      ->check(examples::within(4, 1LL << 32));
+  app.add_option("--device", device_text, "cpu (MPI) or cuda (NCCL)")->capture_default_str();
+  app.add_option("--dtype", dtype_names, "f32, bf16, f16")->capture_default_str();
+  app.add_option("--sizes", config.sizes, "message sizes in bytes (default 4 KiB..256 MiB, x4)");
   app.add_option("--trials", config.trials, "timed batches per size (median)")
-      ->check(examples::within(1, 1000))
       ->capture_default_str();
   app.add_flag("--no-huge-pages", no_huge_pages, "host buffers on ordinary 4 KiB pages");
-  app.add_option("--json", json_path, "write JSON lines here (rank 0)")
-      ->check(examples::non_empty());
+  app.add_option("--json", json_path, "write JSON lines here (rank 0)");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--dtype")->check(examples::one_of({"f32", "bf16", "f16"}));
+  app.get_option("--sizes")->check(examples::within(4, 1LL << 32));
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<comm::World> world;

@@ -119,24 +119,23 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> squares;
   int threads = 1, trials = 5;
   double batch_s = 0.1;
-  app.add_option("--device", device_text, "cpu or cuda")
-      ->check(examples::device_name())
-      ->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
   app.add_option("--dtype", dtype_names, "input dtypes (C is the same type)")
-      ->check(examples::one_of({"f32", "f16", "bf16"}))
       ->capture_default_str();
-  app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)")
-      ->check(examples::within(1, 16384));
-  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")
-      ->check(examples::threads_per_rank())
-      ->capture_default_str();
+  app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)");
+  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")->capture_default_str();
   app.add_option("--trials", trials, "timed batches per measurement (median reported)")
-      ->check(examples::within(1, 1000))
       ->capture_default_str();
-  app.add_option("--batch-seconds", batch_s, "length of one timed batch")
-      ->check(examples::within(1e-3, 60))
-      ->capture_default_str();
-  app.add_option("--json", json_path, "write JSON lines here")->check(examples::non_empty());
+  app.add_option("--batch-seconds", batch_s, "length of one timed batch")->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--dtype")->check(examples::one_of({"f32", "f16", "bf16"}));
+  app.get_option("--sizes")->check(examples::within(1, 16384));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--batch-seconds")->check(examples::within(1e-3, 60));
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {

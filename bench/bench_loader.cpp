@@ -231,31 +231,29 @@ int main(int argc, char** argv) {
   int trials = 9, depth = 0;
   std::uint64_t seed = 1;
   app.add_option("--data", data_dir, "dataset directory (lockstep-shard synthetic ...)")
-      ->check(examples::non_empty())
       ->required();
-  app.add_option("--batch", batch, "micro-batch (one rank)")
-      ->check(examples::within(1, examples::kMaxRows))
-      ->capture_default_str();
+  app.add_option("--batch", batch, "micro-batch (one rank)")->capture_default_str();
   app.add_option("--threads", threads, "loader threads, and pread baseline threads")
-      ->check(examples::threads_per_rank())
       ->capture_default_str();
   app.add_option("--depth", depth, "loader buffers (0: its default, 2 * threads + 2)")
-      ->check(examples::within(0, 1 << 16))
       ->capture_default_str();
-  app.add_option("--device", device_text, "cpu or cuda")
-      ->check(examples::device_name())
-      ->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
   app.add_option("--trials", trials, "epochs per measurement (median reported)")
-      ->check(examples::within(1, 1000))
       ->capture_default_str();
-  app.add_option("--seed", seed, "permutation seed")
-      ->check(examples::seed_value())
-      ->capture_default_str();
+  app.add_option("--seed", seed, "permutation seed")->capture_default_str();
   app.add_option("--python", python, "python with h5py, or '' to skip h5py")->capture_default_str();
-  app.add_option("--h5py-script", script, "the h5py side of the benchmark")
-      ->check(examples::non_empty())
-      ->capture_default_str();
-  app.add_option("--json", json_path, "write JSON lines here")->check(examples::non_empty());
+  app.add_option("--h5py-script", script, "the h5py side of the benchmark")->capture_default_str();
+  app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--data")->check(examples::non_empty());
+  app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--depth")->check(examples::within(0, 1 << 16));
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--seed")->check(examples::seed_value());
+  app.get_option("--h5py-script")->check(examples::non_empty());
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -139,29 +139,25 @@ int main(int argc, char** argv) {
   std::int64_t batch = 128;
   int steps = 30, threads = 1;
   bool baseline = true;
-  app.add_option("--model", model, "mlp, cnn, resnet or mlp-large")
-      ->check(examples::model_name())
-      ->capture_default_str();
-  app.add_option("--batch", batch, "batch size")
-      ->check(examples::within(1, examples::kMaxRows))
-      ->capture_default_str();
-  app.add_option("--precision", precision, "fp32, fp16 or bf16")
-      ->check(examples::precision_name())
-      ->capture_default_str();
-  app.add_option("--device", device_text, "cpu or cuda")
-      ->check(examples::device_name())
-      ->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")
-      ->check(examples::within(1, 1e6))
-      ->capture_default_str();
+  app.add_option("--model", model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  app.add_option("--batch", batch, "batch size")->capture_default_str();
+  app.add_option("--precision", precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenBLAS; PyTorch's intra-op threads)")
-      ->check(examples::threads_per_rank())
       ->capture_default_str();
-  app.add_option("--python", python, "python with torch, for the baseline")
-      ->check(examples::non_empty())
-      ->capture_default_str();
+  app.add_option("--python", python, "python with torch, for the baseline")->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
-  app.add_option("--json", json_path, "write JSON lines here")->check(examples::non_empty());
+  app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--model")->check(examples::model_name());
+  app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--precision")->check(examples::precision_name());
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--steps")->check(examples::within(1, 1e6));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--python")->check(examples::non_empty());
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   try {
     const core::Device device = core::parse_device(device_text);

@@ -177,37 +177,35 @@ int main(int argc, char** argv) {
                          "convert Fashion-MNIST's gzipped IDX files into OUT/train and OUT/test "
                          "(inputs u8 [N, 1, 28, 28], labels i64)");
   fm->add_option("--src", src, "directory of the IDX files (Debian: dataset-fashion-mnist)")
-      ->check(examples::non_empty())
       ->capture_default_str();
-  fm->add_option("--out", fm_out, "output directory")->check(examples::non_empty())->required();
-  fm->add_option("--shards", fm_shards, "shards per split")
-      ->check(examples::within(1, 1e6))
-      ->capture_default_str();
+  fm->add_option("--out", fm_out, "output directory")->required();
+  fm->add_option("--shards", fm_shards, "shards per split")->capture_default_str();
 
   SyntheticOptions syn;
   CLI::App* sy = app.add_subcommand(
       "synthetic", "random samples for benchmarks and tests; sample i depends only on (seed, i)");
-  sy->add_option("--out", syn.out, "output directory")->check(examples::non_empty())->required();
-  sy->add_option("--count", syn.count, "number of samples")
-      ->check(examples::within(1, 1e12))
-      ->required();
+  sy->add_option("--out", syn.out, "output directory")->required();
+  sy->add_option("--count", syn.count, "number of samples")->required();
   sy->add_option("--shape", syn.shape, "per-sample shape, comma-separated")
-      ->check(examples::within(1, 1 << 30))
       ->delimiter(',')
       ->capture_default_str();
-  sy->add_option("--dtype", syn.dtype, "u8, f16 or f32")
-      ->check(examples::one_of({"u8", "f16", "f32"}))
-      ->capture_default_str();
+  sy->add_option("--dtype", syn.dtype, "u8, f16 or f32")->capture_default_str();
   sy->add_option("--classes", syn.classes, "labels are uniform in [0, classes)")
-      ->check(examples::within(1, 1e12))
       ->capture_default_str();
-  sy->add_option("--shards", syn.shards, "number of shards")
-      ->check(examples::within(1, 1e6))
-      ->capture_default_str();
-  sy->add_option("--seed", syn.seed, "Philox seed")
-      ->check(examples::seed_value())
-      ->capture_default_str();
+  sy->add_option("--shards", syn.shards, "number of shards")->capture_default_str();
+  sy->add_option("--seed", syn.seed, "Philox seed")->capture_default_str();
 
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  fm->get_option("--src")->check(examples::non_empty());
+  fm->get_option("--out")->check(examples::non_empty());
+  fm->get_option("--shards")->check(examples::within(1, 1e6));
+  sy->get_option("--out")->check(examples::non_empty());
+  sy->get_option("--count")->check(examples::within(1, 1e12));
+  sy->get_option("--shape")->check(examples::within(1, 1 << 30));
+  sy->get_option("--dtype")->check(examples::one_of({"u8", "f16", "f32"}));
+  sy->get_option("--classes")->check(examples::within(1, 1e12));
+  sy->get_option("--shards")->check(examples::within(1, 1e6));
+  sy->get_option("--seed")->check(examples::seed_value());
   CLI11_PARSE(app, argc, argv);
   try {
     if (fm->parsed()) return fashion_mnist(src, fm_out, fm_shards);

@@ -252,79 +252,69 @@ int main(int argc, char** argv) {
       "it and exits 0. Ctrl-C or SIGTERM to mpirun aborts the job instead: each rank\n"
       "gets SIGTERM a second later, SIGKILL a second after that, and mpirun exits 1\n"
       "(docs/communication.md). Continue with the same command and --resume auto.");
-  app.add_option("--data", f.data, "training shards (a directory of *.h5)")
-      ->check(non_empty())
-      ->required();
-  app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch")
-      ->check(non_empty());
-  app.add_option("--model", f.model, "mlp, cnn, resnet or mlp-large")
-      ->check(model_name())
-      ->capture_default_str();
-  auto* epochs =
-      app.add_option("--epochs", f.epochs, "epochs to train")->check(within(1, kMaxEpochs));
+  app.add_option("--data", f.data, "training shards (a directory of *.h5)")->required();
+  app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch");
+  app.add_option("--model", f.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  auto* epochs = app.add_option("--epochs", f.epochs, "epochs to train");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
-      ->check(within(1, kMaxSteps))
       ->excludes(epochs);
-  app.add_option("--batch-size", f.batch_size, "micro-batch per rank")
-      ->check(within(1, kMaxRows))
-      ->capture_default_str();
-  app.add_option("--accum", f.accum, "micro-batches per optimizer step")
-      ->check(within(1, kMaxRows))
-      ->capture_default_str();
-  app.add_option("--optimizer", f.optimizer, "sgd or adamw")
-      ->check(one_of({"sgd", "adamw"}))
-      ->capture_default_str();
-  app.add_option("--lr", f.lr, "learning rate")->check(within(0, 1e6))->capture_default_str();
-  app.add_option("--momentum", f.momentum, "SGD momentum")
-      ->check(within(0, 1))
-      ->capture_default_str();
+  app.add_option("--batch-size", f.batch_size, "micro-batch per rank")->capture_default_str();
+  app.add_option("--accum", f.accum, "micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer, "sgd or adamw")->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
+  app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "weight decay, on every parameter")
-      ->check(within(0, 1e6))
       ->capture_default_str();
   app.add_flag("--no-decay-bias-norm", f.no_decay_bias_norm, "no weight decay on biases and norms");
   app.add_option("--schedule", f.schedule, "constant, step, cosine or linear")
-      ->check(one_of({"constant", "step", "cosine", "linear"}))
       ->capture_default_str();
-  app.add_option("--warmup", f.warmup, "linear warmup steps")
-      ->check(within(0, kMaxSteps))
-      ->capture_default_str();
+  app.add_option("--warmup", f.warmup, "linear warmup steps")->capture_default_str();
   app.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")
-      ->check(within(0, 1e12))
       ->capture_default_str();
-  app.add_option("--precision", f.precision, "fp32, fp16 or bf16")
-      ->check(precision_name())
-      ->capture_default_str();
-  app.add_option("--device", f.device, "cpu or cuda (default: cuda when usable)")
-      ->check(device_name());
+  app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--device", f.device, "cpu or cuda (default: cuda when usable)");
   app.add_option("--seed", f.seed, "seed of initialisation, shuffling and dropout")
-      ->check(seed_value())
       ->capture_default_str();
-  app.add_option("--shuffle", f.shuffle, "on or off")
-      ->check(one_of({"on", "off"}))
-      ->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where checkpoints go")->check(non_empty());
+  app.add_option("--shuffle", f.shuffle, "on or off")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where checkpoints go");
   app.add_option("--checkpoint-every", f.checkpoint_every,
-                 "save every N steps (0: at the end only)")
-      ->check(within(0, kMaxSteps));
-  app.add_option("--keep", f.keep, "checkpoints kept")
-      ->check(within(1, 1e6))
-      ->capture_default_str();
-  app.add_option("--resume", f.resume, "auto (the newest good checkpoint) or a checkpoint file")
-      ->check(non_empty());
-  app.add_option("--init-from", f.init_from, "start from the /model weights of this HDF5 file")
-      ->check(non_empty());
-  app.add_option("--metrics", f.metrics, "append JSON lines (one per step and evaluation) here")
-      ->check(non_empty());
-  app.add_option("--log-every", f.log_every, "progress line every N steps")
-      ->check(within(1, kMaxSteps))
-      ->capture_default_str();
-  app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")
-      ->check(one_of({"quiet", "warn", "info", "debug"}))
-      ->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")
-      ->check(threads_per_rank())
-      ->capture_default_str();
+                 "save every N steps (0: at the end only)");
+  app.add_option("--keep", f.keep, "checkpoints kept")->capture_default_str();
+  app.add_option("--resume", f.resume, "auto (the newest good checkpoint) or a checkpoint file");
+  app.add_option("--init-from", f.init_from, "start from the /model weights of this HDF5 file");
+  app.add_option("--metrics", f.metrics, "append JSON lines (one per step and evaluation) here");
+  app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
+  app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
+  app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
   app.add_flag("--deterministic", f.deterministic, "deterministic cuDNN algorithms only");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--data")->check(non_empty());
+  app.get_option("--val-data")->check(non_empty());
+  app.get_option("--model")->check(model_name());
+  app.get_option("--epochs")->check(within(1, kMaxEpochs));
+  app.get_option("--steps")->check(within(1, kMaxSteps));
+  app.get_option("--batch-size")->check(within(1, kMaxRows));
+  app.get_option("--accum")->check(within(1, kMaxRows));
+  app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
+  app.get_option("--lr")->check(within(0, 1e6));
+  app.get_option("--momentum")->check(within(0, 1));
+  app.get_option("--weight-decay")->check(within(0, 1e6));
+  app.get_option("--schedule")->check(one_of({"constant", "step", "cosine", "linear"}));
+  app.get_option("--warmup")->check(within(0, kMaxSteps));
+  app.get_option("--clip")->check(within(0, 1e12));
+  app.get_option("--precision")->check(precision_name());
+  app.get_option("--device")->check(device_name());
+  app.get_option("--seed")->check(seed_value());
+  app.get_option("--shuffle")->check(one_of({"on", "off"}));
+  app.get_option("--checkpoint-dir")->check(non_empty());
+  app.get_option("--checkpoint-every")->check(within(0, kMaxSteps));
+  app.get_option("--keep")->check(within(1, 1e6));
+  app.get_option("--resume")->check(non_empty());
+  app.get_option("--init-from")->check(non_empty());
+  app.get_option("--metrics")->check(non_empty());
+  app.get_option("--log-every")->check(within(1, kMaxSteps));
+  app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
+  app.get_option("--threads")->check(threads_per_rank());
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;
