@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::int64_t kPieceBytes = 64 << 20;  // samples converted per append, in bytes
-constexpr std::int64_t kMaxSampleBytes = std::int64_t{1} << 31;  // HDF5 chunks stay below 4 GiB
+// The largest sample --shape may describe: the converter holds whole samples
+// in memory, and a bigger one is a mistyped shape rather than a dataset.
+constexpr std::int64_t kMaxSampleBytes = std::int64_t{1} << 31;
 
 // Prints "<what>: 1234/60000 samples (2%)" at most once a second, and at the end.
 class Progress {
