@@ -188,8 +188,9 @@ int DataLoader::State::wait_for(std::int64_t batch) {
       if (next_assign <= batch && free.empty() && busy == 0)
         throw InvalidArgument(fmt::format(
             "DataLoader: the consumer still holds all {} batches the pool can lend (drop "
-            "batches, and tensors taken from them, before asking for more, or raise "
-            "LoaderOptions::depth)",
+            "batches, and tensors taken from them, before asking for more, or set "
+            "LoaderOptions::held_batches to the batches kept at once, e.g. the Trainer's "
+            "accumulation)",
             slots.size()));
     }
     awaited = batch;
