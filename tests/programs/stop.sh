@@ -15,7 +15,8 @@ train=$build/examples/train/lockstep-train
 shard=$build/examples/shard/lockstep-shard
 work=$(mktemp -d)
 pid=
-trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
+# On failure: SIGTERM, so that mpirun takes its ranks down with it.
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid"; rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$shard" synthetic --out "$work/data" --count 2048 --shape 1,28,28 --dtype u8 --classes 10 \
   --shards 2 --seed 1 >/dev/null
