@@ -16,6 +16,7 @@
 #include "bench/report.h"
 #include "comm/host_buffer.h"
 #include "comm/world.h"
+#include "examples/common/flags.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "comm/detail/check_nccl.h"
@@ -188,6 +189,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-huge-pages", no_huge_pages, "host buffers on ordinary 4 KiB pages");
   app.add_option("--json", json_path, "write JSON lines here (rank 0)");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--dtype")->check(examples::one_of({"f32", "bf16", "f16"}));
+  app.get_option("--sizes")->check(examples::within(4, 1LL << 32));
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<comm::World> world;

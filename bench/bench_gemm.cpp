@@ -14,6 +14,7 @@
 #include "engine/core/device.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -127,6 +128,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--batch-seconds", batch_s, "length of one timed batch")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--dtype")->check(examples::one_of({"f32", "f16", "bf16"}));
+  app.get_option("--sizes")->check(examples::within(1, 16384));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--batch-seconds")->check(examples::within(1e-3, 60));
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {

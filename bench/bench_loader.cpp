@@ -25,6 +25,7 @@
 
 #include "bench/report.h"
 #include "engine/core/memory.h"
+#include "examples/common/flags.h"
 #include "io/loader.h"
 #include "io/shard_writer.h"
 
@@ -243,12 +244,25 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "python with h5py, or '' to skip h5py")->capture_default_str();
   app.add_option("--h5py-script", script, "the h5py side of the benchmark")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--data")->check(examples::non_empty());
+  app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--depth")->check(examples::within(0, 1 << 16));
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--seed")->check(examples::seed_value());
+  app.get_option("--h5py-script")->check(examples::non_empty());
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
 
   try {
     const core::Device device = core::parse_device(device_text);
     core::require_usable(device);
     const io::Dataset data = io::Dataset::open(data_dir);
+    if (batch > data.size())
+      throw InvalidArgument(fmt::format("--batch {} is more than the {} samples of --data {}",
+                                        batch, data.size(), data_dir));
     const std::size_t row_bytes = data.sample_bytes();
     const io::SamplerOptions sampler{.micro_batch = batch, .seed = seed};
     const std::vector<std::int64_t> order = io::DistributedSampler(data.size(), sampler).order(0);

@@ -38,6 +38,7 @@
 #include "engine/nn/loss.h"
 #include "engine/parameter_store.h"
 #include "engine/trainer.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -519,6 +520,16 @@ int main(int argc, char** argv) {
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
   app.add_option("--json", o.json, "write JSON lines here (rank 0)");
+  // What the other flags accept (examples/common/flags.h), checked while parsing.
+  app.get_option("--model")->check(examples::model_name());
+  app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--global-batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
+  app.get_option("--first-bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
+  app.get_option("--steps")->check(examples::within(1, 1e6));
+  app.get_option("--trials")->check(examples::within(1, 1000));
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<comm::World> world;
   try {

@@ -20,6 +20,7 @@
 #include "engine/core/memory.h"
 #include "engine/nn/loss.h"
 #include "engine/optim/loss_scaler.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -148,6 +149,15 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "python with torch, for the baseline")->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--model")->check(examples::model_name());
+  app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
+  app.get_option("--precision")->check(examples::precision_name());
+  app.get_option("--device")->check(examples::device_name());
+  app.get_option("--steps")->check(examples::within(1, 1e6));
+  app.get_option("--threads")->check(examples::threads_per_rank());
+  app.get_option("--python")->check(examples::non_empty());
+  app.get_option("--json")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   try {
     const core::Device device = core::parse_device(device_text);

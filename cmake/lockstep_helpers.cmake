@@ -39,3 +39,12 @@ function(lockstep_install_headers folder)
           FILES_MATCHING PATTERN "*.h"
           PATTERN "cpu" EXCLUDE PATTERN "cuda" EXCLUDE PATTERN "detail" EXCLUDE)
 endfunction()
+
+# lockstep_install_program(<target>): installs a program into bin/ with a
+# runpath to the installed libraries ($ORIGIN/../lib), so that it starts from
+# the install tree without LD_LIBRARY_PATH (.ci/run's install-tree stage runs
+# each installed program's --help that way).
+function(lockstep_install_program target)
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+  install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endfunction()

@@ -229,7 +229,8 @@ AttributeValue read_attribute(hid_t root, const char* name) {
 CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last) {
   if (keep_last < 1)
-    throw InvalidArgument("--keep must be at least 1, got " + std::to_string(keep_last));
+    throw InvalidArgument("CheckpointDirectory: keep_last is " + std::to_string(keep_last) +
+                          "; it must be at least 1");
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec)

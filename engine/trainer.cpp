@@ -38,8 +38,8 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
       options_(std::move(options)),
       stream_(std::move(stream)) {
   if (options_.accumulation < 1)
-    throw InvalidArgument("--accum must be at least 1, got " +
-                          std::to_string(options_.accumulation));
+    throw InvalidArgument("Trainer: TrainerOptions::accumulation is " +
+                          std::to_string(options_.accumulation) + "; it must be at least 1");
   options_.sync.compute_stream = stream_;
   const RankMean mean = rank_mean(world_, store_.device());
   options_.sync.average = mean.synchronizer_averages;

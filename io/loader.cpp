@@ -188,8 +188,9 @@ int DataLoader::State::wait_for(std::int64_t batch) {
       if (next_assign <= batch && free.empty() && busy == 0)
         throw InvalidArgument(fmt::format(
             "DataLoader: the consumer still holds all {} batches the pool can lend (drop "
-            "batches, and tensors taken from them, before asking for more, or raise "
-            "LoaderOptions::depth)",
+            "batches, and tensors taken from them, before asking for more, or set "
+            "LoaderOptions::held_batches to the batches kept at once, e.g. the Trainer's "
+            "accumulation)",
             slots.size()));
     }
     awaited = batch;
@@ -311,11 +312,29 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   if (o.threads < 1)
     throw InvalidArgument(
         fmt::format("DataLoader: LoaderOptions::threads is {}; it must be at least 1", o.threads));
+  if (o.held_batches < 1)
+    throw InvalidArgument(fmt::format(
+        "DataLoader: LoaderOptions::held_batches is {}; it must be at least 1", o.held_batches));
   if (o.depth < 0)
     throw InvalidArgument(
         fmt::format("DataLoader: LoaderOptions::depth is {}; pass a positive pool size, or 0 for "
-                    "2 * threads + 2",
+                    "the default (io/loader.h)",
                     o.depth));
+  // Note [loader pool size]: on the cpu a buffer stays lent while the consumer
+  // holds its batch, and the Trainer holds all micro-batches of a step before
+  // it computes, so the pool must hold held_batches besides the workers'
+  // batches in flight. A consumer cannot usefully hold more than an epoch's
+  // batches, which caps the pool whatever held_batches says. On cuda a buffer
+  // comes back as soon as its copy is issued: held batches cost no buffer.
+  const std::int64_t held =
+      o.device.is_cuda()
+          ? 1
+          : std::min(o.held_batches, std::max<std::int64_t>(1, s.sampler.batches_per_epoch()));
+  if (o.depth > 0 && o.depth < held)
+    throw InvalidArgument(fmt::format(
+        "DataLoader: LoaderOptions::depth {} is below held_batches {}: the consumer would wait "
+        "forever for a buffer (raise depth, or pass 0 for the default)",
+        o.depth, held));
   if (o.scale_u8 && format.input_dtype != DType::u8)
     throw InvalidArgument(std::string("DataLoader: scale_u8 needs u8 inputs, but the dataset "
                                       "holds ") +
@@ -332,7 +351,7 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   s.batch_shape = {rows};
   s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(), format.sample_shape.end());
   s.out_dtype = o.scale_u8 ? DType::f32 : format.input_dtype;
-  const int depth = o.depth > 0 ? o.depth : 2 * o.threads + 2;
+  const std::int64_t depth = o.depth > 0 ? o.depth : 2 * std::int64_t{o.threads} + 1 + held;
   s.slots.resize(static_cast<std::size_t>(depth));
   const std::size_t input_bytes = static_cast<std::size_t>(rows) * format.sample_bytes();
   const std::size_t labels_at =

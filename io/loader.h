@@ -1,6 +1,7 @@
 // DataLoader: this rank's micro-batches of a Dataset, in order, assembled
 // ahead of the consumer by T worker threads into a fixed pool of D host
-// buffers, then handed out as tensors on the loader's device.
+// buffers (sized for the batches the consumer holds, Note [loader pool
+// size]), then handed out as tensors on the loader's device.
 //
 // Note [loader pipeline]: a worker takes the next batch index and a free
 // buffer together, under one lock, so buffers go to batches in order and the
@@ -60,7 +61,13 @@ using Transform = std::function<void(HostBatch&)>;
 struct LoaderOptions {
   SamplerOptions sampler{};
   int threads = 4;  // T
-  int depth = 0;    // D, buffers in the pool; 0: 2 * threads + 2
+  // Batches the consumer keeps at once (the Trainer: one step's accumulation).
+  // On the cpu they all stay lent, so the pool must outnumber them (Note
+  // [loader pool size]).
+  std::int64_t held_batches = 1;
+  // D, buffers in the pool; 0: 2 * threads + 1 + held_batches on the cpu (held
+  // capped at an epoch's batches), 2 * threads + 2 on cuda.
+  int depth = 0;
   core::Device device = core::Device::cpu();
   // CUDA: the stream the consumer uses the batches on (default: the device's
   // default stream). Batch tensors are allocated on it.

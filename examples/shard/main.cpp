@@ -3,7 +3,7 @@
 //   lockstep-shard synthetic --out DIR --count N --shape 3,64,64 --dtype u8 --classes K ...
 // A program to copy from when converting your own data: read samples in
 // order, hand them to io::DatasetWriter in pieces, close it.
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/common/flags.h"
 #include "idx_file.h"
 #include "io/shard_writer.h"
 #include "kernels/error.h"
@@ -25,6 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::int64_t kPieceBytes = 64 << 20;  // samples converted per append, in bytes
+// The largest sample --shape may describe: the converter holds whole samples
+// in memory, and a bigger one is a mistyped shape rather than a dataset.
+constexpr std::int64_t kMaxSampleBytes = std::int64_t{1} << 31;
 
 // Prints "<what>: 1234/60000 samples (2%)" at most once a second, and at the end.
 class Progress {
@@ -53,6 +57,9 @@ void convert_idx(const fs::path& images_path, const fs::path& labels_path, const
   if (labels.dims().size() != 1 || labels.dims()[0] != count)
     throw IoError(fmt::format("'{}' holds {} images but '{}' holds {} labels", images_path.string(),
                               count, labels_path.string(), labels.dims()[0]));
+  if (shards > count)
+    throw InvalidArgument(fmt::format("--shards {} is more than the {} samples of '{}'", shards,
+                                      count, images_path.string()));
   io::ShardFormat format{DType::u8, {1}, DType::i64};
   for (std::size_t i = 1; i < images.dims().size(); ++i)
     format.sample_shape.push_back(images.dims()[i]);
@@ -107,6 +114,14 @@ int synthetic(const SyntheticOptions& o) {
   else if (o.dtype != "u8")
     throw InvalidArgument("--dtype '" + o.dtype + "' is not u8, f16 or f32");
   if (o.classes < 1) throw InvalidArgument("--classes must be at least 1");
+  if (o.shards > o.count)
+    throw InvalidArgument(fmt::format(
+        "--shards {} is more than --count {}: every shard needs a sample", o.shards, o.count));
+  std::int64_t sample_bytes = static_cast<std::int64_t>(dtype_size(format.input_dtype));
+  for (std::int64_t d : o.shape)
+    if (__builtin_mul_overflow(sample_bytes, d, &sample_bytes) || sample_bytes > kMaxSampleBytes)
+      throw InvalidArgument(fmt::format("--shape {} of {}: a sample would be over {} GiB",
+                                        fmt::join(o.shape, ","), o.dtype, kMaxSampleBytes >> 30));
   io::check_format(format);
   const std::int64_t values = core::shape_numel(o.shape);
   const std::int64_t words = (static_cast<std::int64_t>(format.sample_bytes()) + 3) / 4;
@@ -182,6 +197,17 @@ int main(int argc, char** argv) {
   sy->add_option("--shards", syn.shards, "number of shards")->capture_default_str();
   sy->add_option("--seed", syn.seed, "Philox seed")->capture_default_str();
 
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  fm->get_option("--src")->check(examples::non_empty());
+  fm->get_option("--out")->check(examples::non_empty());
+  fm->get_option("--shards")->check(examples::within(1, 1e6));
+  sy->get_option("--out")->check(examples::non_empty());
+  sy->get_option("--count")->check(examples::within(1, 1e12));
+  sy->get_option("--shape")->check(examples::within(1, 1 << 30));
+  sy->get_option("--dtype")->check(examples::one_of({"u8", "f16", "f32"}));
+  sy->get_option("--classes")->check(examples::within(1, 1e12));
+  sy->get_option("--shards")->check(examples::within(1, 1e6));
+  sy->get_option("--seed")->check(examples::seed_value());
   CLI11_PARSE(app, argc, argv);
   try {
     if (fm->parsed()) return fashion_mnist(src, fm_out, fm_shards);

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -19,10 +20,12 @@
 #include "engine/optim/sgd.h"
 #include "engine/run_control.h"
 #include "engine/trainer.h"
+#include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
+using namespace lockstep::examples;
 
 namespace {
 
@@ -107,12 +110,17 @@ int run(Flags& f, comm::World& world) {
   loader_options.stream = stream;
   loader_options.scale_u8 = true;
   loader_options.num_classes = preset.classes;
-  io::DataLoader loader(train_data, loader_options);
-  const std::int64_t steps_per_epoch = loader.batches_per_epoch() / f.accum;
+  loader_options.held_batches = f.accum;  // Trainer::step holds a step's micro-batches
+  // Checked before the loader sizes its buffers from --batch-size and --accum.
+  const std::int64_t steps_per_epoch =
+      io::DistributedSampler(train_data.size(), loader_options.sampler).batches_per_epoch() /
+      f.accum;
   if (steps_per_epoch == 0)
-    throw InvalidArgument(
-        fmt::format("--data {} has {} samples: too few for one step of {} x {} x {}", f.data,
-                    train_data.size(), world.size(), f.batch_size, f.accum));
+    throw InvalidArgument(fmt::format(
+        "--data {} has {} samples: too few for one step of {} ranks x --batch-size {} x --accum "
+        "{} (lower --batch-size or --accum)",
+        f.data, train_data.size(), world.size(), f.batch_size, f.accum));
+  io::DataLoader loader(train_data, loader_options);
   const std::int64_t total_steps =
       f.steps > 0 ? f.steps : std::max<std::int64_t>(1, f.epochs) * steps_per_epoch;
 
@@ -178,6 +186,7 @@ int run(Flags& f, comm::World& world) {
     if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
       std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
     fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
+    std::fflush(stdout);
   };
 
   std::optional<io::DataLoader> val_loader;
@@ -218,7 +227,13 @@ int run(Flags& f, comm::World& world) {
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
-        if (lead) fmt::print("stop requested: stopped at step {}\n", r->step);
+        if (lead) {
+          // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
+          fmt::print("stopped at step {} on request (a signal): {}\n", r->step,
+                     checkpoints ? "to continue, run the same command with --resume auto"
+                                 : "nothing saved (no --checkpoint-dir)");
+          std::fflush(stdout);
+        }
         stopped = true;
         break;
       }
@@ -249,6 +264,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<comm::World> world;
   Flags f;
   CLI::App app{"lockstep-train: data-parallel training of a model preset on HDF5 shards"};
+  app.footer(
+      "Stopping: SIGINT (Ctrl-C), SIGTERM or SIGUSR1 finishes the current step, saves\n"
+      "(with --checkpoint-dir) and exits 0; a second SIGINT exits at once (130).\n"
+      "Under OpenMPI's mpirun, send SIGUSR1 (kill -USR1 <mpirun pid>): mpirun forwards\n"
+      "it and exits 0. Ctrl-C or SIGTERM to mpirun aborts the job instead: each rank\n"
+      "gets SIGTERM a second later, SIGKILL a second after that, and mpirun exits 1\n"
+      "(docs/communication.md). Continue with the same command and --resume auto.");
   app.add_option("--data", f.data, "training shards (a directory of *.h5)")->required();
   app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch");
   app.add_option("--model", f.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
@@ -284,6 +306,34 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
   app.add_flag("--deterministic", f.deterministic, "deterministic cuDNN algorithms only");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--data")->check(non_empty());
+  app.get_option("--val-data")->check(non_empty());
+  app.get_option("--model")->check(model_name());
+  app.get_option("--epochs")->check(within(1, kMaxEpochs));
+  app.get_option("--steps")->check(within(1, kMaxSteps));
+  app.get_option("--batch-size")->check(within(1, kMaxRows));
+  app.get_option("--accum")->check(within(1, kMaxRows));
+  app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
+  app.get_option("--lr")->check(within(0, 1e6));
+  app.get_option("--momentum")->check(within(0, 1));
+  app.get_option("--weight-decay")->check(within(0, 1e6));
+  app.get_option("--schedule")->check(one_of({"constant", "step", "cosine", "linear"}));
+  app.get_option("--warmup")->check(within(0, kMaxSteps));
+  app.get_option("--clip")->check(within(0, 1e12));
+  app.get_option("--precision")->check(precision_name());
+  app.get_option("--device")->check(device_name());
+  app.get_option("--seed")->check(seed_value());
+  app.get_option("--shuffle")->check(one_of({"on", "off"}));
+  app.get_option("--checkpoint-dir")->check(non_empty());
+  app.get_option("--checkpoint-every")->check(within(0, kMaxSteps));
+  app.get_option("--keep")->check(within(1, 1e6));
+  app.get_option("--resume")->check(non_empty());
+  app.get_option("--init-from")->check(non_empty());
+  app.get_option("--metrics")->check(non_empty());
+  app.get_option("--log-every")->check(within(1, kMaxSteps));
+  app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
+  app.get_option("--threads")->check(threads_per_rank());
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;

@@ -255,6 +255,32 @@ TEST_CASE("a consumer holding every buffer gets an error, not a hang", "[io][loa
   CHECK_THROWS_WITH(loader.next(), Catch::Contains("holds all 2 batches"));
 }
 
+TEST_CASE("the pool grows with the batches the consumer holds", "[io][loader]") {
+  // Note [loader pool size]: a consumer that keeps 12 micro-batches (a step
+  // of --accum 12) before dropping them needs more than 2 * threads + 2.
+  Samples s;
+  const SamplerOptions o{.micro_batch = 4, .shuffle = false};
+  DataLoader loader(s.data, {.sampler = o, .threads = 1, .held_batches = 12});
+  CHECK(loader.depth() == 2 * 1 + 1 + 12);
+  loader.start_epoch(0);
+  std::vector<std::int64_t> seen;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Batch> held;
+    for (int k = 0; k < 12; ++k) held.push_back(*loader.next());
+    for (const Batch& b : held) seen.insert(seen.end(), b.indices.begin(), b.indices.end());
+  }
+  std::vector<std::int64_t> expected(36 * 4);
+  std::iota(expected.begin(), expected.end(), 0);  // no shuffle: samples in order
+  CHECK(seen == expected);
+  // Holding more than an epoch's batches is impossible: the pool stops there.
+  DataLoader capped(s.data, {.sampler = o, .threads = 1, .held_batches = 1 << 30});
+  CHECK(capped.depth() == 2 * 1 + 1 + 150 / 4);
+  CHECK_THROWS_WITH(DataLoader(s.data, {.sampler = o, .held_batches = 12, .depth = 11}),
+                    Catch::Contains("depth 11 is below held_batches 12"));
+  CHECK_THROWS_WITH(DataLoader(s.data, {.sampler = o, .held_batches = 0}),
+                    Catch::Contains("held_batches is 0"));
+}
+
 TEST_CASE("u8 inputs scale to f32 by 1/255 and transforms run before", "[io][loader]") {
   Samples s;
   std::atomic<int> calls{0};

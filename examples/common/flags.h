@@ -1,0 +1,80 @@
+// Validators shared by the flags of every lockstep program (examples/ and
+// bench/): one place for the checks they all need, so that a zero, negative,
+// NaN, huge or empty value is refused while parsing, with a message naming
+// the flag (CLI11 prefixes it), the value and what is allowed. It lives beside
+// the programs a user copies from because flags are a program's business: the
+// library checks its arguments in API terms.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine/models.h"
+
+namespace lockstep::examples {
+
+// Largest values the common flags accept: far above any real use, low
+// enough that sizes derived from them cannot overflow 64 bits.
+inline constexpr double kMaxThreads = 1024;  // CPU threads per rank
+inline constexpr double kMaxRows = 1 << 30;  // samples in one micro-batch
+inline constexpr double kMaxSteps = 1e12;    // steps, intervals in steps
+inline constexpr double kMaxEpochs = 1e6;    // times the steps of an epoch: below 2^63
+inline constexpr double kMaxSeed = 1.8446744073709551615e19;  // 2^64 - 1
+
+// A finite number in [lo, hi]. CLI::Range is not enough: NaN passes its
+// comparisons. The flag's type (integer or not) is CLI11's own check.
+inline CLI::Validator within(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long double value = std::strtold(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size())
+          return fmt::format("'{}' is not a number (allowed: {:.15g} to {:.15g})", text, lo, hi);
+        if (!std::isfinite(value) || errno == ERANGE || value < lo || value > hi)
+          return fmt::format("{} is outside the allowed range {:.15g} to {:.15g}", text, lo, hi);
+        return {};
+      },
+      fmt::format("in [{:.15g}, {:.15g}]", lo, hi));
+}
+
+// A path or name: an empty value is refused rather than read as "none".
+inline CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "an empty value is not allowed (leave the flag out instead)" : "";
+      },
+      "not empty");
+}
+
+// One of `names`; the message lists them.
+inline CLI::Validator one_of(std::vector<std::string> names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return CLI::Validator(
+      [names, list](std::string& text) -> std::string {
+        for (const std::string& n : names)
+          if (text == n) return {};
+        return fmt::format("'{}' is not allowed (allowed: {})", text, list);
+      },
+      "one of " + list);
+}
+
+// The flags several programs share.
+inline CLI::Validator threads_per_rank() { return within(1, kMaxThreads); }
+inline CLI::Validator device_name() { return one_of({"cpu", "cuda"}); }
+inline CLI::Validator precision_name() { return one_of({"fp32", "fp16", "bf16"}); }
+inline CLI::Validator seed_value() { return within(0, kMaxSeed); }
+inline CLI::Validator model_name() {
+  std::vector<std::string> names;
+  for (const engine::ModelPreset& preset : engine::model_presets()) names.push_back(preset.name);
+  return one_of(std::move(names));
+}
+
+}  // namespace lockstep::examples
