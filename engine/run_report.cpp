@@ -77,8 +77,7 @@ std::string explain_device(core::Device device, const std::string& requested,
                            const std::string& requested_by) {
   const std::string name = device.str();
   if (!requested.empty()) return fmt::format("{} (asked for by {})", name, requested_by);
-  if (device.is_cuda())
-    return name + " (a GPU is usable; " + requested_by + " cpu to train on CPUs)";
+  if (device.is_cuda()) return name + " (a GPU is usable)";
 #if LOCKSTEP_WITH_CUDA
   return name + " (CUDA is built in, but no GPU is usable here)";
 #else

@@ -40,8 +40,9 @@ std::vector<RankPlacement> gather_placement(comm::World& world);
 // "2 ranks: host-a (ranks 0-1, cuda:0 cuda:1)", one host per entry.
 std::vector<std::string> describe_placement(const std::vector<RankPlacement>& placement);
 
-// Why `device` was chosen: `requested` is "cpu", "cuda" or "" (automatic);
-// `requested_by` names where the request came from (a flag, an argument).
+// Why `device` was chosen: `requested` is "cpu", "cuda" or "" (automatic:
+// a GPU when one is usable); `requested_by` names where a request came from
+// (a flag, an argument).
 std::string explain_device(core::Device device, const std::string& requested,
                            const std::string& requested_by);
 
