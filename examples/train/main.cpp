@@ -164,9 +164,10 @@ int run(Flags& f, comm::World& world) {
                     f.batch_size * world.size(),
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
+    if (!lead) return;  // rank 0 writes: every rank holds the same state
     const std::string path = checkpoints->save(trainer.steps(), contents).string();
     report->set_last_checkpoint(path);
-    if (lead) fmt::print("saved {}\n", path);
+    fmt::print("saved {}\n", path);
   };
 
   std::optional<io::Dataset> val_data;

@@ -27,11 +27,11 @@ expect() {  # expect FILE TEXT: FILE has a line containing TEXT
 expect "$work/help" "default: 1 when --steps is not given either"
 expect "$work/help" "mlp (input [1, 28, 28])"
 
-common=(--data "$work/train" --model mlp --batch-size 64 --device cpu --log-every 1000)
-"$train" "${common[@]}" >"$work/plain"
+common=(--data "$work/train" --model mlp --device cpu --log-every 1000)
+"$train" "${common[@]}" --batch-size 64 >"$work/plain"
 expect "$work/plain" "steps        8 (8 per epoch): 1 epoch, as neither --epochs nor --steps was given"
 expect "$work/plain" "deterministic off"
-"$train" "${common[@]}" --steps 2 --deterministic --metrics "$work/det.jsonl" >"$work/det"
+"$train" "${common[@]}" --batch-size 64 --steps 2 --deterministic --metrics "$work/det.jsonl" >"$work/det"
 expect "$work/det" "deterministic on"
 head -n 1 "$work/det.jsonl" | grep -qF '"run": "start"' || fail "metrics do not open with the run record"
 head -n 1 "$work/det.jsonl" | grep -qF '"deterministic": true' || fail "the run record lacks deterministic"
