@@ -180,6 +180,7 @@ RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metric
     std::fflush(stdout);
     metrics_.write(run_start_record(header_, world_.size()));
   }
+  last_step_ = header_.start_step;
   start_ = epoch_start_ = Clock::now();
 }
 
