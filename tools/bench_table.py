@@ -115,7 +115,7 @@ def table(out):
                      f"{r['samples_per_s']:,.0f} samples/s | {base} | "
                      f"{fmt_ratio(r.get('ratio'))} |")
         if r.get("gemm_ms") is not None:
-            lines.append(f"| {r['model']} step over its GEMMs alone | same | "
+            lines.append(f"| {r['model']} step over its GEMMs alone | `{cmd['step.jsonl']}` | "
                          f"{r['ms_per_step']:.2f} ms | OpenBLAS GEMMs {r['gemm_ms']:.2f} ms | "
                          f"{fmt_ratio(r.get('step_over_gemm'))} (step / GEMMs, lower is "
                          "better) |")
@@ -125,7 +125,22 @@ def table(out):
                          f"{r['ranks']} ranks | `{cmd[name]}` | {r['synced_ms']:.2f} ms/step | "
                          f"one rank alone, same run: {r['solo_ms']:.2f} ms | "
                          f"{fmt_ratio(r.get('efficiency'), 2)} (efficiency) |")
-    return lines
+    return same_commands(lines)
+
+
+def same_commands(lines):
+    """A row whose command is the previous row's says "same", as a person would write it."""
+    out, previous = [], None
+    for line in lines:
+        cells = line.split(" | ")
+        if line.startswith("| ") and len(cells) == 5 and cells[1].startswith("`"):
+            if cells[1] == previous:
+                cells[1] = "same"
+                line = " | ".join(cells)
+            else:
+                previous = cells[1]
+        out.append(line)
+    return out
 
 
 def main(argv):

@@ -95,6 +95,7 @@ class BenchTableTest(unittest.TestCase):
         self.assertEqual(len(rows), 5)  # f32 GEMM only, step, step / GEMMs, two scalings
         self.assertIn("| 99.0 GF/s | OpenBLAS 100.0 GF/s | 0.990 |", rows[0])
         self.assertIn("none: python3 could not run bench/torch_step.py (no torch) | — |", rows[1])
+        self.assertIn("| mlp step over its GEMMs alone | same |", rows[2])
         self.assertIn("1.090 (step / GEMMs, lower is better)", rows[2])
         self.assertIn("0.80 (efficiency)", rows[3])
 
