@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """README's benchmark table, measured rather than typed (docs/benchmarks.md):
 
-  tools/bench_table.py run --build build --out bench-out [--note "shared with other builds"]
+  tools/bench_table.py run --build build --out out/bench [--note "shared with other builds"]
       runs the README's benchmarks on the CPU at 1 thread (bench_gemm, bench_step, and
       bench_scaling on 2 ranks under mpiexec; a few minutes on 2 cores), keeps their --json
-      output and the date and machine in bench-out/, then prints the table;
-  tools/bench_table.py table bench-out
+      output and the date and machine in out/bench/, then prints the table;
+  tools/bench_table.py table out/bench
       prints the markdown table again from what `run` kept.
 
 Each row names its command, lockstep's figure, the baseline's (or why there is none) and the
