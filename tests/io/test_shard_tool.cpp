@@ -60,7 +60,7 @@ std::vector<std::uint8_t> read_all(const Dataset& data) {
 
 }  // namespace
 
-TEST_CASE("lockstep-shard converts Fashion-MNIST into train and test shards", "[io][tool]") {
+TEST_CASE("lockstep-shard converts Fashion-MNIST into train and val shards", "[io][tool]") {
   if (!fs::exists(kFashionMnist / "train-images-idx3-ubyte.gz")) {
     WARN("dataset-fashion-mnist is not installed: skipping the conversion");
     return;
