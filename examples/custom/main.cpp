@@ -76,6 +76,10 @@ std::filesystem::path make_data(int rank) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+    std::fprintf(stderr, "usage: custom [METRICS.jsonl]  (JSON lines as lockstep-train writes)\n");
+    return 2;
+  }
   auto world = comm::init(argc, argv);
   const core::Device device = world->device();
   const std::string metrics_path = argc > 1 ? argv[1] : "";
