@@ -102,6 +102,11 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(has_line(lines, "bf16 with dynamic loss scaling"));
   CHECK(has_line(lines, "10 samples, inputs f32 [3], labels i64, 2 shards read in parallel"));
   CHECK(has_line(lines, "checkpoints  none"));
+  // Shards that are not read by pread say so, with io's reason.
+  const io::Dataset locked = io::Dataset::open(dir, {.force_hdf5 = true});
+  CHECK(describe_dataset(locked) ==
+        "10 samples, inputs f32 [3], labels i64, 2 shards read through HDF5 (read through HDF5 "
+        "on request)");
   const std::string record = run_start_record(h, 8);
   CHECK(record.find(R"("run": "start")") != std::string::npos);
   CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
