@@ -299,8 +299,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
   app.add_flag("--deterministic", f.deterministic,
-               "bitwise repeatable runs: deterministic cuDNN algorithms, no autotuning "
-               "(docs/architecture.md, determinism)");
+               "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
+               "CPU is deterministic anyway)");
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;
