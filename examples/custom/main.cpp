@@ -24,6 +24,7 @@
 #include "engine/run_report.h"
 #include "io/loader.h"
 #include "io/shard_writer.h"
+#include "kernels/gemm.h"
 
 using namespace lockstep;
 
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   auto world = comm::init(argc, argv);
   const core::Device device = world->device();
   const std::string metrics_path = argc > 1 ? argv[1] : "";
+  kernels::cpu::set_gemm_threads(1);  // one compute thread per rank, as the header says
   constexpr int kEpochs = 10;
   constexpr std::int64_t kMicroBatch = 64;
 
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   header.program = "custom";
   header.model = "fc1 (2 -> 32), SiLU, fc2 (32 -> 2)";
   header.device_reason = engine::explain_device(device, "", "");
+  header.threads = 1;
   header.loader_threads = options.threads;
   header.micro_batch = kMicroBatch;
   header.steps_per_epoch = loader.batches_per_epoch();
