@@ -145,7 +145,7 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   if (h.steps_per_epoch > 0) length += fmt::format(" ({} per epoch)", h.steps_per_epoch);
   if (!h.length_reason.empty()) length += ": " + h.length_reason;
   lines.push_back(length);
-  if (!h.resume.empty()) lines.push_back("  resume       " + h.resume);
+  if (!h.resume.empty()) lines.push_back("  start        " + h.resume);
   lines.push_back(fmt::format("  precision    {}{}, deterministic {}", h.precision,
                               h.loss_scaling ? " with dynamic loss scaling" : "",
                               deterministic_run() ? "on" : "off"));

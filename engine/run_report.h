@@ -67,7 +67,7 @@ struct RunHeader {
   std::int64_t total_steps = 0;
   std::string length_reason;  // how total_steps was chosen, e.g. "3 epochs"
   std::int64_t start_step = 0;
-  std::string resume;     // what resuming found ("from ckpt-6.h5 ..."); "": not asked to resume
+  std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
   std::string precision;  // "fp32", "bf16"
   bool loss_scaling = false;
   std::vector<DatasetSummary> data;

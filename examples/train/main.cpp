@@ -143,8 +143,8 @@ int run(Flags& f, comm::World& world) {
       scaler.set_state(s.scaler);
       epoch = s.epoch;
       position = s.position;
-      resume_note = fmt::format("from {} at step {} (epoch {}, sample {})", file->string(), s.step,
-                                epoch + 1, position);
+      resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})", file->string(),
+                                s.step, epoch + 1, position);
     } else {
       resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
     }

@@ -87,7 +87,7 @@ case $mode in
       ls "$work"/c/ckpt-*.h5 >/dev/null 2>&1 || continue
       "$train" "${common[@]}" --batch-size 32 --steps 1 --checkpoint-dir "$work/c" --resume auto \
         >"$work/resume.log" 2>&1 || { echo "kill $i: resuming failed:"; cat "$work/resume.log"; exit 1; }
-      grep -qE "resume +from" "$work/resume.log" || { echo "kill $i: nothing resumed:"; cat "$work/resume.log"; exit 1; }
+      grep -q "resumed from" "$work/resume.log" || { echo "kill $i: nothing resumed:"; cat "$work/resume.log"; exit 1; }
       checked=$((checked + 1))
     done
     [ "$checked" -ge 15 ] || { echo "only $checked of 20 kills left a checkpoint to resume"; exit 1; }
