@@ -231,6 +231,13 @@ int main(int argc, char** argv) {
 #else
     run_host(*world, config, dtypes);
 #endif
+    if (world->rank() == 0)
+      bench::print_legend(
+          device.is_cuda() ? "raw ncclAllReduce on the same buffer, timed alternately"
+                           : "raw MPI_Allreduce on the same buffer (avg: MPI_SUM, then a pass "
+                             "multiplying by 1/size, as a program would write it)",
+          "baseline time / lockstep time: higher is better, 1 is parity",
+          device.is_cuda() ? "" : "f16/bf16 rows: MPI has no 16-bit float type to compare with");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_allreduce: {}\n", e.what());
     if (world && world->size() > 1) world->abort(e.what(), 1);

@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
     const auto shapes = device.is_cuda() ? shapes_for(squares, 8192, 4096, 4096)
                                          : shapes_for(squares, 256, 784, 1024);
     bench::JsonLines json(json_path);
+    bool half_on_cpu = false;
     fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14} {:>14} {:>7}\n", "shape", "m", "n", "k",
                "dtype", "lockstep GF/s", device.is_cuda() ? "cuBLAS GF/s" : "OpenBLAS GF/s",
                "ratio");
@@ -164,6 +165,7 @@ int main(int argc, char** argv) {
 #endif
         std::optional<double> ratio;
         if (r.raw_gflops) ratio = r.lockstep_gflops / *r.raw_gflops;
+        half_on_cpu |= !r.raw_gflops;
         fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14.1f} {:>14} {:>7}\n", s.kind, s.m, s.n, s.k,
                    name, r.lockstep_gflops,
                    r.raw_gflops ? fmt::format("{:.1f}", *r.raw_gflops) : "-",
@@ -178,6 +180,12 @@ int main(int argc, char** argv) {
                     bench::field("raw_gflops", r.raw_gflops), bench::field("ratio", ratio)});
       }
     }
+    bench::print_legend(
+        device.is_cuda()
+            ? "cublasGemmEx on the same buffers, timed in alternating batches"
+            : "cblas_sgemm (OpenBLAS) on the same buffers, timed in alternating batches",
+        "lockstep GF/s / baseline GF/s: higher is better, 1 is parity",
+        half_on_cpu ? "f16/bf16 on the CPU: OpenBLAS has no half GEMM to compare with" : "");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_gemm: {}\n", e.what());
     return 1;

@@ -345,6 +345,10 @@ int main(int argc, char** argv) {
                   bench::field("baseline_gbs", row.baseline_gbs),
                   bench::field("ratio", row.ratio)});
     }
+    bench::print_legend(
+        "per row, in the baseline column, read in the same run: raw pread of "
+        "the same rows (the floor), h5py's sorted fancy indexing",
+        "lockstep samples/s / baseline samples/s: higher is better");
     const io::LoaderStats stats = cpu_loader.stats();
     fmt::print("consumer wait (cpu loader): {:.3f} ms per batch\n",
                1e3 * stats.wait_s / std::max<std::int64_t>(1, stats.batches));

@@ -459,6 +459,11 @@ int run(comm::World& world, const Options& o, const Config& config) {
     const double s_jitter = strong ? relative_jitter(config, s) : jitter;
     emit({"strong", per_rank, global, t[0], t[1], t[2], t[3], t[0] / (n * t[2]), s_jitter});
   }
+  if (rank0)
+    bench::print_legend(
+        "solo: rank 0 stepping alone in the same run while the other ranks wait",
+        "no ratio column; efficiency = solo / synced (weak) or solo(G) / (N x synced(G/N)) "
+        "(strong): higher is better, 1 is perfect scaling");
 
   if (o.link && n > 1) {
     std::int64_t largest = 0;

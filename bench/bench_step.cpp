@@ -70,29 +70,39 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
   return {1e3 * s / steps, core::memory_stats(device).peak_bytes, std::nullopt};
 }
 
-// PyTorch's figures for the same step, or nothing when it cannot run here.
-std::optional<Measure> run_torch(const std::string& python, const std::string& name,
-                                 std::int64_t batch, const std::string& precision,
-                                 core::Device device, int steps, int threads) {
+// PyTorch's figures for the same step, or why there are none (the last line
+// the Python printed: "ModuleNotFoundError: No module named 'torch'").
+struct TorchResult {
+  std::optional<Measure> measure;
+  std::string why_none;
+};
+TorchResult run_torch(const std::string& python, const std::string& name, std::int64_t batch,
+                      const std::string& precision, core::Device device, int steps, int threads) {
   const std::string cmd =
       fmt::format("OMP_NUM_THREADS={} OPENBLAS_NUM_THREADS={} {} " LOCKSTEP_BENCH_DIR
                   "/torch_step.py --model {} --batch {} --precision {} --device {} --steps {} "
-                  "--threads {} 2>/dev/null",
+                  "--threads {} 2>&1",
                   threads, threads, python, name, batch, precision,
                   device.is_cuda() ? "cuda" : "cpu", steps, threads);
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return std::nullopt;
+  if (!pipe) return {std::nullopt, "cannot start " + python};
   std::array<char, 4096> line{};
   std::string out;
   while (std::fgets(line.data(), line.size(), pipe)) out += line.data();
-  if (::pclose(pipe) != 0) return std::nullopt;
+  const int status = ::pclose(pipe);
   double ms = 0, peak = 0;
   const auto at = out.find("\"ms_per_step\": ");
   const auto at_peak = out.find("\"peak_bytes\": ");
-  if (at == std::string::npos || std::sscanf(out.c_str() + at + 15, "%lf", &ms) != 1)
-    return std::nullopt;
+  if (status != 0 || at == std::string::npos ||
+      std::sscanf(out.c_str() + at + 15, "%lf", &ms) != 1) {
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    const std::string last =
+        out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+    return {std::nullopt, fmt::format("{} could not run bench/torch_step.py ({})", python,
+                                      last.empty() ? "no output" : last)};
+  }
   if (at_peak != std::string::npos) std::sscanf(out.c_str() + at_peak + 14, "%lf", &peak);
-  return Measure{ms, static_cast<std::size_t>(peak), std::nullopt};
+  return {Measure{ms, static_cast<std::size_t>(peak), std::nullopt}, ""};
 }
 
 // mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
@@ -174,8 +184,9 @@ int main(int argc, char** argv) {
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
     const Measure ours = run_lockstep(model, batch, autocast, device, steps,
                                       gemm_floor ? mlp_gemms(batch) : nullptr);
-    std::optional<Measure> torch;
-    if (baseline) torch = run_torch(python, model, batch, precision, device, steps, threads);
+    TorchResult torch_result{std::nullopt, "not run (--baseline false)"};
+    if (baseline) torch_result = run_torch(python, model, batch, precision, device, steps, threads);
+    const std::optional<Measure>& torch = torch_result.measure;
     const std::optional<double> gemm_ms = ours.floor_ms;
 
     const double samples_per_s = 1e3 * batch / ours.ms_per_step;
@@ -194,6 +205,12 @@ int main(int argc, char** argv) {
     if (gemm_ms)
       fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
                  *gemm_ratio);
+    bench::print_legend(
+        fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} thread(s))",
+                    python, threads),
+        std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
+            (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
+        torch ? "" : torch_result.why_none);
     bench::JsonLines json(json_path);
     json.write({bench::field("bench", "step"), bench::field("model", model),
                 bench::field("batch", static_cast<long long>(batch)),
@@ -205,7 +222,9 @@ int main(int argc, char** argv) {
                 bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
                 bench::field("torch_peak_bytes",
                              torch ? std::optional<double>(torch->peak_bytes) : std::nullopt),
-                bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio)});
+                bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
+                torch ? bench::JsonField{"no_baseline", "null"}
+                      : bench::field("no_baseline", torch_result.why_none)});
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_step: {}\n", e.what());
     return 1;

@@ -1,6 +1,8 @@
-// Output shared by the benchmark binaries: a table on stdout for people and,
-// with --json FILE, one JSON object per measurement for programs (field names
-// carry their units; `ratio` is lockstep / baseline, higher is better).
+// Output shared by the benchmark binaries: a table on stdout for people, with
+// a legend under it (what the baseline is, which way `ratio` goes, why a
+// baseline cell reads "-"), and, with --json FILE, one JSON object per
+// measurement for programs (field names carry their units; `ratio` is
+// lockstep / baseline, higher is better).
 #pragma once
 
 #include <fmt/core.h>
@@ -39,6 +41,15 @@ inline JsonField field(std::string key, long long v) {
 }
 inline JsonField field(std::string key, std::optional<double> v) {
   return v ? field(std::move(key), *v) : JsonField{std::move(key), "null"};
+}
+
+// The legend printed under a table: `baseline` says what lockstep is measured
+// against, `ratio` which way the ratio goes, and `no_baseline` (when not
+// empty) why some baseline cells read "-".
+inline void print_legend(const std::string& baseline, const std::string& ratio,
+                         const std::string& no_baseline = "") {
+  fmt::print("baseline: {}\nratio:    {}\n", baseline, ratio);
+  if (!no_baseline.empty()) fmt::print("\"-\":      {}\n", no_baseline);
 }
 
 // Appends JSON lines to a file, or does nothing when no file was asked for.

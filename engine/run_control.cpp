@@ -39,6 +39,7 @@ std::string format_duration(double seconds) {
   const auto s = static_cast<long long>(seconds + 0.5);
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
   if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (seconds < 10) return fmt::format("{:.1f}s", seconds);
   return fmt::format("{}s", s);
 }
 

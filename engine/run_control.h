@@ -23,7 +23,7 @@ void install_signal_handlers();
 // "step 120/1000  loss 0.4123  lr 0.1  5230 samples/s  ETA 2m13s".
 std::string progress_line(std::int64_t step, std::int64_t total_steps, double loss, double lr,
                           double samples_per_s, double eta_s);
-// "2m13s", "1h04m", "45s".
+// "2m13s", "1h04m", "45s", "3.2s".
 std::string format_duration(double seconds);
 
 // Appends one JSON object per line to a file (the --metrics file): appending

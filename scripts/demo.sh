@@ -2,7 +2,8 @@
 # README's demo command: installs what lockstep needs, builds it, converts
 # Fashion-MNIST (Debian's dataset-fashion-mnist) into HDF5 shards, trains the
 # cnn preset with `mpirun -np 2` (on the GPU when one is usable, else the CPU),
-# prints progress and the final test accuracy, and plots the curves to a PNG.
+# prints the run header, progress, the val accuracy after each epoch and the
+# run summary, and plots the curves to a PNG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -13,14 +14,17 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" --target lockstep-train lockstep-shard
 
 mkdir -p "$out"
-[ -d "$out/data/train" ] || "$build"/examples/shard/lockstep-shard fashion-mnist \
-  --src /usr/share/datasets/fashion-mnist --out "$out/data" --shards 4
+if [ ! -d "$out/data/val" ]; then  # (data from before the split was named val: made again)
+  rm -rf "$out/data"
+  "$build"/examples/shard/lockstep-shard fashion-mnist \
+    --src /usr/share/datasets/fashion-mnist --out "$out/data" --shards 4
+fi
 
 # OpenMPI refuses to run as root unless told that it is on purpose.
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rm -f "$out/metrics.jsonl"
 mpirun -np 2 --bind-to none "$build"/examples/train/lockstep-train \
-  --data "$out/data/train" --val-data "$out/data/test" --model cnn --epochs "$epochs" \
+  --data "$out/data/train" --val-data "$out/data/val" --model cnn --epochs "$epochs" \
   --batch-size 32 --optimizer sgd --lr 0.05 --momentum 0.9 --schedule cosine --warmup 100 \
   --threads 1 --log-every 100 --metrics "$out/metrics.jsonl" --checkpoint-dir "$out/checkpoints"
 

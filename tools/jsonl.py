@@ -1,6 +1,6 @@
 """Reading the JSON-lines files lockstep writes (bench --json, lockstep-train --metrics),
-shared by tools/plot.py and tools/scaling_model.py so that both report bad input alike:
-the message names the file and line at fault."""
+shared by tools/plot.py, tools/scaling_model.py, tools/tensorboard.py and tools/bench_table.py
+so that all report bad input alike: the message names the file and line at fault."""
 import json
 
 
@@ -30,3 +30,16 @@ def read_jsonl(path, allow_empty=False):
     if not rows and not allow_empty:
         raise InputError(f"{path}: no records (was it written by a run that finished?)")
     return rows
+
+
+def metrics_kind(where, row):
+    """The kind of a --metrics record (Note [run records] in engine/run_report.h): "run" (a run's
+    start or end), "val" (an evaluation) or "step"."""
+    if row.get("run") in ("start", "end"):
+        return "run"
+    if "val_accuracy" in row:
+        return "val"
+    if "loss" in row:
+        return "step"
+    raise InputError(f"{where}: neither a run record ('run'), a step record ('loss') nor an "
+                     "evaluation ('val_accuracy'); is this a lockstep-train --metrics file?")

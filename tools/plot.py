@@ -2,7 +2,8 @@
 """Plots lockstep's JSON lines into PNGs (Debian's python3-matplotlib).
 
   plot.py metrics METRICS.jsonl -o curves.png   lockstep-train --metrics: training loss per
-                                                 step, test loss and accuracy per epoch
+                                                 step, val loss and accuracy per epoch (from 1),
+                                                 titled with model, ranks, batch, precision
   plot.py bench FILE.jsonl... -o bench.png      bench/* --json: one panel per kind of record
                                                  (gemm, step, loader, allreduce,
                                                  scaling, scaling_profile, scaling_link)
@@ -19,7 +20,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display on build machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jsonl import InputError, read_jsonl  # noqa: E402  (tools/jsonl.py)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from jsonl import InputError, metrics_kind, read_jsonl  # noqa: E402  (tools/jsonl.py)
 
 
 def field(where, row, key, numeric=True, optional=False):
@@ -37,35 +40,49 @@ def field(where, row, key, numeric=True, optional=False):
 # metrics
 
 
+def plot_title(runs):
+    """The plot's title from the run's start record (Note [run records] in engine/run_report.h):
+    model, ranks, global batch and precision; None when the file has no start record."""
+    starts = [r for _, r in runs if r.get("run") == "start"]
+    if not starts:
+        return None
+    first = starts[-1]  # a resumed run appends a start record: the latest describes the curves' end
+    return (f"{first.get('model', '?')}: {first.get('ranks', '?')} rank(s), global batch "
+            f"{first.get('global_batch', '?')}, {first.get('precision', '?')}")
+
+
 def plot_metrics(path, png):
-    steps, losses, evals = [], [], []
+    steps, losses, evals, runs = [], [], [], []
     for where, row in read_jsonl(path):
-        if "val_accuracy" in row:
+        kind = metrics_kind(where, row)
+        if kind == "run":
+            runs.append((where, row))
+        elif kind == "val":
             evals.append({k: field(where, row, k) for k in ("step", "epoch", "val_loss",
                                                              "val_accuracy")})
-        elif "loss" in row:
+        else:
             steps.append(field(where, row, "step"))
             losses.append(field(where, row, "loss"))
-        else:
-            raise InputError(f"{where}: neither a step record ('loss') nor an evaluation "
-                             "('val_accuracy'); is this a lockstep-train --metrics file?")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(steps, losses, linewidth=0.8, label="training loss (global batch)")
     if evals:
         left.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-",
-                  label="test loss")
-        right.plot([e["epoch"] + 1 for e in evals], [100 * e["val_accuracy"] for e in evals],
-                   "o-")
+                  label="val loss")
+        right.plot([e["epoch"] for e in evals], [100 * e["val_accuracy"] for e in evals], "o-")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs count from 1, whole
     left.set_xlabel("step")
     left.set_ylabel("loss")
     left.legend()
     right.set_xlabel("epoch")
-    right.set_ylabel("test accuracy (%)")
+    right.set_ylabel("val accuracy (%)")
+    title = plot_title(runs)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     if evals:
-        print(f"final test accuracy: {100 * evals[-1]['val_accuracy']:.2f}% "
-              f"after {evals[-1]['step']} steps; curves in {png}")
+        print(f"final val accuracy: {100 * evals[-1]['val_accuracy']:.2f}% "
+              f"after epoch {evals[-1]['epoch']} (step {evals[-1]['step']}); curves in {png}")
     else:
         print(f"no evaluation in {path}; curves in {png}")
 

@@ -1,6 +1,11 @@
 // A training program of your own, built against an installed lockstep
 // (find_package(lockstep)): its own layer, its own model, its own loop over
-// the library's parts. Run it directly or under mpirun; it makes its data.
+// the library's parts, and the same start header, progress lines, summary
+// and metrics records as lockstep-train (engine/run_report.h). Run it
+// directly or under mpirun; it makes its data. Usage: custom [METRICS.jsonl]
+#include <fmt/core.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,8 +21,10 @@
 #include "engine/nn/loss.h"
 #include "engine/optim/adamw.h"
 #include "engine/parameter_store.h"
+#include "engine/run_report.h"
 #include "io/loader.h"
 #include "io/shard_writer.h"
+#include "kernels/gemm.h"
 
 using namespace lockstep;
 
@@ -70,8 +77,16 @@ std::filesystem::path make_data(int rank) {
 }
 
 int main(int argc, char** argv) {
+  if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+    std::fprintf(stderr, "usage: custom [METRICS.jsonl]  (JSON lines as lockstep-train writes)\n");
+    return 2;
+  }
   auto world = comm::init(argc, argv);
   const core::Device device = world->device();
+  const std::string metrics_path = argc > 1 ? argv[1] : "";
+  kernels::cpu::set_gemm_threads(1);  // one compute thread per rank, as the header says
+  constexpr int kEpochs = 10;
+  constexpr std::int64_t kMicroBatch = 64;
 
   engine::Sequential model;
   model.emplace<engine::Linear>("fc1", 2, 32);
@@ -87,18 +102,39 @@ int main(int argc, char** argv) {
     shared.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
   comm::GradientSynchronizer sync(world->for_device(device), shared);
 
+  const std::filesystem::path data_dir = make_data(world->rank());
+  const io::Dataset data = io::Dataset::open(data_dir);
   io::LoaderOptions options;
   options.sampler = {
-      .micro_batch = 64, .world_size = world->size(), .rank = world->rank(), .seed = 3};
+      .micro_batch = kMicroBatch, .world_size = world->size(), .rank = world->rank(), .seed = 3};
   options.device = device;
-  io::DataLoader loader(io::Dataset::open(make_data(world->rank())), options);
+  io::DataLoader loader(data, options);
   engine::CrossEntropyLoss loss;
 
+  // The same header, summary and metrics records as lockstep-train.
+  engine::MetricsWriter metrics(world->rank() == 0 ? metrics_path : "");
+  engine::RunHeader header;
+  header.program = "custom";
+  header.model = "fc1 (2 -> 32), SiLU, fc2 (32 -> 2)";
+  header.device_reason = engine::explain_device(device, "", "");
+  header.threads = 1;
+  header.loader_threads = options.threads;
+  header.micro_batch = kMicroBatch;
+  header.steps_per_epoch = loader.batches_per_epoch();
+  header.total_steps = kEpochs * header.steps_per_epoch;
+  header.length_reason = fmt::format("{} epochs", kEpochs);
+  header.precision = "fp32";
+  header.data = {{"train", data_dir.string(), &data}};
+  header.metrics_path = metrics_path;
+  engine::RunReport report(*world, header, metrics);
+
+  engine::EtaClock eta;
+  eta.start(0);
   std::int64_t step = 0;
-  for (int epoch = 0; epoch < 10; ++epoch) {
+  double last_loss = 0;
+  for (int epoch = 0; epoch < kEpochs; ++epoch) {
     loader.start_epoch(epoch);
-    double loss_sum = 0;
-    std::int64_t samples = 0;
+    auto start = std::chrono::steady_clock::now();  // a step's time includes waiting for its batch
     while (auto batch = loader.next()) {
       store.zero_grad();
       sync.begin_step(step++);
@@ -109,13 +145,28 @@ int main(int argc, char** argv) {
       model.backward(loss.backward(1.0f, ctx), ctx);
       sync.finish();  // gradients are now averaged over every rank
       optimizer.step();
-      loss_sum += value.to_vector<float>()[0] * batch->valid;
-      samples += batch->valid;
+      // The step's mean loss over every rank's rows (the one collective a step adds).
+      const comm::StepTotals totals = comm::agree_on_step(
+          world->host(), value.to_vector<float>()[0] * batch->valid, batch->valid);
+      const auto end = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(end - start).count();
+      start = end;
+      last_loss = totals.mean_loss();
+      report.record_step(step, last_loss, totals.samples, seconds, false);
+      if (world->rank() == 0) {
+        metrics.write(
+            fmt::format(R"("step": {}, "epoch": {}, "loss": {:.6g}, "samples_per_s": {:.1f})", step,
+                        epoch + 1, last_loss, totals.samples / seconds));
+        if (step % header.steps_per_epoch == 0)
+          std::printf("%s\n", engine::progress_line(step, header.total_steps, last_loss, 0.01,
+                                                    totals.samples / seconds,
+                                                    eta.eta_s(step, header.total_steps))
+                                  .c_str());
+      }
     }
-    const comm::StepTotals totals = comm::agree_on_step(world->host(), loss_sum, samples);
-    if (world->rank() == 0) std::printf("epoch %d  loss %.4f\n", epoch, totals.mean_loss());
-    if (epoch == 9 && totals.mean_loss() > 0.2) return 1;  // the task is easy: say so if not learnt
+    report.end_epoch();
   }
+  report.finish();
   world->shutdown();
-  return 0;
+  return last_loss > 0.2 ? 1 : 0;  // the task is easy: say so if not learnt
 }

@@ -84,9 +84,10 @@ void convert_idx(const fs::path& images_path, const fs::path& labels_path, const
 int fashion_mnist(const fs::path& src, const fs::path& out, int shards) {
   convert_idx(src / "train-images-idx3-ubyte.gz", src / "train-labels-idx1-ubyte.gz", out / "train",
               shards, "train");
-  convert_idx(src / "t10k-images-idx3-ubyte.gz", src / "t10k-labels-idx1-ubyte.gz", out / "test",
-              shards, "test");
-  fmt::print("wrote {} and {}\n", (out / "train").string(), (out / "test").string());
+  // Fashion-MNIST's test set (t10k) is the val set of a lockstep run (--val-data).
+  convert_idx(src / "t10k-images-idx3-ubyte.gz", src / "t10k-labels-idx1-ubyte.gz", out / "val",
+              shards, "val");
+  fmt::print("wrote {} and {}\n", (out / "train").string(), (out / "val").string());
   return 0;
 }
 
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
   int fm_shards = 1;
   CLI::App* fm =
       app.add_subcommand("fashion-mnist",
-                         "convert Fashion-MNIST's gzipped IDX files into OUT/train and OUT/test "
+                         "convert Fashion-MNIST's gzipped IDX files into OUT/train and OUT/val "
                          "(inputs u8 [N, 1, 28, 28], labels i64)");
   fm->add_option("--src", src, "directory of the IDX files (Debian: dataset-fashion-mnist)")
       ->capture_default_str();

@@ -19,6 +19,7 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
 #include "engine/run_control.h"
+#include "engine/run_report.h"
 #include "engine/trainer.h"
 #include "examples/common/flags.h"
 #include "kernels/gemm.h"
@@ -77,6 +78,7 @@ int run(Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
   core::set_log_level(core::parse_log_level(f.log_level));
   kernels::cpu::set_gemm_threads(f.threads);
+  set_deterministic_run(f.deterministic);
   install_signal_handlers();
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
@@ -123,6 +125,10 @@ int run(Flags& f, comm::World& world) {
   io::DataLoader loader(train_data, loader_options);
   const std::int64_t total_steps =
       f.steps > 0 ? f.steps : std::max<std::int64_t>(1, f.epochs) * steps_per_epoch;
+  const std::string length_reason =
+      f.steps > 0    ? fmt::format("--steps {}", f.steps)
+      : f.epochs > 0 ? fmt::format("--epochs {}", f.epochs)
+                     : std::string("1 epoch, as neither --epochs nor --steps was given");
 
   ScheduleOptions schedule;
   schedule.total_steps = total_steps;
@@ -141,7 +147,8 @@ int run(Flags& f, comm::World& world) {
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
   if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
-  std::int64_t epoch = 0, position = 0;
+  std::int64_t epoch = 0, position = 0;  // epoch counts from 0 here, from 1 in what is shown
+  std::string resume_note;
   if (!f.resume.empty()) {
     std::optional<std::filesystem::path> file;
     if (f.resume == "auto") {
@@ -157,13 +164,14 @@ int run(Flags& f, comm::World& world) {
       scaler.set_state(s.scaler);
       epoch = s.epoch;
       position = s.position;
-      if (lead)
-        fmt::print("resumed from {} at step {} (epoch {}, sample {})\n", file->string(), s.step,
-                   epoch, position);
-    } else if (lead) {
-      fmt::print("no checkpoint in {}: starting fresh\n", f.checkpoint_dir);
+      resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})", file->string(),
+                                s.step, epoch + 1, position);
+    } else {
+      resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
     }
   }
+  MetricsWriter metrics(lead ? f.metrics : "");
+  std::optional<RunReport> report;
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
     if (!checkpoints || last_saved == trainer.steps()) return;
@@ -181,28 +189,47 @@ int run(Flags& f, comm::World& world) {
                     f.batch_size * world.size(),
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
-    if (!lead) return;
+    if (!lead) return;  // rank 0 writes: every rank holds the same state
     // A test hook (tests/multihost, docs/faults.md): a slower disk.
     if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
       std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
-    fmt::print("saved {}\n", checkpoints->save(trainer.steps(), contents).string());
+    const std::string path = checkpoints->save(trainer.steps(), contents).string();
+    report->set_last_checkpoint(path);
+    fmt::print("saved {}
+", path);
     std::fflush(stdout);
   };
 
+  std::optional<io::Dataset> val_data;
   std::optional<io::DataLoader> val_loader;
   if (!f.val_data.empty()) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    val_loader.emplace(io::Dataset::open(f.val_data), v);
+    val_data.emplace(io::Dataset::open(f.val_data));
+    val_loader.emplace(*val_data, v);
   }
-  MetricsWriter metrics(lead ? f.metrics : "");
+  RunHeader header{.program = "lockstep-train",
+                   .model = f.model,
+                   .device_reason = explain_device(device, f.device, "--device"),
+                   .threads = f.threads,
+                   .loader_threads = loader_options.threads,
+                   .micro_batch = f.batch_size,
+                   .accumulation = f.accum,
+                   .steps_per_epoch = steps_per_epoch,
+                   .total_steps = total_steps,
+                   .length_reason = length_reason,
+                   .start_step = trainer.steps(),
+                   .resume = resume_note,
+                   .precision = f.precision,
+                   .loss_scaling = scaler.enabled(),
+                   .data = {{"train", f.data, &train_data}},
+                   .checkpoint_dir = f.checkpoint_dir,
+                   .metrics_path = f.metrics};
+  if (val_data) header.data.push_back({"val", f.val_data, &*val_data});
+  report.emplace(world, std::move(header), metrics);
   EtaClock eta;
   eta.start(trainer.steps());
-  if (lead)
-    fmt::print("training {} on {} ({} samples) with {} rank(s) on {}, {} steps of {} samples\n",
-               f.model, f.data, train_data.size(), world.size(), device.str(), total_steps,
-               f.batch_size * world.size() * f.accum);
 
   // Where the next step would start: saved with every checkpoint.
   std::int64_t next_epoch = epoch, next_position = position;
@@ -214,10 +241,11 @@ int run(Flags& f, comm::World& world) {
       if (!r) break;
       next_epoch = epoch;
       next_position = loader.position().position;
+      report->record_step(r->step, r->loss, r->samples, r->seconds, r->skipped);
       if (lead) {
         metrics.write(fmt::format(
             R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f})",
-            r->step, epoch, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
+            r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
             r->samples / r->seconds));
         if (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1)
           fmt::print("{}\n",
@@ -242,19 +270,22 @@ int run(Flags& f, comm::World& world) {
     if (trainer.steps() < total_steps || next_position >= loader.sampler().epoch_positions()) {
       next_epoch = epoch + 1;  // the epoch ran out
       next_position = 0;
+      report->end_epoch();
     }
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
+      report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
       if (lead) {
-        fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch, e.loss,
-                   100 * e.accuracy, e.samples);
+        fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch + 1,
+                   e.loss, 100 * e.accuracy, e.samples);
         metrics.write(
             fmt::format(R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_accuracy": {:.6g})",
-                        trainer.steps(), epoch, e.loss, e.accuracy));
+                        trainer.steps(), epoch + 1, e.loss, e.accuracy));
       }
     }
   }
   save(next_epoch, next_position);
+  report->finish();
   return 0;
 }
 
@@ -273,8 +304,13 @@ int main(int argc, char** argv) {
       "(docs/communication.md). Continue with the same command and --resume auto.");
   app.add_option("--data", f.data, "training shards (a directory of *.h5)")->required();
   app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch");
-  app.add_option("--model", f.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
-  auto* epochs = app.add_option("--epochs", f.epochs, "epochs to train");
+  std::string presets;
+  for (const ModelPreset& p : model_presets())
+    presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
+                           core::shape_str(p.sample_shape));
+  app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
+  auto* epochs = app.add_option("--epochs", f.epochs,
+                                "epochs to train [default: 1 when --steps is not given either]");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
       ->excludes(epochs);
   app.add_option("--batch-size", f.batch_size, "micro-batch per rank")->capture_default_str();
@@ -305,35 +341,15 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
-  app.add_flag("--deterministic", f.deterministic, "deterministic cuDNN algorithms only");
-  // What each flag accepts (examples/common/flags.h), checked while parsing.
-  app.get_option("--data")->check(non_empty());
-  app.get_option("--val-data")->check(non_empty());
-  app.get_option("--model")->check(model_name());
-  app.get_option("--epochs")->check(within(1, kMaxEpochs));
-  app.get_option("--steps")->check(within(1, kMaxSteps));
-  app.get_option("--batch-size")->check(within(1, kMaxRows));
-  app.get_option("--accum")->check(within(1, kMaxRows));
-  app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
-  app.get_option("--lr")->check(within(0, 1e6));
-  app.get_option("--momentum")->check(within(0, 1));
-  app.get_option("--weight-decay")->check(within(0, 1e6));
-  app.get_option("--schedule")->check(one_of({"constant", "step", "cosine", "linear"}));
-  app.get_option("--warmup")->check(within(0, kMaxSteps));
-  app.get_option("--clip")->check(within(0, 1e12));
-  app.get_option("--precision")->check(precision_name());
-  app.get_option("--device")->check(device_name());
-  app.get_option("--seed")->check(seed_value());
-  app.get_option("--shuffle")->check(one_of({"on", "off"}));
-  app.get_option("--checkpoint-dir")->check(non_empty());
-  app.get_option("--checkpoint-every")->check(within(0, kMaxSteps));
-  app.get_option("--keep")->check(within(1, 1e6));
-  app.get_option("--resume")->check(non_empty());
-  app.get_option("--init-from")->check(non_empty());
-  app.get_option("--metrics")->check(non_empty());
-  app.get_option("--log-every")->check(within(1, kMaxSteps));
-  app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
-  app.get_option("--threads")->check(threads_per_rank());
+    if (!lead) return;  // rank 0 writes: every rank holds the same state
+    // A test hook (tests/multihost, docs/faults.md): a slower disk.
+    if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
+      std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
+    const std::string path = checkpoints->save(trainer.steps(), contents).string();
+    report->set_last_checkpoint(path);
+    fmt::print("saved {}
+", path);
+    std::fflush(stdout);
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;

@@ -60,7 +60,7 @@ std::vector<std::uint8_t> read_all(const Dataset& data) {
 
 }  // namespace
 
-TEST_CASE("lockstep-shard converts Fashion-MNIST into train and test shards", "[io][tool]") {
+TEST_CASE("lockstep-shard converts Fashion-MNIST into train and val shards", "[io][tool]") {
   if (!fs::exists(kFashionMnist / "train-images-idx3-ubyte.gz")) {
     WARN("dataset-fashion-mnist is not installed: skipping the conversion");
     return;
@@ -71,7 +71,7 @@ TEST_CASE("lockstep-shard converts Fashion-MNIST into train and test shards", "[
   CHECK_THAT(log, Catch::Contains("train: 60000/60000 samples (100%"));
 
   const Dataset train = Dataset::open(out / "train");
-  const Dataset test = Dataset::open(out / "test");
+  const Dataset test = Dataset::open(out / "val");  // Fashion-MNIST's test set (t10k)
   REQUIRE(train.size() == 60000);  // Fashion-MNIST: 60000 training and 10000 test images,
   REQUIRE(test.size() == 10000);   // 10 classes of equal size in each
   REQUIRE(train.shards().size() == 3);

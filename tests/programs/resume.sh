@@ -40,13 +40,13 @@ case $mode in
         launch "$ranks" "${args[@]}" --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" \
           --metrics "$work/a.jsonl" >/dev/null
         mkdir -p "$work/b" && cp "$work"/a/ckpt-6.h5* "$work/b/"
-        head -n 6 "$work/a.jsonl" >"$work/b.jsonl"
+        grep '"loss":' "$work/a.jsonl" | head -n 6 >"$work/b.jsonl"  # steps 1-6 (Note [run records])
         launch "$ranks" "${args[@]}" --steps 12 --checkpoint-dir "$work/b" --resume auto \
           --metrics "$work/b.jsonl" >/dev/null
         same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 0
         # The loss sequence: every step's metrics line, lr, scale and norm included.
-        cut -d, -f1,3- "$work/a.jsonl" | sed 's/"samples_per_s.*//' >"$work/a.losses"
-        cut -d, -f1,3- "$work/b.jsonl" | sed 's/"samples_per_s.*//' >"$work/b.losses"
+        grep '"loss":' "$work/a.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/a.losses"
+        grep '"loss":' "$work/b.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/b.losses"
         diff "$work/a.losses" "$work/b.losses"
         echo "exact resume: $ranks rank(s), $precision: identical"
         rm -rf "$work/a" "$work/b" "$work"/*.jsonl

@@ -1,0 +1,310 @@
+// The run header and summary (engine/run_report.h).
+#include "engine/run_report.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+
+#include "engine/core/device.h"
+#include "kernels/conv.h"
+
+namespace lockstep::engine {
+
+// Note [deterministic runs]: what "deterministic" changes. On CUDA, cuDNN
+// may only use algorithms it marks deterministic, and convolution autotuning
+// (timing candidates, whose winner can change run to run) is off, so the
+// heuristic's choice is used. Everything else is deterministic in every mode,
+// on both backends: our CUDA kernels use no floating-point atomics (fixed
+// trees and row-ordered sums, see kernels/reduce.h, bias.h, embedding.h),
+// cuBLASLt plans are chosen once per shape, OpenBLAS splits a GEMM over its
+// rows and columns (never over the summed k), the loader delivers batches in
+// sampler order whatever its thread count, and reductions across ranks run
+// in an order fixed by the world size. So the CPU has nothing to switch; the
+// setting is still applied (and reported) in the process-wide kernel state
+// both backends read.
+void set_deterministic_run(bool on) {
+  kernels::set_deterministic(on);
+  if (on) kernels::set_conv_autotune(false);
+}
+
+bool deterministic_run() { return kernels::deterministic() && !kernels::conv_autotune(); }
+
+std::vector<RankPlacement> gather_placement(comm::World& world) {
+  constexpr std::size_t kField = 64;  // host name, then device, each NUL-padded
+  std::array<char, 2 * kField> mine{};
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+  const std::string device = world.device().str();
+  std::memcpy(mine.data(), host, std::min(strnlen(host, sizeof host), kField - 1));
+  std::memcpy(mine.data() + kField, device.data(), std::min(device.size(), kField - 1));
+  std::vector<char> all(mine.size() * static_cast<std::size_t>(world.size()));
+  world.host().allgather(mine.data(), all.data(), static_cast<std::int64_t>(mine.size()),
+                         DType::u8);
+  std::vector<RankPlacement> out;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* at = all.data() + static_cast<std::size_t>(r) * mine.size();
+    out.push_back({r, std::string(at, strnlen(at, kField)),
+                   std::string(at + kField, strnlen(at + kField, kField))});
+  }
+  return out;
+}
+
+std::vector<std::string> describe_placement(const std::vector<RankPlacement>& placement) {
+  std::vector<std::string> hosts;  // in order of first appearance
+  std::map<std::string, std::vector<const RankPlacement*>> by_host;
+  for (const RankPlacement& p : placement) {
+    if (!by_host.count(p.host)) hosts.push_back(p.host);
+    by_host[p.host].push_back(&p);
+  }
+  std::vector<std::string> lines;
+  for (const std::string& host : hosts) {
+    std::string ranks, devices;
+    for (const RankPlacement* p : by_host[host]) {
+      ranks += fmt::format("{}{}", ranks.empty() ? "" : " ", p->rank);
+      devices += fmt::format("{}{}", devices.empty() ? "" : " ", p->device);
+    }
+    lines.push_back(fmt::format("{}: rank{} {} on {}", host, by_host[host].size() > 1 ? "s" : "",
+                                ranks, devices));
+  }
+  return lines;
+}
+
+std::string explain_device(core::Device device, const std::string& requested,
+                           const std::string& requested_by) {
+  const std::string name = device.str();
+  if (!requested.empty()) return fmt::format("{} (asked for by {})", name, requested_by);
+  if (device.is_cuda()) return name + " (a GPU is usable)";
+#if LOCKSTEP_WITH_CUDA
+  return name + " (CUDA is built in, but no GPU is usable here)";
+#else
+  return name + " (this build has no CUDA)";
+#endif
+}
+
+std::string describe_dataset(const io::Dataset& dataset) {
+  std::int64_t pread = 0;
+  std::string hdf5_reason;
+  for (const io::ShardInfo& s : dataset.shards()) {
+    if (s.layout == io::ShardLayout::contiguous) {
+      ++pread;
+    } else if (hdf5_reason.empty()) {
+      hdf5_reason = s.layout_reason;
+    }
+  }
+  const auto shards = static_cast<std::int64_t>(dataset.shards().size());
+  std::string reading;
+  if (pread == shards) {
+    reading = "read in parallel (pread)";
+  } else if (pread == 0) {
+    reading = "read through HDF5 (" + hdf5_reason + ")";
+  } else {
+    reading = fmt::format("{} read in parallel (pread), {} through HDF5 ({})", pread,
+                          shards - pread, hdf5_reason);
+  }
+  return fmt::format("{} samples, {}, {} shard{} {}", dataset.size(), dataset.format().str(),
+                     shards, shards == 1 ? "" : "s", reading);
+}
+
+namespace {
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) out += c;
+  }
+  return out + "\"";
+}
+
+std::int64_t global_batch(const RunHeader& h, int world_size) {
+  return h.micro_batch * h.accumulation * world_size;
+}
+
+}  // namespace
+
+std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
+                                           const std::vector<RankPlacement>& placement) {
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("{}: {}", h.program, h.model));
+  lines.push_back("  device       " + h.device_reason);
+  const std::vector<std::string> hosts = describe_placement(placement);
+  lines.push_back(fmt::format("  ranks        {} on {} host{}", world_size, hosts.size(),
+                              hosts.size() == 1 ? "" : "s"));
+  for (const std::string& line : hosts) lines.push_back("               " + line);
+  lines.push_back(fmt::format(
+      "  threads      {} compute thread{} per rank{}", h.threads, h.threads == 1 ? "" : "s",
+      h.loader_threads > 0 ? fmt::format(", {} loader threads", h.loader_threads) : std::string()));
+  lines.push_back(fmt::format(
+      "  batch        {} per rank x {} accumulation x {} rank{} = global batch {}", h.micro_batch,
+      h.accumulation, world_size, world_size == 1 ? "" : "s", global_batch(h, world_size)));
+  std::string length = fmt::format("  steps        {}", h.total_steps);
+  if (h.steps_per_epoch > 0) length += fmt::format(" ({} per epoch)", h.steps_per_epoch);
+  if (!h.length_reason.empty()) length += ": " + h.length_reason;
+  lines.push_back(length);
+  if (!h.resume.empty()) lines.push_back("  start        " + h.resume);
+  lines.push_back(fmt::format("  precision    {}{}, deterministic {}", h.precision,
+                              h.loss_scaling ? " with dynamic loss scaling" : "",
+                              deterministic_run() ? "on" : "off"));
+  for (const DatasetSummary& d : h.data)
+    lines.push_back(
+        fmt::format("  {:<12} {}: {}", d.role + " data", d.path, describe_dataset(*d.dataset)));
+  lines.push_back("  checkpoints  " + (h.checkpoint_dir.empty() ? "none" : h.checkpoint_dir));
+  lines.push_back("  metrics      " + (h.metrics_path.empty() ? "none" : h.metrics_path));
+  return lines;
+}
+
+std::string run_start_record(const RunHeader& h, int world_size) {
+  std::string record = fmt::format(
+      R"("run": "start", "program": {}, "model": {}, "ranks": {}, "micro_batch": {}, )"
+      R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
+      R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
+      R"("steps_per_epoch": {})",
+      json_string(h.program), json_string(h.model), world_size, h.micro_batch, h.accumulation,
+      global_batch(h, world_size), json_string(h.precision), h.loss_scaling, deterministic_run(),
+      h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
+  if (h.tokens_per_sample > 0)
+    record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
+  return record;
+}
+
+RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metrics)
+    : world_(world), header_(std::move(header)), metrics_(metrics) {
+  const std::vector<RankPlacement> placement = gather_placement(world_);
+  if (world_.rank() == 0) {
+    for (const std::string& line : format_run_header(header_, world_.size(), placement))
+      fmt::print("{}\n", line);
+    std::fflush(stdout);
+    metrics_.write(run_start_record(header_, world_.size()));
+  }
+  last_step_ = header_.start_step;
+  start_ = epoch_start_ = Clock::now();
+}
+
+void RunReport::record_step(std::int64_t step, double loss, std::int64_t samples, double seconds,
+                            bool skipped) {
+  ++steps_;
+  samples_ += samples;
+  step_s_ += seconds;
+  last_step_ = step;
+  if (skipped) {
+    ++skipped_;
+    return;  // its loss is not a figure of the model (inf/NaN gradients)
+  }
+  last_loss_ = loss;
+  epoch_loss_sum_ += loss;
+  ++epoch_steps_;
+}
+
+void RunReport::record_eval(std::int64_t step, std::int64_t epoch, double loss, double accuracy) {
+  val_loss_ = loss;
+  val_accuracy_ = accuracy;
+  if (!best_val_accuracy_ || accuracy > *best_val_accuracy_) {
+    best_val_accuracy_ = accuracy;
+    best_val_step_ = step;
+    best_val_epoch_ = epoch;
+  }
+}
+
+void RunReport::end_epoch() {
+  const Clock::time_point now = Clock::now();
+  epoch_wall_s_.push_back(std::chrono::duration<double>(now - epoch_start_).count());
+  epoch_start_ = now;
+  last_epoch_loss_sum_ = epoch_loss_sum_;
+  last_epoch_steps_ = epoch_steps_;
+  epoch_loss_sum_ = 0;
+  epoch_steps_ = 0;
+}
+
+RunReport::Summary RunReport::summary() const {
+  Summary s;
+  s.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
+  s.step_s = step_s_;
+  s.epoch_wall_s = epoch_wall_s_;
+  s.steps = steps_;
+  s.skipped_steps = skipped_;
+  s.samples = samples_;
+  // The epoch in progress when it has steps, else the last one that ended.
+  if (epoch_steps_ > 0) {
+    s.last_epoch_train_loss = epoch_loss_sum_ / static_cast<double>(epoch_steps_);
+  } else if (last_epoch_steps_ > 0) {
+    s.last_epoch_train_loss = last_epoch_loss_sum_ / static_cast<double>(last_epoch_steps_);
+  }
+  s.last_loss = last_loss_;
+  s.last_step = last_step_;
+  s.val_loss = val_loss_;
+  s.val_accuracy = val_accuracy_;
+  s.best_val_accuracy = best_val_accuracy_;
+  s.best_val_step = best_val_step_;
+  s.best_val_epoch = best_val_epoch_;
+  return s;
+}
+
+std::vector<std::string> RunReport::format_summary(const Summary& s) const {
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("{}: done at step {}", header_.program, s.last_step));
+  std::string time = "  time         " + format_duration(s.wall_s) + " in all";
+  if (!s.epoch_wall_s.empty()) {
+    double sum = 0;
+    for (double e : s.epoch_wall_s) sum += e;
+    time += fmt::format(", {} per epoch ({} epoch{} ended)",
+                        format_duration(sum / static_cast<double>(s.epoch_wall_s.size())),
+                        s.epoch_wall_s.size(), s.epoch_wall_s.size() == 1 ? "" : "s");
+  }
+  lines.push_back(time);
+  if (s.step_s > 0) {
+    std::string rate = fmt::format("  throughput   {:.0f} samples/s", s.samples / s.step_s);
+    if (header_.tokens_per_sample > 0)
+      rate += fmt::format(", {:.0f} tokens/s",
+                          static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
+    rate += fmt::format(" (mean over {} steps, evaluation excluded)", s.steps);
+    lines.push_back(rate);
+  }
+  lines.push_back(
+      fmt::format("  skipped      {} of {} steps (inf/NaN gradients)", s.skipped_steps, s.steps));
+  if (s.last_epoch_train_loss)
+    lines.push_back(fmt::format("  train        loss {:.4f} (mean of the last epoch's steps)",
+                                *s.last_epoch_train_loss));
+  if (s.val_loss)
+    lines.push_back(fmt::format("  val          loss {:.4f}, accuracy {:.2f}% (last evaluation)",
+                                *s.val_loss, 100 * *s.val_accuracy));
+  if (s.best_val_accuracy)
+    lines.push_back(fmt::format("  best val     accuracy {:.2f}% at step {} (epoch {})",
+                                100 * *s.best_val_accuracy, s.best_val_step, s.best_val_epoch));
+  lines.push_back("  checkpoint   " + (last_checkpoint_.empty() ? "none saved" : last_checkpoint_));
+  return lines;
+}
+
+void RunReport::finish() {
+  if (world_.rank() != 0) return;
+  const Summary s = summary();
+  for (const std::string& line : format_summary(s)) fmt::print("{}\n", line);
+  std::fflush(stdout);
+  auto number = [](const std::optional<double>& v) {
+    return v ? fmt::format("{:.6g}", *v) : std::string("null");
+  };
+  double epoch_sum = 0;
+  for (double e : s.epoch_wall_s) epoch_sum += e;
+  std::string record = fmt::format(
+      R"("run": "end", "step": {}, "wall_s": {:.3f}, "epoch_wall_s": {}, "samples_per_s": {}, )"
+      R"("skipped_steps": {}, "steps": {}, "train_loss": {}, "val_loss": {}, "val_accuracy": {}, )"
+      R"("best_val_accuracy": {}, "best_val_step": {}, "checkpoint": {})",
+      s.last_step, s.wall_s,
+      s.epoch_wall_s.empty()
+          ? std::string("null")
+          : fmt::format("{:.3f}", epoch_sum / static_cast<double>(s.epoch_wall_s.size())),
+      s.step_s > 0 ? fmt::format("{:.1f}", s.samples / s.step_s) : std::string("null"),
+      s.skipped_steps, s.steps, number(s.last_epoch_train_loss), number(s.val_loss),
+      number(s.val_accuracy), number(s.best_val_accuracy),
+      s.best_val_accuracy ? std::to_string(s.best_val_step) : std::string("null"),
+      last_checkpoint_.empty() ? std::string("null") : json_string(last_checkpoint_));
+  if (header_.tokens_per_sample > 0 && s.step_s > 0)
+    record += fmt::format(R"(, "tokens_per_s": {:.1f})",
+                          static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
+  metrics_.write(record);
+}
+
+}  // namespace lockstep::engine

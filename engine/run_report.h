@@ -1,0 +1,133 @@
+// What a training run says about itself: the header printed before the first
+// step (what was decided at start: device and why, ranks and where they run,
+// batch arithmetic, precision, data, outputs) and the summary printed at the
+// end (wall time, throughput, skipped steps, final and best figures, last
+// checkpoint). lockstep-train and examples/custom both use it, so that any
+// program built on the library starts and ends a run the same way.
+//
+// Note [run records]: the --metrics JSON lines hold three kinds of record,
+// told apart by their keys: a run record ("run": "start" or "end") with the
+// header's or summary's figures; a step record ("loss"); an evaluation
+// record ("val_loss", "val_accuracy"). Epochs count from 1 in every record
+// and on the console; tools/plot.py and tools/tensorboard.py read the same.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/world.h"
+#include "engine/run_control.h"
+#include "io/dataset.h"
+
+namespace lockstep::engine {
+
+// The deterministic setting (Note [deterministic runs] in run_report.cpp):
+// applied process-wide before any model is planned.
+void set_deterministic_run(bool on);
+bool deterministic_run();
+
+// One rank's place: its host and device (gathered from every rank).
+struct RankPlacement {
+  int rank = 0;
+  std::string host;
+  std::string device;  // "cpu", "cuda:0"
+};
+// Collective over world.host(): every rank's host name and device, in rank order.
+std::vector<RankPlacement> gather_placement(comm::World& world);
+// "2 ranks: host-a (ranks 0-1, cuda:0 cuda:1)", one host per entry.
+std::vector<std::string> describe_placement(const std::vector<RankPlacement>& placement);
+
+// Why `device` was chosen: `requested` is "cpu", "cuda" or "" (automatic:
+// a GPU when one is usable); `requested_by` names where a request came from
+// (a flag, an argument).
+std::string explain_device(core::Device device, const std::string& requested,
+                           const std::string& requested_by);
+
+struct DatasetSummary {
+  std::string role;  // "train", "val"
+  std::string path;
+  const io::Dataset* dataset = nullptr;
+};
+// "60000 samples, inputs u8 [1, 28, 28], labels i64, 4 shards read in parallel
+// (pread)", or "... 1 shard through HDF5 (chunked with filters)".
+std::string describe_dataset(const io::Dataset& dataset);
+
+struct RunHeader {
+  std::string program;        // "lockstep-train"
+  std::string model;          // preset name or a description
+  std::string device_reason;  // explain_device's
+  int threads = 1;            // compute threads per rank
+  int loader_threads = 0;     // 0: not reported
+  std::int64_t micro_batch = 0;
+  int accumulation = 1;
+  std::int64_t steps_per_epoch = 0;  // 0: not known
+  std::int64_t total_steps = 0;
+  std::string length_reason;  // how total_steps was chosen, e.g. "3 epochs"
+  std::int64_t start_step = 0;
+  std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
+  std::string precision;  // "fp32", "bf16"
+  bool loss_scaling = false;
+  std::vector<DatasetSummary> data;
+  std::string checkpoint_dir;  // "" : none
+  std::string metrics_path;    // "" : none
+  // A language model's tokens per sample, for tokens/s in the summary; 0: not one.
+  std::int64_t tokens_per_sample = 0;
+};
+
+// The header's lines, each without a newline (pure: what start_run prints).
+std::vector<std::string> format_run_header(const RunHeader& header, int world_size,
+                                           const std::vector<RankPlacement>& placement);
+// The "run": "start" metrics record (Note [run records]), its inside only.
+std::string run_start_record(const RunHeader& header, int world_size);
+
+// The figures a run keeps for its summary, fed one step and one evaluation at
+// a time on every rank (the numbers are global already); rank 0 reports.
+class RunReport {
+ public:
+  // Collective (gathers placement): prints the header on rank 0 and writes
+  // the start record to `metrics`. Call it when every check that can fail
+  // before the first step has run, so that errors never interleave with it.
+  RunReport(comm::World& world, RunHeader header, MetricsWriter& metrics);
+
+  // A step of `samples` global samples taking `seconds` (a StepResult's figures).
+  void record_step(std::int64_t step, double loss, std::int64_t samples, double seconds,
+                   bool skipped);
+  void record_eval(std::int64_t step, std::int64_t epoch, double loss, double accuracy);
+  void end_epoch();
+  void set_last_checkpoint(const std::string& path) { last_checkpoint_ = path; }
+
+  struct Summary {
+    double wall_s = 0, step_s = 0;
+    std::vector<double> epoch_wall_s;  // epochs that ended in this process
+    std::int64_t steps = 0, skipped_steps = 0, samples = 0;
+    std::optional<double> last_epoch_train_loss;  // mean over the last epoch's steps
+    std::optional<double> last_loss;
+    std::int64_t last_step = 0;
+    std::optional<double> val_loss, val_accuracy, best_val_accuracy;
+    std::int64_t best_val_step = 0, best_val_epoch = 0;
+  };
+  Summary summary() const;
+  // The summary's lines (rank 0 prints them in finish()).
+  std::vector<std::string> format_summary(const Summary& s) const;
+  // Prints the summary on rank 0 and writes the "run": "end" record.
+  void finish();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  comm::World& world_;
+  RunHeader header_;
+  MetricsWriter& metrics_;
+  Clock::time_point start_, epoch_start_;
+  std::vector<double> epoch_wall_s_;
+  std::int64_t steps_ = 0, skipped_ = 0, samples_ = 0, last_step_ = 0;
+  double step_s_ = 0, epoch_loss_sum_ = 0, last_epoch_loss_sum_ = 0;
+  std::int64_t epoch_steps_ = 0, last_epoch_steps_ = 0;
+  std::optional<double> last_loss_, val_loss_, val_accuracy_, best_val_accuracy_;
+  std::int64_t best_val_step_ = 0, best_val_epoch_ = 0;
+  std::string last_checkpoint_;
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,163 @@
+// The run header and summary (engine/run_report.h): the deterministic setting
+// reaches the kernels' process state; placement is grouped by host; the
+// header's batch arithmetic and the summary's figures match sums worked out
+// here by hand; the metrics records carry what tools/plot.py reads.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "comm/world.h"
+#include "engine/run_report.h"
+#include "io/shard_writer.h"
+#include "kernels/conv.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+namespace fs = std::filesystem;
+
+namespace {
+
+comm::World& world() {
+  static std::unique_ptr<comm::World> w = [] {
+    int argc = 1;
+    char name[] = "test";
+    char* args[] = {name, nullptr};
+    char** argv = args;
+    return comm::init(argc, argv, {.use_gpu = false});
+  }();
+  return *w;
+}
+
+bool has_line(const std::vector<std::string>& lines, const std::string& text) {
+  for (const std::string& l : lines)
+    if (l.find(text) != std::string::npos) return true;
+  return false;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("the deterministic setting reaches the kernels' process state", "[engine][run]") {
+  kernels::set_conv_autotune(true);
+  set_deterministic_run(true);
+  CHECK(kernels::deterministic());
+  CHECK_FALSE(kernels::conv_autotune());  // a timed choice can differ run to run
+  CHECK(deterministic_run());
+  set_deterministic_run(false);
+  CHECK_FALSE(kernels::deterministic());
+  CHECK_FALSE(deterministic_run());
+}
+
+TEST_CASE("placement lists each host once with its ranks and devices", "[engine][run]") {
+  const std::vector<RankPlacement> p = {
+      {0, "a", "cuda:0"}, {1, "a", "cuda:1"}, {2, "b", "cuda:0"}, {3, "b", "cuda:1"}};
+  const std::vector<std::string> lines = describe_placement(p);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == "a: ranks 0 1 on cuda:0 cuda:1");
+  CHECK(lines[1] == "b: ranks 2 3 on cuda:0 cuda:1");
+  const std::vector<RankPlacement> mine = gather_placement(world());
+  REQUIRE(mine.size() == 1);
+  CHECK(mine[0].device == "cpu");
+  CHECK_FALSE(mine[0].host.empty());
+}
+
+TEST_CASE("the run header states the batch arithmetic, length and data", "[engine][run]") {
+  const fs::path dir = fs::temp_directory_path() / "lockstep-run-header";
+  fs::remove_all(dir);
+  {
+    io::DatasetWriter writer(dir, {DType::f32, {3}, DType::i64}, 10, 2);
+    std::vector<float> x(30, 1.0f);
+    std::vector<std::int64_t> y(10, 0);
+    writer.append(x.data(), y.data(), 10);
+    writer.close();
+  }
+  const io::Dataset data = io::Dataset::open(dir);
+  RunHeader h;
+  h.program = "prog";
+  h.model = "mlp";
+  h.device_reason = explain_device(core::Device::cpu(), "cpu", "--device");
+  h.threads = 2;
+  h.micro_batch = 32;
+  h.accumulation = 4;
+  h.steps_per_epoch = 7;
+  h.total_steps = 21;
+  h.length_reason = "--epochs 3";
+  h.precision = "bf16";
+  h.loss_scaling = true;
+  h.data = {{"train", dir.string(), &data}};
+  h.metrics_path = "m.jsonl";
+  const auto lines = format_run_header(h, 8, {{0, "h", "cpu"}});
+  CHECK(has_line(lines, "cpu (asked for by --device)"));
+  // 32 per rank x 4 micro-batches x 8 ranks = 1024.
+  CHECK(has_line(lines, "32 per rank x 4 accumulation x 8 ranks = global batch 1024"));
+  CHECK(has_line(lines, "21 (7 per epoch): --epochs 3"));
+  CHECK(has_line(lines, "bf16 with dynamic loss scaling"));
+  CHECK(has_line(lines, "10 samples, inputs f32 [3], labels i64, 2 shards read in parallel"));
+  CHECK(has_line(lines, "checkpoints  none"));
+  // Shards that are not read by pread say so, with io's reason.
+  const io::Dataset locked = io::Dataset::open(dir, {.force_hdf5 = true});
+  CHECK(describe_dataset(locked) ==
+        "10 samples, inputs f32 [3], labels i64, 2 shards read through HDF5 (read through HDF5 "
+        "on request)");
+  const std::string record = run_start_record(h, 8);
+  CHECK(record.find(R"("run": "start")") != std::string::npos);
+  CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
+  CHECK(record.find(R"("precision": "bf16")") != std::string::npos);
+  CHECK(record.find("tokens_per_sample") == std::string::npos);  // not a language model
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation", "[engine][run]") {
+  const fs::path metrics_path = fs::temp_directory_path() / "lockstep-run-summary.jsonl";
+  fs::remove(metrics_path);
+  {
+    MetricsWriter metrics(metrics_path.string());
+    RunHeader h;
+    h.program = "prog";
+    h.micro_batch = 4;
+    RunReport report(world(), h, metrics);
+    // Epoch 1: losses 3 and 1; epoch 2: 2, a skipped step (its loss ignored), 4.
+    report.record_step(1, 3.0, 4, 0.5, false);
+    report.record_step(2, 1.0, 4, 0.5, false);
+    report.end_epoch();
+    report.record_eval(2, 1, 0.9, 0.70);
+    report.record_step(3, 2.0, 4, 0.5, false);
+    report.record_step(4, 1e30, 4, 0.5, true);
+    report.record_step(5, 4.0, 4, 0.5, false);
+    report.end_epoch();
+    report.record_eval(5, 2, 1.1, 0.60);
+    report.set_last_checkpoint("ck/ckpt-5.h5");
+    const RunReport::Summary s = report.summary();
+    CHECK(s.steps == 5);
+    CHECK(s.skipped_steps == 1);
+    CHECK(s.samples == 20);
+    CHECK(s.step_s == Approx(2.5));
+    REQUIRE(s.last_epoch_train_loss);
+    CHECK(*s.last_epoch_train_loss == Approx(3.0));  // (2 + 4) / 2: the skipped step left out
+    CHECK(*s.val_accuracy == Approx(0.60));          // the last evaluation
+    CHECK(*s.best_val_accuracy == Approx(0.70));     // the best one, and where it was
+    CHECK(s.best_val_step == 2);
+    CHECK(s.best_val_epoch == 1);
+    CHECK(s.epoch_wall_s.size() == 2);
+    const auto lines = report.format_summary(s);
+    CHECK(has_line(lines, "throughput   8 samples/s"));  // 20 samples in 2.5 s of steps
+    CHECK(has_line(lines, "skipped      1 of 5 steps"));
+    CHECK(has_line(lines, "accuracy 70.00% at step 2 (epoch 1)"));
+    CHECK(has_line(lines, "ck/ckpt-5.h5"));
+    report.finish();
+  }
+  const std::string text = read_file(metrics_path);
+  CHECK(text.find(R"({"run": "start")") == 0);
+  CHECK(text.find(R"({"run": "end", "step": 5)") != std::string::npos);
+  CHECK(text.find(R"("skipped_steps": 1)") != std::string::npos);
+  CHECK(text.find(R"("checkpoint": "ck/ckpt-5.h5")") != std::string::npos);
+  fs::remove(metrics_path);
+}

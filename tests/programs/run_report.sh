@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What lockstep-train says at the start and end of a run (issue: first hour), in
+# fresh processes: --help shows --epochs' default and each preset's input shape;
+# the header states the length chosen when neither --epochs nor --steps is given,
+# and "deterministic on" only with --deterministic (read back from the kernels'
+# state, so it shows the flag was applied); an error found before the first step
+# comes alone, without a header; on 2 ranks the header maps ranks to the host, the
+# summary names the best val figure and the last checkpoint, epochs count from 1,
+# and tools/plot.py reads the metrics. Usage: run_report.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+train=$build/examples/train/lockstep-train
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail() { echo "run_report.sh: $*" >&2; exit 1; }
+expect() {  # expect FILE TEXT: FILE has a line containing TEXT
+  grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "no '$2' in $(basename "$1")"; }
+}
+"$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
+  --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
+"$build"/examples/shard/lockstep-shard synthetic --out "$work/val" --count 128 --shape 1,28,28 \
+  --dtype u8 --classes 10 --shards 1 --seed 2 >/dev/null
+
+"$train" --help >"$work/help"
+expect "$work/help" "default: 1 when --steps is not given either"
+expect "$work/help" "mlp (input [1, 28, 28])"
+
+common=(--data "$work/train" --model mlp --device cpu --log-every 1000)
+"$train" "${common[@]}" --batch-size 64 >"$work/plain"
+expect "$work/plain" "steps        8 (8 per epoch): 1 epoch, as neither --epochs nor --steps was given"
+expect "$work/plain" "deterministic off"
+"$train" "${common[@]}" --batch-size 64 --steps 2 --deterministic --metrics "$work/det.jsonl" >"$work/det"
+expect "$work/det" "deterministic on"
+head -n 1 "$work/det.jsonl" | grep -qF '"run": "start"' || fail "metrics do not open with the run record"
+head -n 1 "$work/det.jsonl" | grep -qF '"deterministic": true' || fail "the run record lacks deterministic"
+
+# An error before the first step: the message alone, no header.
+if "$train" "${common[@]}" --resume auto >"$work/err.out" 2>"$work/err"; then
+  fail "--resume auto without --checkpoint-dir did not fail"
+fi
+expect "$work/err" "--resume auto needs --checkpoint-dir"
+[ ! -s "$work/err.out" ] || { cat "$work/err.out" >&2; fail "output before the error"; }
+
+mpirun -np 2 --oversubscribe "$train" "${common[@]}" --batch-size 32 --val-data "$work/val" \
+  --epochs 2 --checkpoint-dir "$work/ck" --metrics "$work/m.jsonl" >"$work/two"
+expect "$work/two" "ranks        2 on 1 host"
+expect "$work/two" ": ranks 0 1 on cpu cpu"
+expect "$work/two" "32 per rank x 1 accumulation x 2 ranks = global batch 64"
+expect "$work/two" "epoch 1: val_loss"
+expect "$work/two" "epoch 2: val_loss"
+expect "$work/two" "lockstep-train: done at step 16"
+expect "$work/two" "skipped      0 of 16 steps"
+expect "$work/two" "best val     accuracy"
+expect "$work/two" "checkpoint   $work/ck/ckpt-16.h5"
+grep -q '"epoch": 0' "$work/m.jsonl" && fail "an epoch counted from 0 in the metrics"
+tail -n 1 "$work/m.jsonl" | grep -qF '"run": "end"' || fail "metrics do not end with the run record"
+/usr/bin/python3 "$src/tools/plot.py" metrics "$work/m.jsonl" -o "$work/c.png" >"$work/plot"
+expect "$work/plot" "after epoch 2 (step 16)"
+echo "run_report.sh: header, summary, --deterministic and metrics as documented"

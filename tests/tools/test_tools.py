@@ -1,0 +1,93 @@
+"""The tools' parsing, without TensorBoard and without running benchmarks: the kinds of
+--metrics record (Note [run records] in engine/run_report.h), what tools/to_tensorboard.py
+would write for a small metrics file, the plot's title, and tools/bench_table.py's table from
+bench JSON written here. Run by ctest (tools_python) with tools/ on PYTHONPATH."""
+import json
+import os
+import tempfile
+import unittest
+
+import bench_table
+import plot
+import to_tensorboard
+from fixtures import END, EVALS, START, STEPS, write_lines
+from jsonl import InputError, metrics_kind
+
+class MetricsTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "m.jsonl")
+        write_lines(self.path, [START] + STEPS[:2] + EVALS[:1] + STEPS[2:] + EVALS[1:] + [END])
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_record_kinds(self):
+        self.assertEqual(metrics_kind("x", START), "run")
+        self.assertEqual(metrics_kind("x", END), "run")  # has val_accuracy, still a run record
+        self.assertEqual(metrics_kind("x", STEPS[0]), "step")
+        self.assertEqual(metrics_kind("x", EVALS[0]), "val")
+        with self.assertRaises(InputError):
+            metrics_kind("x", {"step": 1})
+
+    def test_tensorboard_events(self):
+        scalars, texts = to_tensorboard.events(self.path)
+        loss = [(s, v) for tag, s, v in scalars if tag == "train/loss"]
+        self.assertEqual(loss, [(1, 2.0), (2, 1.0), (3, 2.0 / 3), (4, 0.5)])
+        accuracy = [(s, v) for tag, s, v in scalars if tag == "val/accuracy"]
+        self.assertEqual(accuracy, [(2, 0.5), (4, 0.75)])
+        # 5 step tags x 4 steps + 2 val tags x 2 evaluations; run records become text.
+        self.assertEqual(len(scalars), 5 * 4 + 2 * 2)
+        self.assertEqual([(t, s) for t, s, _ in texts], [("run/start", 0), ("run/end", 4)])
+
+    def test_tensorboard_rejects_a_text_figure(self):
+        write_lines(self.path, [{"step": 1, "loss": "low"}])
+        with self.assertRaisesRegex(InputError, "m.jsonl:1: 'loss' is 'low'"):
+            to_tensorboard.events(self.path)
+
+    def test_plot_title_and_png(self):
+        runs = [("x", START)]
+        self.assertEqual(plot.plot_title(runs), "cnn: 2 rank(s), global batch 64, bf16")
+        png = os.path.join(self.dir.name, "c.png")
+        plot.plot_metrics(self.path, png)
+        self.assertGreater(os.path.getsize(png), 1000)
+
+
+class BenchTableTest(unittest.TestCase):
+    def test_table_from_kept_output(self):
+        with tempfile.TemporaryDirectory() as out:
+            write_lines(os.path.join(out, "gemm.jsonl"), [
+                {"bench": "gemm", "shape": "square", "m": 1024, "n": 1024, "k": 1024,
+                 "dtype": "f32", "lockstep_gflops": 99.0, "raw_gflops": 100.0, "ratio": 0.99},
+                {"bench": "gemm", "shape": "square", "m": 1024, "n": 1024, "k": 1024,
+                 "dtype": "bf16", "lockstep_gflops": 40.0, "raw_gflops": None, "ratio": None}])
+            write_lines(os.path.join(out, "step.jsonl"), [
+                {"bench": "step", "model": "mlp", "batch": 128, "samples_per_s": 26000.0,
+                 "ms_per_step": 4.9, "torch_samples_per_s": None, "ratio": None,
+                 "gemm_ms": 4.5, "step_over_gemm": 1.09,
+                 "no_baseline": "python3 could not run bench/torch_step.py (no torch)"}])
+            for name, model in (("scaling_mlp.jsonl", "mlp"), ("scaling_cnn.jsonl", "cnn")):
+                write_lines(os.path.join(out, name), [
+                    {"bench": "scaling", "model": model, "ranks": 2, "batch_per_rank": 64,
+                     "solo_ms": 4.0, "synced_ms": 5.0, "efficiency": 0.8}])
+            with open(os.path.join(out, bench_table.MACHINE), "w") as f:
+                json.dump({"date": "2026-12-01", "host": "vm", "cpu": "X", "cores": 2,
+                           "note": "shared"}, f)
+            lines = bench_table.table(out)
+        self.assertIn("Measured 2026-12-01 on vm (X, 2 cores, shared)", lines[0])
+        rows = [l for l in lines if l.startswith("| ") and "benchmark" not in l]
+        self.assertEqual(len(rows), 5)  # f32 GEMM only, step, step / GEMMs, two scalings
+        self.assertIn("| 99.0 GF/s | OpenBLAS 100.0 GF/s | 0.990 |", rows[0])
+        self.assertIn("none: python3 could not run bench/torch_step.py (no torch) | — |", rows[1])
+        self.assertIn("| mlp step over its GEMMs alone | same |", rows[2])
+        self.assertIn("1.090 (step / GEMMs, lower is better)", rows[2])
+        self.assertIn("0.80 (efficiency)", rows[3])
+
+    def test_missing_output_says_what_to_run(self):
+        with tempfile.TemporaryDirectory() as out:
+            with self.assertRaisesRegex(InputError, "bench_table.py run"):
+                bench_table.table(out)
+
+
+if __name__ == "__main__":
+    unittest.main()
