@@ -195,8 +195,7 @@ int run(Flags& f, comm::World& world) {
       std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
     const std::string path = checkpoints->save(trainer.steps(), contents).string();
     report->set_last_checkpoint(path);
-    fmt::print("saved {}
-", path);
+    fmt::print("saved {}\n", path);
     std::fflush(stdout);
   };
 
@@ -341,15 +340,37 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
-    if (!lead) return;  // rank 0 writes: every rank holds the same state
-    // A test hook (tests/multihost, docs/faults.md): a slower disk.
-    if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
-      std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
-    const std::string path = checkpoints->save(trainer.steps(), contents).string();
-    report->set_last_checkpoint(path);
-    fmt::print("saved {}
-", path);
-    std::fflush(stdout);
+  app.add_flag("--deterministic", f.deterministic,
+               "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
+               "CPU is deterministic anyway)");
+  // What each flag accepts (examples/common/flags.h), checked while parsing.
+  app.get_option("--data")->check(non_empty());
+  app.get_option("--val-data")->check(non_empty());
+  app.get_option("--model")->check(model_name());
+  app.get_option("--epochs")->check(within(1, kMaxEpochs));
+  app.get_option("--steps")->check(within(1, kMaxSteps));
+  app.get_option("--batch-size")->check(within(1, kMaxRows));
+  app.get_option("--accum")->check(within(1, kMaxRows));
+  app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
+  app.get_option("--lr")->check(within(0, 1e6));
+  app.get_option("--momentum")->check(within(0, 1));
+  app.get_option("--weight-decay")->check(within(0, 1e6));
+  app.get_option("--schedule")->check(one_of({"constant", "step", "cosine", "linear"}));
+  app.get_option("--warmup")->check(within(0, kMaxSteps));
+  app.get_option("--clip")->check(within(0, 1e12));
+  app.get_option("--precision")->check(precision_name());
+  app.get_option("--device")->check(device_name());
+  app.get_option("--seed")->check(seed_value());
+  app.get_option("--shuffle")->check(one_of({"on", "off"}));
+  app.get_option("--checkpoint-dir")->check(non_empty());
+  app.get_option("--checkpoint-every")->check(within(0, kMaxSteps));
+  app.get_option("--keep")->check(within(1, 1e6));
+  app.get_option("--resume")->check(non_empty());
+  app.get_option("--init-from")->check(non_empty());
+  app.get_option("--metrics")->check(non_empty());
+  app.get_option("--log-every")->check(within(1, kMaxSteps));
+  app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
+  app.get_option("--threads")->check(threads_per_rank());
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;
