@@ -45,7 +45,7 @@ pack() {
     "$build"/io/liblockstep_*.so "$build"/engine/liblockstep_*.so "$stage/lib/"
   # Every library the binaries load, except what the GPU machine has: glibc,
   # the compiler runtime, and the CUDA libraries (its own, or its nvidia wheels').
-  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so'
+  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libresolv|libnsl|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so'
   for f in "$stage"/bin/* "$stage"/lib/*; do
     LD_LIBRARY_PATH="$stage/lib" ldd "$f" | awk '/=> \// {print $1, $3}'
   done | sort -u | while read -r soname path; do
@@ -99,6 +99,7 @@ step() {
 prepare() {
   mkdir -p "$OUT"
   work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
   tar xzf "$pack_file" -C "$work" || { echo "no pack: run 'tools/gpu-check.sh pack' first"; exit 1; }
   python=/opt/torch/.venv/bin/python3
   local wheel_libs="" nvidia_root

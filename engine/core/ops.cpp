@@ -35,13 +35,13 @@ struct GpuStream {
   }
 };
 
+// Makes `device` current in both cases: kernels launch into, and cuBLASLt's
+// handle is picked for, the current device, whatever stream they are given.
 GpuStream gpu_stream(Device device, const Stream& given) {
-  if (given.device().is_cuda()) {
-    if (!(given.device() == device))
-      throw InvalidArgument("op on " + device.str() + " given a stream of " + given.device().str());
-    return {given, false};
-  }
+  if (given.device().is_cuda() && !(given.device() == device))
+    throw InvalidArgument("op on " + device.str() + " given a stream of " + given.device().str());
   set_current_device(device);
+  if (given.device().is_cuda()) return {given, false};
   return {Stream::default_for(device), true};
 }
 

@@ -58,16 +58,24 @@ Stream Stream::create(Device device) {
   return s;
 }
 
+// Note [default stream device]: a null handle names the legacy default stream
+// of the thread's *current* device, so every call that passes one makes the
+// stream's device current first; otherwise a thread with another GPU current
+// would synchronise, wait or record on that GPU's stream instead. Events are
+// created on the current device too, and must share their stream's.
 void Stream::synchronize() const {
 #if LOCKSTEP_WITH_CUDA
-  if (device_.is_cuda()) LOCKSTEP_CHECK_CUDA(cudaStreamSynchronize(handle()));
+  if (!device_.is_cuda()) return;
+  if (!handle_) set_current_device(device_);
+  LOCKSTEP_CHECK_CUDA(cudaStreamSynchronize(handle_));
 #endif
 }
 
 void Stream::wait(const Event& event) const {
 #if LOCKSTEP_WITH_CUDA
-  if (device_.is_cuda() && event.handle())
-    LOCKSTEP_CHECK_CUDA(cudaStreamWaitEvent(handle(), event.handle(), 0));
+  if (!device_.is_cuda() || !event.handle()) return;
+  if (!handle_) set_current_device(device_);
+  LOCKSTEP_CHECK_CUDA(cudaStreamWaitEvent(handle_, event.handle(), 0));
 #else
   (void)event;
 #endif
@@ -97,6 +105,7 @@ void* Stream::gemm_workspace() const {
 void Event::record(const Stream& stream) {
 #if LOCKSTEP_WITH_CUDA
   if (!stream.device().is_cuda()) return;
+  set_current_device(stream.device());  // Note [default stream device]
   if (!handle_) {
     cudaEvent_t raw = nullptr;
     LOCKSTEP_CHECK_CUDA(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming));

@@ -1,7 +1,8 @@
 // Stream and Event: ordering of work on a device. On the CPU every operation
 // completes before it returns, so both are no-ops there; on CUDA they wrap
 // cudaStream_t and cudaEvent_t (created without timing: cheaper to record).
-// A stream also owns the GEMM workspace of the work queued on it.
+// A stream also owns the GEMM workspace of the work queued on it. Calls that
+// need it make the stream's device current for the calling thread.
 #pragma once
 
 #include <memory>
