@@ -135,6 +135,11 @@ void DataLoader::State::worker_loop() {
 }
 
 void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
+  // A new thread's current GPU is GPU 0: without this, every rank's workers
+  // would create a context there and wait on events from another device.
+  // Set per batch (a no-op when already current) so that a failure reaches
+  // the consumer as this batch's error.
+  core::set_current_device(options.device);
   slot.copied.synchronize();
   slot.rows = sampler.micro_batch(batch);
   dataset.read_inputs(slot.rows.indices, slot.host_inputs);

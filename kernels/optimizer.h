@@ -46,6 +46,15 @@ struct AdamwGroup {
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
 };
 
+// Throws InvalidArgument naming the first segment (host memory) whose group is
+// outside [0, group_count). The CPU steps check their table with it on every
+// call. Note [device segment table]: the CUDA steps cannot read theirs, which
+// lives in device memory, so its builder checks it here before the upload
+// (engine's Optimizer does), and the kernels leave a segment naming a missing
+// group untouched rather than read past the group table.
+void validate_segments(const OptimizerSegment* segments, std::int64_t segment_count,
+                       int group_count, const char* op);
+
 namespace cpu {
 // momentum may be null when no group has momentum.
 void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, const SgdGroup* groups,
@@ -62,7 +71,8 @@ void unscale_and_check(float* grads, std::int64_t n, float inv_scale,
 
 namespace cuda {
 // segments, params, grads, state and found_nonfinite are device memory; the
-// group hyper-parameters are host memory, copied into the launch.
+// group hyper-parameters are host memory, copied into the launch. The segment
+// table must have passed validate_segments (Note [device segment table]).
 void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, const SgdGroup* groups,
               int group_count, float* params, const float* grads, float* momentum,
               CudaStream stream);

@@ -1,117 +1,198 @@
 #!/usr/bin/env bash
-# The GPU check, in two halves (../shared/gpu.md has the background):
-#   tools/gpu-check.sh pack   on the build machine: a Release build for sm_90,
-#                             the test and bench binaries and the Debian
-#                             libraries they need, as .gpu-pack/lockstep-gpu.tar.gz
-#   tools/gpu-check.sh run    on the GPU machine (device tool, carry .gpu-pack):
-#                             [gpu] tests, unit tests, bench_gemm, the PyTorch
-#                             baseline, bench_scaling's GPU profiles and the
-#                             scaling model on them; logs and JSON under $OUT;
-#                             a table last.
-# Record what `run` printed in docs/gpu-results.md.
+# The GPU check, prepared here and run on the GPU machine in two device calls
+# (docs/gpu-results.md records each run):
+#   tools/gpu-check.sh pack        on the build machine: a Release build for sm_90,
+#                                  the smoke, [gpu] test and bench binaries, the
+#                                  Debian libraries they need, and the cpu run the
+#                                  training comparison is held to, in
+#                                  .gpu-pack/lockstep-gpu.tar.gz (under 64 MiB)
+#   tools/gpu-check.sh run-tests   first device call (carry .gpu-pack): a 30 s
+#                                  smoke step, stopping there if it fails, then
+#                                  the [gpu] test binaries
+#   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
+#                                  bench_step against PyTorch, and a 300-step
+#                                  training run held to the packed cpu run
+#   tools/gpu-check.sh run-scaling optional third call: bench_scaling profiles
+#                                  (feed them to tools/scaling_model.py here)
+#   tools/gpu-check.sh plan        here: each call's steps, their timeouts and
+#                                  total, and whether the pack holds the binaries
+# Every step has a timeout; a call's timeouts add up to well under the device
+# tool's 600 s per command. Logs and JSON go to $OUT; a table comes last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-binaries=(tests/lockstep_gpu_tests tests/comm/lockstep_comm_gpu_tests tests/io/lockstep_io_gpu_tests
-          tests/engine/lockstep_engine_gpu_tests tests/lockstep_unit_tests bench/bench_gemm
-          bench/bench_step bench/bench_scaling examples/train/lockstep-train examples/shard/lockstep-shard)
+pack_file=.gpu-pack/lockstep-gpu.tar.gz
+pack_limit_bytes=$((64 << 20))
+targets=(lockstep-gpu-smoke lockstep_gpu_tests lockstep_comm_gpu_tests lockstep_io_gpu_tests
+         lockstep_engine_gpu_tests bench_gemm bench_step bench_scaling lockstep-train lockstep-shard)
+binaries=(tests/lockstep-gpu-smoke tests/lockstep_gpu_tests tests/comm/lockstep_comm_gpu_tests
+          tests/io/lockstep_io_gpu_tests tests/engine/lockstep_engine_gpu_tests bench/bench_gemm
+          bench/bench_step bench/bench_scaling examples/train/lockstep-train
+          examples/shard/lockstep-shard)
+# The training comparison: the same data, model, seed and steps on both devices.
+shard_args=(synthetic --count 8192 --shape 1,28,28 --dtype u8 --classes 10 --shards 2 --seed 1)
+train_args=(--model mlp --steps 300 --batch-size 64 --seed 3 --log-every 100)
 
 pack() {
   set -e
   local build=build-gpu stage=.gpu-pack/stage
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-  cmake --build "$build" --target lockstep_gpu_tests lockstep_comm_gpu_tests lockstep_io_gpu_tests \
-    lockstep_engine_gpu_tests lockstep_unit_tests bench_gemm bench_step bench_scaling lockstep-train \
-    lockstep-shard
-  rm -rf .gpu-pack && mkdir -p "$stage/bin" "$stage/lib"
+  cmake --build "$build" --target "${targets[@]}"
+  rm -rf .gpu-pack && mkdir -p "$stage/bin" "$stage/lib" "$stage/ref"
   for b in "${binaries[@]}"; do cp "$build/$b" "$stage/bin/"; done
   cp -L "$build"/kernels/liblockstep_*.so "$build"/engine/core/liblockstep_*.so "$build"/comm/liblockstep_*.so \
     "$build"/io/liblockstep_*.so "$build"/engine/liblockstep_*.so "$stage/lib/"
   # Every library the binaries load, except what the GPU machine has: glibc,
   # the compiler runtime, and the CUDA libraries (its own, or its nvidia wheels').
-  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so'
+  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libresolv|libnsl|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so'
   for f in "$stage"/bin/* "$stage"/lib/*; do
     LD_LIBRARY_PATH="$stage/lib" ldd "$f" | awk '/=> \// {print $1, $3}'
   done | sort -u | while read -r soname path; do
     [[ "$path" =~ $skip ]] && continue
     [ -e "$stage/lib/$soname" ] || cp -L "$path" "$stage/lib/$soname"
   done
-  tar czf .gpu-pack/lockstep-gpu.tar.gz -C "$stage" .
+  # The cpu half of the training comparison runs here, not on device time.
+  local data
+  data=$(mktemp -d)
+  "$build/examples/shard/lockstep-shard" "${shard_args[@]}" --out "$data" >/dev/null
+  "$build/examples/train/lockstep-train" --data "$data" "${train_args[@]}" --device cpu \
+    --metrics "$stage/ref/train_cpu.jsonl" >/dev/null
+  rm -rf "$data"
+  git rev-parse HEAD >"$stage/ref/commit"
+  tar czf "$pack_file" -C "$stage" .
   rm -rf "$stage"
-  echo "packed: $(du -h .gpu-pack/lockstep-gpu.tar.gz | cut -f1) .gpu-pack/lockstep-gpu.tar.gz" \
-       "(commit $(git rev-parse --short HEAD))"
+  local bytes
+  bytes=$(stat -c %s "$pack_file")
+  if [ "$bytes" -ge "$pack_limit_bytes" ]; then
+    echo "pack is $bytes bytes, over the device tool's 64 MiB carry limit" >&2
+    exit 1
+  fi
+  echo "packed: $((bytes >> 20)) MiB $pack_file (commit $(git rev-parse --short HEAD))"
 }
 
-# step NAME TIMEOUT_S COMMAND...: runs one step with its output in $OUT/NAME.log.
+plan_total=0
+OUT=${OUT:-out/gpu}
+work=pack         # where the pack was unpacked (prepare); its name under `plan`
+python=python3    # the python with torch (prepare)
+# step NAME TIMEOUT_S COMMAND...: runs one step with its output in $OUT/NAME.log
+# (under `plan`, lists it instead). Returns the step's exit status.
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "${PLAN:-}" ]; then
+    plan_total=$((plan_total + limit))
+    printf '  %-22s %4ss  %s\n' "$name" "$limit" "$*"
+    return 0
+  fi
   local start=$SECONDS rc
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   local verdict=passed
-  case $rc in 0) ;; 77) verdict="skipped (no GPU)" ;; 124) verdict="timed out" ;; *) verdict="failed (exit $rc)" ;; esac
-  printf '%-16s %-20s %4ss  %s\n' "$name" "$verdict" $((SECONDS - start)) "$(grep -v '^[[:space:]]*$' "$OUT/$name.log" | tail -n 1)" \
-    | tee -a "$OUT/steps.txt"
+  case $rc in 0) ;; 77) verdict="skipped (no GPU)" ;; 124 | 137) verdict="timed out" ;; *) verdict="failed (exit $rc)" ;; esac
+  printf '%-22s %-20s %4ss  %s\n' "$name" "$verdict" $((SECONDS - start)) \
+    "$(grep -v '^[[:space:]]*$' "$OUT/$name.log" | tail -n 1)" | tee -a "$OUT/steps.txt"
+  return "$rc"
 }
 
-run() {
-  OUT=${OUT:-out/gpu}
+# Unpacks into $work and sets up the libraries and python the steps use.
+prepare() {
   mkdir -p "$OUT"
-  local work
   work=$(mktemp -d)
-  tar xzf .gpu-pack/lockstep-gpu.tar.gz -C "$work" || { echo "no pack: run 'tools/gpu-check.sh pack' first"; exit 1; }
-  local python=/opt/torch/.venv/bin/python3 wheel_libs=""
+  trap 'rm -rf "$work"' EXIT
+  tar xzf "$pack_file" -C "$work" || { echo "no pack: run 'tools/gpu-check.sh pack' first"; exit 1; }
+  python=/opt/torch/.venv/bin/python3
+  local wheel_libs="" nvidia_root
   if [ -x "$python" ]; then
-    local nvidia_root
     nvidia_root=$("$python" -c "import nvidia, os; print(nvidia.__path__[0])" 2>/dev/null)
     [ -n "$nvidia_root" ] && wheel_libs=$(find "$nvidia_root" -name 'lib*.so*' -printf '%h\n' | sort -u | paste -sd:)
   else
     python=python3
   fi
   export LD_LIBRARY_PATH="$work/lib${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi 2>&1; } >"$OUT/machine.txt"
-  : >"$OUT/steps.txt"
-  step gpu_tests 240 "$work/bin/lockstep_gpu_tests" "[gpu]" --durations yes
-  step comm_gpu_tests 120 "$work/bin/lockstep_comm_gpu_tests" "[gpu]"
-  step io_gpu_tests 120 "$work/bin/lockstep_io_gpu_tests" "[gpu]"
-  step engine_gpu_tests 240 "$work/bin/lockstep_engine_gpu_tests" "[gpu]" --durations yes
-  step unit_tests 240 "$work/bin/lockstep_unit_tests"
-  step bench_gemm 240 "$work/bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
-  step torch_gemm 240 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
-  for run in "mlp-large 1024 bf16" "mlp-large 1024 fp16" "resnet 256 fp16" "cnn 256 fp32"; do
-    set -- $run
-    step "step_$1_$3" 180 "$work/bin/bench_step" --device cuda --model "$1" --batch "$2" --precision "$3" \
+  export NCCL_SOCKET_IFNAME=lo  # one rank on one machine: no network to pick
+  { date -u; echo "pack of commit $(cat "$work/ref/commit")"; nvidia-smi 2>&1; } >"$OUT/machine-$1.txt"
+  : >>"$OUT/steps.txt"
+}
+
+run_tests() {
+  [ -z "${PLAN:-}" ] && prepare tests
+  local bin=$work/bin
+  step smoke 30 "$bin/lockstep-gpu-smoke" || { echo "smoke failed: see $OUT/smoke.log; nothing else ran"; return 1; }
+  step gpu_tests 60 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
+  step comm_gpu_tests 30 "$bin/lockstep_comm_gpu_tests" "[gpu]"
+  step io_gpu_tests 30 "$bin/lockstep_io_gpu_tests" "[gpu]"
+  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]" --durations yes
+  [ -n "${PLAN:-}" ] && return 0
+  grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log
+}
+
+run_bench() {
+  [ -z "${PLAN:-}" ] && prepare bench
+  local bin=$work/bin
+  step bench_gemm 60 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
+  step torch_gemm 60 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
+  for config in "mlp-large 1024 bf16" "resnet 256 fp16"; do
+    set -- $config
+    step "step_$1_$3" 60 "$bin/bench_step" --device cuda --model "$1" --batch "$2" --precision "$3" \
       --steps 20 --python "$python" --json "$OUT/bench_step_$1_$3.json"
   done
+  step shard 15 "$bin/lockstep-shard" "${shard_args[@]}" --out "$work/data"
+  step train_cuda 45 "$bin/lockstep-train" --data "$work/data" "${train_args[@]}" --device cuda \
+    --metrics "$OUT/train_cuda.jsonl"
+  [ -n "${PLAN:-}" ] && return 0
   cat "$OUT"/bench_step_*.json >"$OUT/bench_step.json" 2>/dev/null
-  # One rank (no mpirun here): the GPU backward profiles that tools/scaling_model.py
-  # extrapolates from, in place of CPU profiles scaled by GEMM rate.
-  for run in "mlp-large 1024 bf16" "resnet 256 fp16"; do
-    set -- $run
-    step "scaling_$1" 180 "$work/bin/bench_scaling" --device cuda --model "$1" --batch "$2" \
-      --precision "$3" --steps 10 --trials 3 --json "$OUT/bench_scaling_$1.json"
-  done
-  cat "$OUT"/bench_scaling_*.json >"$OUT/bench_scaling.json" 2>/dev/null
-  step scaling_model 60 "$python" tools/scaling_model.py --profile "$OUT/bench_scaling.json" \
-    --json "$OUT/scaling_model.json"
-  # A few hundred steps on the GPU and on the CPU from the same seed: the
-  # losses must agree within autocast-free f32 tolerance (tools/gpu_baseline.py compare).
-  "$work/bin/lockstep-shard" synthetic --out "$OUT/data" --count 8192 --shape 1,28,28 --dtype u8 \
-    --classes 10 --shards 2 --seed 1 >"$OUT/shard.log" 2>&1
-  for device in cuda cpu; do
-    step "train_$device" 240 "$work/bin/lockstep-train" --data "$OUT/data" --model mlp --steps 300 \
-      --batch-size 64 --device "$device" --seed 3 --log-every 100 --metrics "$OUT/train_$device.jsonl"
-  done
   echo
   "$python" tools/gpu_baseline.py summary --lockstep "$OUT/bench_gemm.json" --torch "$OUT/torch_gemm.json" \
-    --steps "$OUT/bench_step.json" --train "$OUT/train_cuda.jsonl" "$OUT/train_cpu.jsonl" | tee "$OUT/summary.txt"
-  grep -E "test cases|assertions|passed|failed" "$OUT/gpu_tests.log" | tail -n 3
+    --steps "$OUT/bench_step.json" --train "$OUT/train_cuda.jsonl" "$work/ref/train_cpu.jsonl" \
+    | tee "$OUT/summary.txt"
+}
+
+# One rank (no mpirun there): the GPU backward profiles tools/scaling_model.py
+# extrapolates from, in place of CPU profiles scaled by GEMM rate.
+run_scaling() {
+  [ -z "${PLAN:-}" ] && prepare scaling
+  local bin=$work/bin
+  for config in "mlp-large 1024 bf16" "resnet 256 fp16"; do
+    set -- $config
+    step "scaling_$1" 90 "$bin/bench_scaling" --device cuda --model "$1" --batch "$2" \
+      --precision "$3" --steps 10 --trials 3 --json "$OUT/bench_scaling_$1.json"
+  done
+  [ -n "${PLAN:-}" ] && return 0
+  cat "$OUT"/bench_scaling_*.json >"$OUT/bench_scaling.json" 2>/dev/null
+}
+
+# Lists each call's steps and timeouts, checks each stays within the device
+# tool's 600 s per command, and that the pack holds every binary.
+plan() {
+  PLAN=1
+  local call status=0
+  for call in run_tests run_bench run_scaling; do
+    plan_total=0
+    echo "${call//_/-}:"
+    "$call"
+    echo "  total of timeouts: ${plan_total}s"
+    [ "$plan_total" -le 300 ] || { echo "  over the 300 s a call may plan for" >&2; status=1; }
+  done
+  if [ -f "$pack_file" ]; then
+    local listing b
+    listing=$(tar tzf "$pack_file")
+    for b in "${binaries[@]}"; do
+      grep -qx "./bin/$(basename "$b")" <<<"$listing" || { echo "pack lacks $b" >&2; status=1; }
+    done
+    grep -qx "./ref/train_cpu.jsonl" <<<"$listing" || { echo "pack lacks the cpu training run" >&2; status=1; }
+    echo "pack: $(($(stat -c %s "$pack_file") >> 20)) MiB, every binary present"
+  else
+    echo "no pack yet (tools/gpu-check.sh pack)"
+  fi
+  return "$status"
 }
 
 case "${1:-}" in
   pack) pack ;;
-  run) run ;;
-  *) echo "usage: tools/gpu-check.sh pack|run" >&2; exit 2 ;;
+  run-tests) run_tests ;;
+  run-bench) run_bench ;;
+  run-scaling) run_scaling ;;
+  plan) plan ;;
+  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-scaling|plan" >&2; exit 2 ;;
 esac

@@ -9,10 +9,12 @@
 #include <mutex>
 #include <string>
 
+#include "engine/core/log.h"
 #include "kernels/error.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/pool.h"
 #endif
 
 namespace lockstep::core {
@@ -47,6 +49,7 @@ Counter& counter(Device device) {
 #if LOCKSTEP_WITH_CUDA
 // Raise the pool's release threshold once per device, so that memory freed
 // back to the pool stays there between steps instead of returning to the OS.
+// What it caches goes back when an allocation fails (Note [pool retry]).
 void configure_pool(int device) {
   static std::once_flag flags[kMaxGpus];
   std::call_once(flags[device], [device] {
@@ -55,6 +58,63 @@ void configure_pool(int device) {
     std::uint64_t threshold = UINT64_MAX;
     LOCKSTEP_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   });
+}
+
+// Note [pool retry]: the pool keeps every freed block (threshold unlimited),
+// so memory that something outside it took since (cuDNN, NCCL, another
+// process) can leave a request unservable while the pool holds enough free
+// memory in other blocks. On cudaErrorMemoryAllocation the pool's cache goes
+// back to the device and the request is tried once more, as PyTorch's caching
+// allocator frees its cached blocks and retries.
+void* allocate_device(Device device, std::size_t bytes, const Stream& stream) {
+  void* p = nullptr;
+  cudaError_t status = cudaMallocAsync(&p, bytes, stream.handle());
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it, or the next launch check would report it
+    kernels::cuda::detail::release_pool_memory(device.index);
+    status = cudaMallocAsync(&p, bytes, stream.handle());
+  }
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    cudaGetLastError();
+    throw LibraryError("CUDA", status,
+                       "out of memory on " + device.str() + " allocating " + std::to_string(bytes) +
+                           " bytes: lockstep holds " +
+                           std::to_string(g_gpus[device.index].current.load()) + " bytes, " +
+                           std::to_string(free_bytes) + " of " + std::to_string(total_bytes) +
+                           " are free after releasing the pool's cache (reduce the batch size)");
+  }
+  LOCKSTEP_CHECK_CUDA(status);
+  return p;
+}
+
+// Destructors cannot throw: a failed free is logged and its error cleared, so
+// that the next launch's check does not report it as its own. At exit, after
+// the runtime has unloaded, the driver reclaims everything: nothing to say.
+void report_free_failure(cudaError_t status, const char* call, Device device) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  if (status == cudaErrorCudartUnloading) return;
+  log_warn("{} on {} failed: {}: {}", call, device.str(), cudaGetErrorName(status),
+           cudaGetErrorString(status));
+}
+
+// Note [device free]: a zero-byte allocation holds no pointer and frees
+// nothing (cudaFreeAsync is not documented to take null). A null stream
+// handle is the legacy default stream of the *current* device, so the free
+// is ordered there with the allocation's device current, then the caller's
+// device is restored (the last reference may drop on any thread).
+void free_device(void* data, Device device, const Stream& stream) {
+  if (!data) return;
+  int current = device.index;
+  if (!stream.handle() && cudaGetDevice(&current) != cudaSuccess) current = device.index;
+  const bool switch_device = current != device.index;
+  cudaError_t status = switch_device ? cudaSetDevice(device.index) : cudaSuccess;
+  if (status == cudaSuccess) status = cudaFreeAsync(data, stream.handle());
+  report_free_failure(status, "cudaFreeAsync", device);
+  if (switch_device) report_free_failure(cudaSetDevice(current), "cudaSetDevice", device);
 }
 #endif
 
@@ -84,14 +144,12 @@ void* aligned_host(std::size_t bytes) {
 Storage::~Storage() {
   counter(device_).sub(bytes_);
 #if LOCKSTEP_WITH_CUDA
-  // Destructors must not throw: a failing free here means the context is
-  // already broken, and the error that broke it has been reported.
   if (device_.is_cuda()) {
-    cudaFreeAsync(data_, stream_.handle());
+    free_device(data_, device_, stream_);
     return;
   }
   if (pinned_) {
-    cudaFreeHost(data_);
+    report_free_failure(cudaFreeHost(data_), "cudaFreeHost", device_);
     return;
   }
 #endif
@@ -111,8 +169,7 @@ std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream
                           stream.device().str() + " (use a stream of the same device)");
   set_current_device(device);
   configure_pool(device.index);
-  void* p = nullptr;
-  if (bytes > 0) LOCKSTEP_CHECK_CUDA(cudaMallocAsync(&p, bytes, stream.handle()));
+  void* p = bytes > 0 ? allocate_device(device, bytes, stream) : nullptr;
   counter(device).add(bytes);
   const Stream owner = stream.device().is_cuda() ? stream : Stream::default_for(device);
   return std::make_shared<Storage>(p, bytes, device, false, owner);

@@ -3,7 +3,8 @@
 // Pinned host: cudaHostAlloc when a GPU is usable, else plain aligned memory.
 // GPU: CUDA's stream-ordered pool (cudaMallocAsync), with the release
 // threshold raised so freed blocks stay cached and the training loop never
-// reaches cudaMalloc. Current and peak bytes are counted per device.
+// reaches cudaMalloc; a failed allocation releases the cache and retries once
+// (Note [pool retry]). Current and peak bytes are counted per device.
 //
 // Note [stream-ordered free]: device memory is freed on the stream it was
 // allocated on. A caller that uses a buffer on another stream must make the

@@ -2,8 +2,6 @@
 #include "engine/core/ops.h"
 
 #include <exception>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "kernels/elementwise.h"
@@ -37,30 +35,14 @@ struct GpuStream {
   }
 };
 
+// Makes `device` current in both cases: kernels launch into, and cuBLASLt's
+// handle is picked for, the current device, whatever stream they are given.
 GpuStream gpu_stream(Device device, const Stream& given) {
-  if (given.device().is_cuda()) {
-    if (!(given.device() == device))
-      throw InvalidArgument("op on " + device.str() + " given a stream of " + given.device().str());
-    return {given, false};
-  }
+  if (given.device().is_cuda() && !(given.device() == device))
+    throw InvalidArgument("op on " + device.str() + " given a stream of " + given.device().str());
   set_current_device(device);
+  if (given.device().is_cuda()) return {given, false};
   return {Stream::default_for(device), true};
-}
-
-// One GEMM workspace per (device, stream): cuBLASLt may use it until the
-// GEMM finishes, so two streams must not share one. Kept for the process.
-void* gemm_workspace(Device device, kernels::CudaStream stream) {
-  static std::mutex mutex;
-  static auto* workspaces =
-      new std::map<std::pair<int, kernels::CudaStream>, std::shared_ptr<Storage>>;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = (*workspaces)[{device.index, stream}];
-  if (!slot) {
-    const Stream owner = Stream::default_for(device);
-    slot = allocate(device, kernels::cuda::kGemmWorkspaceBytes, owner);
-    owner.synchronize();
-  }
-  return slot->data();
 }
 
 Tensor reduce_on_gpu(const Tensor& x, bool squares, [[maybe_unused]] const Stream& stream) {
@@ -209,8 +191,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
   if (!a.device().is_cuda()) return kernels::cpu::gemm(g);
 #if LOCKSTEP_WITH_CUDA
   GpuStream gs = gpu_stream(a.device(), stream);
-  kernels::cuda::gemm(g, gemm_workspace(a.device(), gs.stream.handle()),
-                      kernels::cuda::kGemmWorkspaceBytes, gs.stream.handle());
+  kernels::cuda::gemm(g, gs.stream.gemm_workspace(), kernels::cuda::kGemmWorkspaceBytes,
+                      gs.stream.handle());
 #endif
 }
 

@@ -1,6 +1,8 @@
 // Stream and Event: ordering of work on a device. On the CPU every operation
 // completes before it returns, so both are no-ops there; on CUDA they wrap
 // cudaStream_t and cudaEvent_t (created without timing: cheaper to record).
+// A stream also owns the GEMM workspace of the work queued on it. Calls that
+// need it make the stream's device current for the calling thread.
 #pragma once
 
 #include <memory>
@@ -11,6 +13,7 @@
 namespace lockstep::core {
 
 class Event;
+class Storage;
 
 class Stream {
  public:
@@ -22,14 +25,20 @@ class Stream {
   static Stream create(Device device);
 
   Device device() const { return device_; }
-  kernels::CudaStream handle() const { return handle_.get(); }
+  kernels::CudaStream handle() const { return handle_; }
   void synchronize() const;
   // Work queued on this stream after the call waits until `event` has happened.
   void wait(const Event& event) const;
 
+  // cuBLASLt's workspace (kernels::cuda::kGemmWorkspaceBytes) for the GEMMs
+  // queued on this GPU stream; Note [gemm workspace].
+  void* gemm_workspace() const;
+
  private:
+  struct State;
   Device device_;
-  std::shared_ptr<CUstream_st> handle_;  // null: CPU, or the default stream
+  kernels::CudaStream handle_ = nullptr;  // null: CPU, or the default stream
+  std::shared_ptr<State> state_;          // created streams: owns handle_
 };
 
 class Event {

@@ -104,6 +104,7 @@ void Tensor::copy_from(const Tensor& src, const Stream& stream) {
 #if LOCKSTEP_WITH_CUDA
   const Device gpu = device().is_cuda() ? device() : src.device();
   const Stream s = stream.device().is_cuda() ? stream : Stream::default_for(gpu);
+  set_current_device(gpu);  // Note [default stream device], engine/core/stream.cpp
   LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(data(), src.data(), nbytes(), cudaMemcpyDefault, s.handle()));
   if (!stream.device().is_cuda()) s.synchronize();
 #else
@@ -133,6 +134,7 @@ void Tensor::copy_to_host(void* dst, const Stream& stream) const {
   }
 #if LOCKSTEP_WITH_CUDA
   const Stream s = stream.device().is_cuda() ? stream : Stream::default_for(device());
+  set_current_device(device());  // Note [default stream device], engine/core/stream.cpp
   LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(dst, data(), nbytes(), cudaMemcpyDeviceToHost, s.handle()));
   s.synchronize();
 #else

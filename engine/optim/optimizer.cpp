@@ -81,6 +81,8 @@ Optimizer::Optimizer(std::string type_name, ParameterStore& store, std::vector<P
                             "' is trainable but in no group (add it to one, or freeze it "
                             "before building the ParameterStore)");
   segments_ = build_segments(store, group_of);
+  kernels::validate_segments(segments_.data(), static_cast<std::int64_t>(segments_.size()),
+                             static_cast<int>(groups_.size()), type_name_.c_str());
   if (store.device().is_cuda() && !segments_.empty())
     device_segments_ = core::Tensor::from_host(
         segments_.data(),

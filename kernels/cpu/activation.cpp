@@ -28,7 +28,7 @@ void activation_backward(Activation act, const void* dy, const void* x, void* dx
   if (type == DType::f32) {
     const auto *g = static_cast<const float*>(dy), *in = static_cast<const float*>(x);
     auto* out = static_cast<float*>(dx);
-    if (act == Activation::relu) {  // the common case, kept branch-free for the vectoriser
+    if (act == Activation::relu) {  // Note [relu backward selects], branch-free for the vectoriser
       // g[i] is loaded whatever the sign: a load under the condition may not
       // be speculated, so GCC would emit a scalar loop with a branch that
       // mispredicts on about half the elements (ten times slower).
@@ -38,12 +38,13 @@ void activation_backward(Activation act, const void* dy, const void* x, void* dx
       }
       return;
     }
-    for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] * detail::activation_derivative(act, in[i]);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = detail::activation_gradient(act, g[i], in[i]);
     return;
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const float d = detail::activation_derivative(act, detail::load_f32(x, type, i));
-    detail::store_f32(dx, type, i, detail::load_f32(dy, type, i) * d);
+    const float gradient = detail::activation_gradient(act, detail::load_f32(dy, type, i),
+                                                       detail::load_f32(x, type, i));
+    detail::store_f32(dx, type, i, gradient);
   }
 }
 

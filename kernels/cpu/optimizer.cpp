@@ -5,30 +5,16 @@
 // which GCC vectorises only under -fno-math-errno, a flag the build does not set.
 #include <bit>
 #include <cmath>
-#include <string>
 
-#include "kernels/error.h"
 #include "kernels/optimizer.h"
 
 namespace lockstep::kernels::cpu {
-namespace {
-
-template <typename Group>
-const Group& group_of(const OptimizerSegment& segment, const Group* groups, int group_count) {
-  if (segment.group < 0 || segment.group >= group_count)
-    throw InvalidArgument("optimizer step: segment at offset " + std::to_string(segment.offset) +
-                          " names group " + std::to_string(segment.group) + " of " +
-                          std::to_string(group_count));
-  return groups[segment.group];
-}
-
-}  // namespace
-
 void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, const SgdGroup* groups,
               int group_count, float* params, const float* grads, float* momentum) {
+  validate_segments(segments, segment_count, group_count, "sgd_step");
   for (std::int64_t s = 0; s < segment_count; ++s) {
     const OptimizerSegment& segment = segments[s];
-    const SgdGroup& h = group_of(segment, groups, group_count);
+    const SgdGroup& h = groups[segment.group];
     float* p = params + segment.offset;
     const float* g = grads + segment.offset;
     const std::int64_t n = segment.length;
@@ -58,9 +44,10 @@ void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, cons
 void adamw_step(const OptimizerSegment* segments, std::int64_t segment_count,
                 const AdamwGroup* groups, int group_count, float* params, const float* grads,
                 float* exp_avg, float* exp_avg_sq) {
+  validate_segments(segments, segment_count, group_count, "adamw_step");
   for (std::int64_t s = 0; s < segment_count; ++s) {
     const OptimizerSegment& segment = segments[s];
-    const AdamwGroup& h = group_of(segment, groups, group_count);
+    const AdamwGroup& h = groups[segment.group];
     float* p = params + segment.offset;
     const float* g = grads + segment.offset;
     float* m = exp_avg + segment.offset;

@@ -22,7 +22,7 @@ template <typename T>
 __global__ void backward_kernel(Activation act, const T* dy, const T* x, T* dx, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
-    dx[i] = from_f32<T>(to_f32(dy[i]) * kernels::detail::activation_derivative(act, to_f32(x[i])));
+    dx[i] = from_f32<T>(kernels::detail::activation_gradient(act, to_f32(dy[i]), to_f32(x[i])));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "kernels/cuda/check_cudnn.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/device_float.cuh"
+#include "kernels/cuda/pool.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
@@ -247,8 +248,13 @@ const Plan& plan_for(const Conv2dShape& s, DType type, ConvPass pass, CudaStream
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto found = c.plans.find(key);
-  if (found == c.plans.end())
+  if (found == c.plans.end()) {
+    // cudnnFind* takes its trial workspaces with plain cudaMalloc, and skips
+    // an algorithm whose workspace it cannot get: hand it what the pool
+    // caches first (once per shape), or autotuning would choose among fewer.
+    if (key.autotune) detail::release_pool_memory(device);
     found = c.plans.emplace(key, make_plan(detail::cudnn_handle(stream), key)).first;
+  }
   return *found->second;
 }
 

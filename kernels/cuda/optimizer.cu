@@ -34,11 +34,18 @@ unsigned grid_for_segments(std::int64_t segment_count) {
   return static_cast<unsigned>(std::min<std::int64_t>(segment_count, 8192));
 }
 
+// A segment naming a group outside the table is left untouched (Note [device
+// segment table]); kMaxOptimizerGroups bounds the table, group_count its use.
+__device__ bool known_group(const OptimizerSegment& segment, int group_count) {
+  return segment.group >= 0 && segment.group < group_count;
+}
+
 __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segment_count,
-                           GroupTable<SgdGroup> groups, float* params, const float* grads,
-                           float* momentum) {
+                           GroupTable<SgdGroup> groups, int group_count, float* params,
+                           const float* grads, float* momentum) {
   for (std::int64_t s = blockIdx.x; s < segment_count; s += gridDim.x) {
     const OptimizerSegment segment = segments[s];
+    if (!known_group(segment, group_count)) continue;
     const SgdGroup h = groups.group[segment.group];
     const std::int64_t end = segment.offset + segment.length;
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
@@ -56,10 +63,11 @@ __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segmen
 }
 
 __global__ void adamw_kernel(const OptimizerSegment* segments, std::int64_t segment_count,
-                             GroupTable<AdamwGroup> groups, float* params, const float* grads,
-                             float* exp_avg, float* exp_avg_sq) {
+                             GroupTable<AdamwGroup> groups, int group_count, float* params,
+                             const float* grads, float* exp_avg, float* exp_avg_sq) {
   for (std::int64_t s = blockIdx.x; s < segment_count; s += gridDim.x) {
     const OptimizerSegment segment = segments[s];
+    if (!known_group(segment, group_count)) continue;
     const AdamwGroup h = groups.group[segment.group];
     const std::int64_t end = segment.offset + segment.length;
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
@@ -94,7 +102,7 @@ void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, cons
   const auto table = group_table(groups, group_count, "sgd_step");
   if (segment_count == 0) return;
   sgd_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
-      segments, segment_count, table, params, grads, momentum);
+      segments, segment_count, table, group_count, params, grads, momentum);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -104,7 +112,7 @@ void adamw_step(const OptimizerSegment* segments, std::int64_t segment_count,
   const auto table = group_table(groups, group_count, "adamw_step");
   if (segment_count == 0) return;
   adamw_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
-      segments, segment_count, table, params, grads, exp_avg, exp_avg_sq);
+      segments, segment_count, table, group_count, params, grads, exp_avg, exp_avg_sq);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -16,6 +16,7 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/clip.h"
 #include "engine/optim/sgd.h"
+#include "kernels/optimizer.h"
 #include "support/optim_fixture.h"
 
 using namespace lockstep;
@@ -336,6 +337,24 @@ TEST_CASE("optimizer misuse is an error that says what to fix", "[engine][optim]
     CHECK_THROWS_WITH(adamw.set_scalar_state("lr", 1), Catch::Contains("no scalar state 'lr'"));
     CHECK_THROWS_WITH(adamw.set_lr(2, 0.1), Catch::Contains("no parameter group 2"));
   }
+}
+
+// The group check the CUDA kernels rely on (Note [device segment table]):
+// before anything moves, it names the segment and the group it lacks.
+TEST_CASE("a segment table naming a missing group is rejected before any update",
+          "[engine][optim]") {
+  const kernels::OptimizerSegment table[] = {{0, 4, 0}, {4, 4, 2}, {8, 4, -1}};
+  const kernels::SgdGroup groups[2] = {{0.1f, 0.0f, 0.0f, 1.0f, false, true},
+                                       {0.2f, 0.0f, 0.0f, 1.0f, false, true}};
+  std::vector<float> params(12, 1.0f), grads(12, 1.0f);
+  CHECK_THROWS_WITH(
+      kernels::cpu::sgd_step(table, 3, groups, 2, params.data(), grads.data(), nullptr),
+      Catch::Contains("sgd_step: segment 1 at offset 4 names group 2") &&
+          Catch::Contains("there are 2 groups"));
+  CHECK(params == std::vector<float>(12, 1.0f));
+  CHECK_THROWS_WITH(kernels::validate_segments(table + 2, 1, 2, "AdamW"),
+                    Catch::Contains("AdamW: segment 0 at offset 8 names group -1"));
+  CHECK_NOTHROW(kernels::validate_segments(table, 1, 2, "SGD"));
 }
 
 // Clipping: the norm is a float64 sum over the parameters; the library's f64

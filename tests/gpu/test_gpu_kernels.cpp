@@ -1,18 +1,23 @@
 // Every CUDA op against its CPU reference: bit for bit where both compute the
 // same f32 operations (elementwise, casts, fills, Philox words, uniforms and
-// masks), within stated tolerances where they may not (GEMM, reductions,
-// normals).
+// masks, ReLU's and dropout's selects), within stated tolerances where they
+// may not (GEMM, reductions, normals); and the optimizer kernels' guard on a
+// segment's group.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "engine/core/memory.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
 #include "engine/core/tensor.h"
+#include "kernels/activation.h"
+#include "kernels/dropout.h"
 #include "kernels/error.h"
+#include "kernels/optimizer.h"
 #include "support/reference.h"
 
 using namespace lockstep;
@@ -186,6 +191,91 @@ TEST_CASE("cuda philox gives the cpu's bits for words, uniforms and masks", "[gp
     for (std::int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(cv[i] - gv[i]) <= 1e-5f);
     CHECK(cpu_gen.state().offset == gpu_gen.state().offset);
   }
+}
+
+// inf, -inf and NaN in dy and x, at units that are active (x > 0) and not.
+TEST_CASE("cuda relu backward and dropout select like the cpu, inf and NaN too",
+          "[gpu][activation][dropout]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> x = {1.0f, -1.0f, 0.0f, -0.0f, nan, inf, -inf, 2.0f, -2.0f, 0.5f};
+  const std::vector<float> dy = {inf, inf, -inf, nan, inf, nan, nan, -inf, nan, 3.0f};
+  const std::vector<std::uint8_t> mask = {1, 0, 1, 0, 1, 0, 0, 1, 0, 1};
+  const auto n = static_cast<std::int64_t>(x.size());
+  const Tensor mask_cpu = Tensor::from_vector(mask, {n}, DType::u8), mask_gpu = mask_cpu.to(kGpu);
+  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
+    INFO(dtype_name(type));
+    const Tensor x_cpu = Tensor::from_vector(x, {n}, DType::f32).cast(type);
+    const Tensor dy_cpu = Tensor::from_vector(dy, {n}, DType::f32).cast(type);
+    const Tensor x_gpu = x_cpu.to(kGpu), dy_gpu = dy_cpu.to(kGpu);
+    Tensor dx_cpu = Tensor::empty({n}, type), dx_gpu = Tensor::empty({n}, type, kGpu);
+    kernels::cpu::activation_backward(kernels::Activation::relu, dy_cpu.data(), x_cpu.data(),
+                                      dx_cpu.data(), type, n);
+    kernels::cuda::activation_backward(kernels::Activation::relu, dy_gpu.data(), x_gpu.data(),
+                                       dx_gpu.data(), type, n, nullptr);
+    require_same_values(bytes_of(dx_gpu), bytes_of(dx_cpu), type);
+    // PyTorch's threshold_backward: only x > 0 passes dy, whatever dy holds.
+    const auto dx = dx_gpu.cast(DType::f32).to_vector<float>();
+    for (std::int64_t i = 0; i < n; ++i)
+      if (!(x[i] > 0.0f)) CHECK(dx[i] == 0.0f);
+    kernels::cpu::apply_mask(dy_cpu.data(), mask_cpu.data_as<std::uint8_t>(), dx_cpu.data(), type,
+                             n, 1.25f);
+    kernels::cuda::apply_mask(dy_gpu.data(), mask_gpu.data_as<std::uint8_t>(), dx_gpu.data(), type,
+                              n, 1.25f, nullptr);
+    require_same_values(bytes_of(dx_gpu), bytes_of(dx_cpu), type);
+  }
+}
+
+// A device segment table naming a group the step was not given (Note [device
+// segment table]): the kernels leave those segments as they were instead of
+// reading past the group table, and step the others as the cpu does. nvcc
+// contracts p - lr * d into one FMA where the cpu rounds twice: 1e-6 relative
+// holds a rounding or two on values of order 1.
+TEST_CASE("cuda optimizer steps leave a segment with an unknown group untouched", "[gpu][optim]") {
+  const std::vector<kernels::OptimizerSegment> segments = {{0, 5, 0}, {5, 5, 3}, {10, 5, -1}};
+  std::vector<float> values(15), grads(15);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = 0.1f * static_cast<float>(i);
+    grads[i] = 1.0f - 0.05f * static_cast<float>(i);
+  }
+  const auto table_bytes = static_cast<std::int64_t>(segments.size() * sizeof segments[0]);
+  const Tensor table = Tensor::from_host(segments.data(), {table_bytes}, DType::u8, kGpu);
+  const auto* device_segments = static_cast<const kernels::OptimizerSegment*>(table.data());
+  const Tensor g = Tensor::from_vector(grads, {15}, DType::f32).to(kGpu);
+  auto check_step = [&](const Tensor& stepped, const std::vector<float>& reference) {
+    const auto got = stepped.to_vector<float>();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      if (i < 5)
+        CHECK(std::fabs(got[i] - reference[i]) <= 1e-6 * (1 + std::fabs(reference[i])));
+      else
+        CHECK(got[i] == values[i]);
+    }
+  };
+  // The cpu steps the first segment alone: it rejects the whole table.
+  const kernels::SgdGroup sgd{0.5f, 0.0f, 0.0f, 1.0f, false, true};
+  std::vector<float> expected = values;
+  kernels::cpu::sgd_step(segments.data(), 1, &sgd, 1, expected.data(), grads.data(), nullptr);
+  std::vector<float> untouched = values;
+  CHECK_THROWS_AS(
+      kernels::cpu::sgd_step(segments.data(), 3, &sgd, 1, untouched.data(), grads.data(), nullptr),
+      InvalidArgument);
+  CHECK(untouched == values);
+  Tensor p = Tensor::from_vector(values, {15}, DType::f32).to(kGpu);
+  kernels::cuda::sgd_step(device_segments, 3, &sgd, 1, p.data_as<float>(), g.data_as<float>(),
+                          nullptr, nullptr);
+  check_step(p, expected);
+  const kernels::AdamwGroup adamw{1.0f, 0.9f, 0.1f, 0.999f, 0.001f, 1e-8f, 0.01f, 0.0316f};
+  expected = values;
+  std::vector<float> m(15, 0.0f), v(15, 0.0f);
+  kernels::cpu::adamw_step(segments.data(), 1, &adamw, 1, expected.data(), grads.data(), m.data(),
+                           v.data());
+  p = Tensor::from_vector(values, {15}, DType::f32).to(kGpu);
+  Tensor gm = Tensor::zeros({15}, DType::f32, kGpu), gv = Tensor::zeros({15}, DType::f32, kGpu);
+  kernels::cuda::adamw_step(device_segments, 3, &adamw, 1, p.data_as<float>(), g.data_as<float>(),
+                            gm.data_as<float>(), gv.data_as<float>(), nullptr);
+  check_step(p, expected);
+  const auto moments = gm.to_vector<float>();
+  for (std::size_t i = 5; i < moments.size(); ++i) CHECK(moments[i] == 0.0f);
 }
 
 TEST_CASE("device memory comes from the pool and is counted", "[gpu][memory]") {

@@ -2,10 +2,13 @@
 // byte for byte (plain and u8-scaled, where both compute x * (1.0f / 255)),
 // with a pool small enough that every buffer is reused while its previous
 // copy may still run, on the consumer's own stream, and torn down while
-// copies are in flight.
+// copies are in flight; and its workers run with the loader's GPU current.
+#include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "io/loader.h"
 #include "io/shard_fixtures.h"
@@ -75,4 +78,28 @@ TEST_CASE("a cuda loader shuts down with copies in flight", "[gpu][io][loader]")
     for (int i = 0; i < taken; ++i) REQUIRE(gpu.next());
   }
   SUCCEED("no crash, hang or sanitizer report");
+}
+
+// The loader's device is the last visible GPU, the one a fresh thread does
+// not start on when there are several. On a machine with one GPU the two
+// coincide and this cannot tell; it guards multi-GPU nodes.
+TEST_CASE("loader workers run with the loader's GPU current", "[gpu][io][loader]") {
+  Samples s;
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  const core::Device device = core::Device::cuda(count - 1);
+  std::mutex mutex;
+  std::set<int> seen;
+  LoaderOptions options{.sampler = {.micro_batch = 64}, .threads = 3, .device = device};
+  options.transform = [&](HostBatch&) {  // on a worker: no Catch2 assertions here
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) current = -1;
+    std::lock_guard lock(mutex);
+    seen.insert(current);
+  };
+  DataLoader gpu(s.data, options);
+  gpu.start_epoch(0);
+  while (gpu.next()) {
+  }
+  CHECK(seen == std::set<int>{device.index});
 }

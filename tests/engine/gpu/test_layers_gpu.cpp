@@ -23,10 +23,12 @@ namespace {
 
 const core::Device kGpu = core::Device::cuda(0);
 
+// `stream` is the one that computed `gpu` (the default stream when omitted):
+// the read is queued behind that work, then waits for it.
 void require_close(const core::Tensor& gpu, const core::Tensor& cpu, double abs_tol, double rel_tol,
-                   const std::string& what) {
+                   const std::string& what, const core::Stream& stream = {}) {
   REQUIRE(gpu.shape() == cpu.shape());
-  const auto g = gpu.cast(DType::f32).to_vector<float>();
+  const auto g = gpu.cast(DType::f32, stream).to_vector<float>(stream);
   const auto c = cpu.cast(DType::f32).to_vector<float>();
   for (std::size_t i = 0; i < g.size(); ++i) {
     if (std::isinf(c[i]) && g[i] == c[i]) continue;
@@ -60,7 +62,7 @@ void compare_model(const std::function<std::unique_ptr<Module>()>& make, const c
   const core::Tensor y_cpu = cpu_model->forward(x, cpu_ctx);
   const core::Tensor y_gpu = gpu_model->forward(x.to(kGpu, stream), gpu_ctx);
   const double tol = tolerance(autocast);
-  require_close(y_gpu, y_cpu, tol, tol, cpu_model->describe() + " forward");
+  require_close(y_gpu, y_cpu, tol, tol, cpu_model->describe() + " forward", stream);
   const core::Tensor dy = test::random_f32(y_cpu.shape(), 6);
   const core::Tensor dx_cpu = cpu_model->backward(dy, cpu_ctx);
   const core::Tensor dx_gpu = gpu_model->backward(dy.to(kGpu, stream), gpu_ctx);

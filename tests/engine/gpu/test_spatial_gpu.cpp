@@ -47,16 +47,18 @@ double tolerance(DType type) {
 }
 
 // A 16-bit result may be one ulp of its type apart whatever its computation's
-// tolerance: both tolerances widen to that.
+// tolerance: both tolerances widen to that. `stream` is the one that computed
+// `gpu` (the default stream when omitted): the read is queued behind that
+// work, then waits for it.
 void require_close(const core::Tensor& gpu, const core::Tensor& cpu, double abs_tol, double rel_tol,
-                   const std::string& what) {
+                   const std::string& what, const core::Stream& stream = {}) {
   REQUIRE(gpu.shape() == cpu.shape());
   REQUIRE(gpu.dtype() == cpu.dtype());
   if (gpu.dtype() != DType::f32) {
     abs_tol = std::max(abs_tol, tolerance(gpu.dtype()));
     rel_tol = std::max(rel_tol, tolerance(gpu.dtype()));
   }
-  const auto g = gpu.cast(DType::f32).to_vector<float>();
+  const auto g = gpu.cast(DType::f32, stream).to_vector<float>(stream);
   const auto c = cpu.cast(DType::f32).to_vector<float>();
   for (std::size_t i = 0; i < g.size(); ++i) {
     if ((std::isinf(c[i]) && g[i] == c[i]) || (std::isnan(c[i]) && std::isnan(g[i]))) continue;
@@ -91,7 +93,7 @@ void compare(const std::function<std::unique_ptr<Module>()>& make, const core::T
   for (int step = 0; step < 2; ++step) {
     const core::Tensor y_cpu = cpu_model->forward(x, cpu_ctx);
     const core::Tensor y_gpu = gpu_model->forward(x.to(kGpu, stream), gpu_ctx);
-    require_close(y_gpu, y_cpu, tol, tol, cpu_model->describe() + " forward");
+    require_close(y_gpu, y_cpu, tol, tol, cpu_model->describe() + " forward", stream);
     const core::Tensor dy = test::random_f32(y_cpu.shape(), 6 + step).cast(y_cpu.dtype());
     const core::Tensor dx_cpu = cpu_model->backward(dy, cpu_ctx);
     const core::Tensor dx_gpu = gpu_model->backward(dy.to(kGpu, stream), gpu_ctx);
