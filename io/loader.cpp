@@ -346,6 +346,9 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
                           dtype_name(format.input_dtype) +
                           " (turn scale_u8 off, or write the shards with u8 inputs)");
   core::require_usable(o.device);
+  // The pinned pool below and the copy events belong to the loader's device,
+  // whatever GPU the constructing thread had current.
+  core::set_current_device(o.device);
   if (o.stream.device().is_cuda() && !(o.stream.device() == o.device))
     throw InvalidArgument("DataLoader: a stream of " + o.stream.device().str() +
                           " for batches on " + o.device.str() +
