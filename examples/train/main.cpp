@@ -10,6 +10,7 @@
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_choice.h"
 #include "engine/core/log.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
@@ -29,7 +30,8 @@ struct Flags {
   std::string metrics, log_level = "info";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
-  int accum = 1, keep = 3, threads = 1;
+  int accum = 1, keep = 3, threads = 1,
+      max_consecutive_skips = TrainerOptions{}.max_consecutive_skips;
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0;
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false;
@@ -114,34 +116,39 @@ int run(Flags& f, comm::World& world) {
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
-  Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
-                  trainer_options, stream);
+  trainer_options.max_consecutive_skips = f.max_consecutive_skips;
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
   if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
+  std::optional<std::filesystem::path> resume_file;
+  if (f.resume == "auto") {
+    if (!checkpoints) throw InvalidArgument("--resume auto needs --checkpoint-dir");
+    resume_file = newest_checkpoint_of_rank0(world.host(), *checkpoints);
+  } else if (!f.resume.empty()) {
+    resume_file = f.resume;
+  }
+  // Every rank checks the others' configuration, data and checkpoint in the
+  // Trainer's constructor, before anything trains (comm::check_agreement).
+  for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
+  for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
+  trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
+  Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
+                  trainer_options, stream);
+
   std::int64_t epoch = 0, position = 0;
-  if (!f.resume.empty()) {
-    std::optional<std::filesystem::path> file;
-    if (f.resume == "auto") {
-      if (!checkpoints) throw InvalidArgument("--resume auto needs --checkpoint-dir");
-      file = checkpoints->latest_good();
-    } else {
-      file = f.resume;
-    }
-    if (file) {
-      const TrainingState s = restore_checkpoint(read_checkpoint(*file), file->string(), *model,
-                                                 *optimizer, config, stream);
-      trainer.set_steps(s.step);
-      scaler.set_state(s.scaler);
-      epoch = s.epoch;
-      position = s.position;
-      if (lead)
-        fmt::print("resumed from {} at step {} (epoch {}, sample {})\n", file->string(), s.step,
-                   epoch, position);
-    } else if (lead) {
-      fmt::print("no checkpoint in {}: starting fresh\n", f.checkpoint_dir);
-    }
+  if (resume_file) {
+    const TrainingState s = restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(),
+                                               *model, *optimizer, config, stream);
+    trainer.set_steps(s.step);
+    scaler.set_state(s.scaler);
+    epoch = s.epoch;
+    position = s.position;
+    if (lead)
+      fmt::print("resumed from {} at step {} (epoch {}, sample {})\n", resume_file->string(),
+                 s.step, epoch, position);
+  } else if (f.resume == "auto" && lead) {
+    fmt::print("no checkpoint in {}: starting fresh\n", f.checkpoint_dir);
   }
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
@@ -186,9 +193,9 @@ int run(Flags& f, comm::World& world) {
       next_position = loader.position().position;
       if (lead) {
         metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f})",
+            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
             r->step, epoch, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            r->samples / r->seconds));
+            r->samples / r->seconds, r->skipped_steps));
         if (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1)
           fmt::print("{}\n",
                      progress_line(r->step, total_steps, r->loss, r->lr, r->samples / r->seconds,
@@ -248,6 +255,10 @@ int main(int argc, char** argv) {
   app.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--max-consecutive-skips", f.max_consecutive_skips,
+                 "stop with an error after this many steps in a row skipped for inf/NaN")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   app.add_option("--device", f.device, "cpu or cuda (default: cuda when usable)");
   app.add_option("--seed", f.seed, "seed of initialisation, shuffling and dropout")
       ->capture_default_str();
