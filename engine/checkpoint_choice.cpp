@@ -6,15 +6,13 @@
 
 namespace lockstep::engine {
 
-std::optional<std::filesystem::path> newest_checkpoint_of_rank0(
-    comm::Communicator& comm, const CheckpointDirectory& directory) {
+std::string newest_checkpoint_name_of_rank0(comm::Communicator& comm,
+                                            const CheckpointDirectory* directory) {
   std::string name;
-  if (comm.rank() == 0)
-    if (const std::optional<std::filesystem::path> newest = directory.latest_good())
+  if (comm.rank() == 0 && directory)
+    if (const std::optional<std::filesystem::path> newest = directory->latest_good())
       name = newest->filename().string();
-  name = comm::broadcast_text(comm, name, 0);
-  if (name.empty()) return std::nullopt;
-  return directory.directory() / name;
+  return comm::broadcast_text(comm, name, 0);
 }
 
 std::pair<std::string, std::string> checkpoint_agreement_field(

@@ -7,10 +7,10 @@
 // Note [checkpoint choice]: for --resume auto, only rank 0 lists and verifies
 // its checkpoint directory and broadcasts the newest good file's name; each
 // rank reads that name in its own directory (the same one on a shared file
-// system). The agreement field is "ckpt-<step>.h5 (crc32 ... size ...)" as
-// verified on that rank, so equal fields mean the same bytes. A bad file
-// becomes the field's value rather than an exception, so that the rank with
-// the bad copy still joins the agreement and every rank reports it.
+// system); a rank given a file reads that file. The agreement field is "ckpt-<step>.h5 (crc32 ...
+// size ...)" as verified on that rank, so equal fields mean the same bytes. A bad file becomes the
+// field's value rather than an exception, so that the rank with the bad copy still joins the
+// agreement and every rank reports it.
 #pragma once
 
 #include <filesystem>
@@ -23,11 +23,12 @@
 
 namespace lockstep::engine {
 
-// Collective over `comm`: rank 0's newest good checkpoint of `directory`, as
-// the same file name in this rank's `directory`; nullopt on every rank when
-// rank 0 has none.
-std::optional<std::filesystem::path> newest_checkpoint_of_rank0(
-    comm::Communicator& comm, const CheckpointDirectory& directory);
+// Collective over `comm`, called by every rank whether it resumes or not, so
+// that ranks given different resume flags cannot wait on each other: the
+// file name of rank 0's newest good checkpoint in its `directory` ("" when
+// rank 0 has none, or passes no directory). Only rank 0 lists and verifies.
+std::string newest_checkpoint_name_of_rank0(comm::Communicator& comm,
+                                            const CheckpointDirectory* directory);
 
 // ("checkpoint", what this rank would resume from): "none" for a fresh start,
 // "ckpt-6.h5 (crc32 0badf00d size 12345)" for a verified file, or the reason

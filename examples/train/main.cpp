@@ -121,13 +121,13 @@ int run(Flags& f, comm::World& world) {
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
   if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
+  if (f.resume == "auto" && !checkpoints)
+    throw InvalidArgument("--resume auto needs --checkpoint-dir");
+  const std::string newest = newest_checkpoint_name_of_rank0(
+      world.host(), f.resume == "auto" ? &*checkpoints : nullptr);  // Note [checkpoint choice]
   std::optional<std::filesystem::path> resume_file;
-  if (f.resume == "auto") {
-    if (!checkpoints) throw InvalidArgument("--resume auto needs --checkpoint-dir");
-    resume_file = newest_checkpoint_of_rank0(world.host(), *checkpoints);
-  } else if (!f.resume.empty()) {
-    resume_file = f.resume;
-  }
+  if (f.resume == "auto" && !newest.empty()) resume_file = checkpoints->directory() / newest;
+  if (!f.resume.empty() && f.resume != "auto") resume_file = f.resume;
   // Every rank checks the others' configuration, data and checkpoint in the
   // Trainer's constructor, before anything trains (comm::check_agreement).
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);

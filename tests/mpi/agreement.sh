@@ -14,7 +14,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 LOCKSTEP_COMM_TIMEOUT=60
 synthetic() {  # synthetic DIR COUNT SHARDS SEED
-  "$shard" synthetic --out "$1" --count "$2" --shape 1,8,8 --dtype u8 --classes 10 \
+  "$shard" synthetic --out "$1" --count "$2" --shape 1,28,28 --dtype u8 --classes 10 \
     --shards "$3" --seed "$4" >/dev/null
 }
 synthetic "$work/data" 512 2 1

@@ -104,9 +104,11 @@ TEST_CASE("every rank resumes from the checkpoint rank 0 chose, or all report th
   save(3, 1.0f);
   // Only rank 0 has step 6: every rank follows rank 0 to ckpt-6.h5.
   if (comm.rank() == 0) save(6, 2.0f);
-  const std::optional<fs::path> chosen = engine::newest_checkpoint_of_rank0(comm, checkpoints);
-  REQUIRE(chosen);
-  CHECK(*chosen == dir / "ckpt-6.h5");
+  // Ranks that pass no directory (no --resume auto) still take part.
+  const std::string newest =
+      engine::newest_checkpoint_name_of_rank0(comm, comm.rank() == 1 ? nullptr : &checkpoints);
+  REQUIRE(newest == "ckpt-6.h5");
+  const std::optional<fs::path> chosen = dir / newest;
   if (comm.size() > 1) {
     require_disagreement({engine::checkpoint_agreement_field(chosen)},
                          {"ranks disagree on 'checkpoint'", "rank 0 has 'ckpt-6.h5 (crc32 ",
@@ -127,6 +129,7 @@ TEST_CASE("every rank resumes from the checkpoint rank 0 chose, or all report th
         fs::copy_file(dir_of(0) / name, dir / name, fs::copy_options::overwrite_existing);
   }
   CHECK_NOTHROW(comm::check_agreement(comm, {engine::checkpoint_agreement_field(chosen)}));
+  CHECK(engine::newest_checkpoint_name_of_rank0(comm, nullptr).empty());
   comm.barrier();  // rank 0's files are read by the others until here
   fs::remove_all(dir);
 }
