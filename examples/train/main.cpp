@@ -132,6 +132,10 @@ int run(Flags& f, comm::World& world) {
   // Trainer's constructor, before anything trains (comm::check_agreement).
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
+  std::optional<io::Dataset> val_data;
+  if (!f.val_data.empty()) val_data = io::Dataset::open(f.val_data);
+  for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
+    trainer_options.agreement.emplace_back("val_" + key, value);
   trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
   Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
                   trainer_options, stream);
@@ -171,7 +175,7 @@ int run(Flags& f, comm::World& world) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    val_loader.emplace(io::Dataset::open(f.val_data), v);
+    val_loader.emplace(*val_data, v);
   }
   MetricsWriter metrics(lead ? f.metrics : "");
   EtaClock eta;

@@ -66,6 +66,10 @@ expect_failure samples "ranks disagree on 'dataset': rank 0 has '512 samples'; r
 pair shards --data "$work/data" --steps 2 -- --data "$work/four" --steps 2
 expect_failure shards "ranks disagree on 'dataset.shards': rank 0 has '2'; rank 1 has '4'"
 
+pair val --data "$work/data" --val-data "$work/data" --steps 2 \
+  -- --data "$work/data" --val-data "$work/half" --steps 2
+expect_failure val "ranks disagree on 'val_dataset.samples': rank 0 has '512'; rank 1 has '256'"
+
 # Rank 1's directory holds a ckpt-2.h5 of another run (other weights, other bytes).
 "$train" "${common[@]}" --data "$work/data" --steps 2 --lr 0.2 --checkpoint-dir "$work/b" >/dev/null
 pair checkpoint --data "$work/data" --steps 4 --checkpoint-dir "$work/a" --resume auto \
