@@ -84,6 +84,7 @@ std::vector<std::pair<std::string, std::string>> Dataset::agreement_fields() con
   }
   return fields;
 }
+
 const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
 
 void Dataset::check_labels(std::int64_t num_classes) const {
