@@ -12,9 +12,9 @@
 
 namespace lockstep::comm {
 
-// Collective. Throws InvalidArgument on every rank when some rank's `entries`
-// (one line each, in order) differ from rank 0's. Every message size is
-// rank 0's or fixed, so a difference cannot make the check itself hang.
+// Collective (Note [agreement], comm/agreement.h). Throws InvalidArgument on
+// every rank when some rank's `entries` (one line each, in order) differ from
+// rank 0's.
 void check_same_model(Communicator& comm, const std::vector<std::string>& entries);
 
 }  // namespace lockstep::comm

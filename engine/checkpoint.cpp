@@ -3,6 +3,8 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
+
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -56,6 +58,21 @@ void load_group(const std::map<std::string, core::Tensor>& tensors, const std::s
   }
 }
 
+// A checkpoint is what a run falls back to; one with an inf or NaN would
+// replace a good one in the retention window, so it is never made.
+void refuse_nonfinite(const CheckpointContents& c, std::int64_t step) {
+  for (const auto& [path, tensor] : c.tensors) {
+    if (tensor.dtype() != DType::f32) continue;
+    const float* data = tensor.data_as<float>();
+    for (std::int64_t i = 0; i < tensor.numel(); ++i)
+      if (!std::isfinite(data[i]))
+        throw NumericalError(fmt::format(
+            "refusing to save the checkpoint of step {}: {} element {} is {} (the run has "
+            "diverged; resume from an earlier checkpoint with a lower learning rate)",
+            step, path, i, data[i]));
+  }
+}
+
 }  // namespace
 
 CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
@@ -79,6 +96,7 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
   c.attributes["world_size"] = static_cast<std::int64_t>(state.world_size);
   c.attributes["global_batch"] = state.global_batch;
   for (const auto& [key, value] : state.config) c.attributes["config." + key] = value;
+  refuse_nonfinite(c, state.step);
   return c;
 }
 

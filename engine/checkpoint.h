@@ -39,7 +39,9 @@ struct TrainingState {
   std::map<std::string, std::string> config;  // Note [resume fingerprint]
 };
 
-// Copies the model, its buffers and the optimizer state to the host.
+// Copies the model, its buffers and the optimizer state to the host. Throws
+// NumericalError naming the tensor and element when any f32 value is inf or
+// NaN: such a checkpoint is never written.
 CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
                                       const TrainingState& state, const core::Stream& stream);
 

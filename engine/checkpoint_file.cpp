@@ -276,7 +276,7 @@ std::optional<fs::path> CheckpointDirectory::latest_good() const {
   return std::nullopt;
 }
 
-void verify_checkpoint(const fs::path& file) {
+std::string verify_checkpoint(const fs::path& file) {
   const fs::path sum_file = checksum_path(file);
   std::ifstream in(sum_file);
   unsigned crc = 0;
@@ -291,6 +291,9 @@ void verify_checkpoint(const fs::path& file) {
     throw IoError("checkpoint " + file.string() + " is corrupt: " + std::to_string(actual.size) +
                   " bytes with CRC-32 " + std::to_string(actual.crc) + ", expected " +
                   std::to_string(size) + " bytes with CRC-32 " + std::to_string(crc));
+  char sum[64];
+  std::snprintf(sum, sizeof sum, "crc32 %08x size %ju", crc, size);
+  return sum;
 }
 
 CheckpointContents read_checkpoint(const fs::path& file) {

@@ -47,6 +47,7 @@ class CheckpointDirectory {
   // The newest checkpoint whose checksum verifies; logs a warning naming each
   // newer one that does not.
   std::optional<std::filesystem::path> latest_good() const;
+  const std::filesystem::path& directory() const { return dir_; }
 
  private:
   std::filesystem::path dir_;
@@ -54,8 +55,8 @@ class CheckpointDirectory {
 };
 
 // Throws IoError naming the file when its checksum file is missing or does
-// not match its bytes.
-void verify_checkpoint(const std::filesystem::path& file);
+// not match its bytes; returns the verified sum ("crc32 0badf00d size 12345").
+std::string verify_checkpoint(const std::filesystem::path& file);
 // Verifies, then reads every dataset and root attribute.
 CheckpointContents read_checkpoint(const std::filesystem::path& file);
 // Datasets of one group ("/model") of any HDF5 file with that layout (for

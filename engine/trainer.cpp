@@ -1,6 +1,8 @@
 // Trainer (engine/trainer.h).
 #include "engine/trainer.h"
 
+#include <fmt/core.h>
+
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -40,6 +42,10 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
   if (options_.accumulation < 1)
     throw InvalidArgument("Trainer: TrainerOptions::accumulation is " +
                           std::to_string(options_.accumulation) + "; it must be at least 1");
+  if (options_.max_consecutive_skips < 1)
+    throw InvalidArgument("TrainerOptions::max_consecutive_skips must be at least 1, got " +
+                          std::to_string(options_.max_consecutive_skips));
+  comm::check_agreement(world_.host(), agreement_fields());
   options_.sync.compute_stream = stream_;
   const RankMean mean = rank_mean(world_, store_.device());
   options_.sync.average = mean.synchronizer_averages;
@@ -49,6 +55,43 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
+}
+
+comm::NamedValues Trainer::agreement_fields() const {
+  const ScheduleOptions& s = scheduler_.options();
+  std::string milestones;
+  for (std::int64_t m : s.milestones) {
+    if (!milestones.empty()) milestones += ',';
+    milestones += std::to_string(m);
+  }
+  const LossScalerOptions& l = scaler_.options();
+  // The caller's fields first: they are in the words of its configuration.
+  comm::NamedValues fields = options_.agreement;
+  const comm::NamedValues own{
+      {"trainer.accumulation", std::to_string(options_.accumulation)},
+      {"trainer.autocast", options_.autocast ? dtype_name(*options_.autocast) : "off"},
+      {"trainer.max_grad_norm", fmt::format("{}", options_.max_grad_norm)},
+      {"trainer.seed", std::to_string(options_.seed)},
+      {"trainer.max_consecutive_skips", std::to_string(options_.max_consecutive_skips)},
+      {"trainer.schedule",
+       fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
+                   "eta_min={}",
+                   kind_name(scheduler_.kind()), s.warmup_steps, s.total_steps, s.step_size,
+                   milestones, s.gamma, s.eta_min)},
+      {"trainer.loss_scaler", l.enabled
+                                  ? fmt::format("init_scale={} growth_factor={} backoff_factor={} "
+                                                "growth_interval={} min_scale={}",
+                                                l.init_scale, l.growth_factor, l.backoff_factor,
+                                                l.growth_interval, l.min_scale)
+                                  : "off"},
+      {"trainer.optimizer",
+       fmt::format("{}, {} groups", optimizer_.type_name(), optimizer_.group_count())}};
+  fields.insert(fields.end(), own.begin(), own.end());
+  for (std::size_t g = 0; g < optimizer_.group_count(); ++g)
+    fields.emplace_back(
+        fmt::format("trainer.optimizer.group[{}]", g),
+        fmt::format("lr={} weight_decay={}", optimizer_.initial_lr(g), optimizer_.weight_decay(g)));
+  return fields;
 }
 
 Context Trainer::make_context(std::int64_t micro_batch, std::int64_t rows) {
@@ -91,28 +134,65 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   }
   sync_->finish();
 
+  // Note [non-finite steps]: the scaler's flag (f16; the step's host
+  // synchronisation) or the norm (fp32, bf16) says whether every gradient is
+  // finite; the agreement gives the global loss; then the decision.
   StepResult r;
   scaler_.unscale(store_.grads(), stream_);
   r.loss_scale = scaler_.scale();
-  const bool finite = scaler_.update(stream_);  // the step's host synchronisation
-  r.skipped = !finite;
-  r.grad_norm = !finite ? NAN
+  bool scaler_clean = true;
+  try {
+    scaler_clean = scaler_.update(stream_);
+  } catch (const NumericalError& e) {
+    throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
+  }
+  r.grad_norm = !scaler_clean ? NAN
                 : options_.max_grad_norm > 0
                     ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
                     : grad_norm(store_.grads(), stream_);
   scheduler_.apply(optimizer_, steps_);
   r.lr = optimizer_.lr(0);
-  if (finite) optimizer_.step(stream_);
-
   const auto local = step_totals_.to_vector<float>(stream_);
   const comm::StepTotals totals =
       comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
+  r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
+  if (!r.skipped) optimizer_.step(stream_);
+
   r.step = ++steps_;
   r.loss = totals.mean_loss();
   r.samples = totals.samples;
   r.stop = totals.stop;
+  skipped_steps_ += r.skipped ? 1 : 0;
+  consecutive_skips_ = r.skipped ? consecutive_skips_ + 1 : 0;
+  r.skipped_steps = skipped_steps_;
+  if (consecutive_skips_ >= options_.max_consecutive_skips) throw_nonfinite(r.step, r.loss);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+void Trainer::throw_nonfinite(std::int64_t step, double mean_loss) {
+  // The gradients are the allreduced ones, the same on every rank, so every
+  // rank names the same parameter.
+  const std::vector<float> g = store_.grads().to_vector<float>(stream_);
+  std::string culprit = "every gradient is finite";
+  for (const ParameterStore::Slot& s : store_.slots()) {
+    const auto first = static_cast<std::size_t>(s.offset);
+    const auto end = first + static_cast<std::size_t>(s.numel);
+    std::size_t i = first;
+    while (i < end && std::isfinite(g[i])) ++i;
+    if (i < end) {
+      culprit = fmt::format(
+          "the first parameter, in backward order, whose gradient is not finite is '{}' "
+          "(element {} is {})",
+          s.parameter->name, i - first, g[i]);
+      break;
+    }
+  }
+  throw NumericalError(fmt::format(
+      "step {}: {} steps in a row were skipped for a non-finite loss or gradient "
+      "(max_consecutive_skips {}); {}; the mean loss is {}. Lower the learning rate, clip the "
+      "gradients, check the data, or resume from an earlier checkpoint",
+      step, consecutive_skips_, options_.max_consecutive_skips, culprit, mean_loss));
 }
 
 EvalResult Trainer::evaluate(io::DataLoader& loader) {

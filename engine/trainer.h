@@ -18,12 +18,24 @@
 // same bits. GPU buffers keep the division after the sum (NCCL's ncclAvg
 // fuses it), so that 16-bit backward passes see gradients world-size times
 // larger, away from underflow.
+//
+// Note [non-finite steps]: a step whose global mean loss or allreduced
+// gradients hold an inf or NaN is skipped in every precision: in f16 the loss
+// scaler's check decides (and backs off), in fp32 and bf16 the global grad
+// norm, computed anyway for clipping and the metrics, is not finite exactly
+// when some gradient is not (squares of f32 values summed in f64 cannot
+// overflow). Both look at allreduced gradients and the loss comes from the
+// step agreement, so every rank takes the same decision with no extra
+// collective. After max_consecutive_skips skipped steps in a row, step()
+// throws NumericalError naming the step and the first parameter, in backward
+// order, whose gradient is not finite.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 
+#include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/world.h"
 #include "engine/nn/loss.h"
@@ -41,6 +53,13 @@ struct TrainerOptions {
   std::optional<DType> autocast;  // f16 or bf16
   double max_grad_norm = 0.0;     // clip to this global norm; 0: no clipping
   std::uint64_t seed = 0;         // dropout keys
+  // Skipped steps in a row (Note [non-finite steps]) after which step()
+  // throws; more than the 16 halvings that take the f16 scale from 2^16 to 1.
+  int max_consecutive_skips = 20;
+  // What else every rank must share (the program's configuration, the
+  // dataset's agreement_fields(), the checkpoint_agreement_field()): checked
+  // at construction with the Trainer's own settings, in one collective.
+  comm::NamedValues agreement;
   comm::SynchronizerOptions sync;
 };
 
@@ -49,10 +68,11 @@ struct StepResult {
   double loss = 0.0;      // mean over the whole global batch, before the update
   double lr = 0.0;        // of group 0
   float loss_scale = 1.0f;
-  double grad_norm = 0.0;    // after unscaling, before clipping; inf/NaN when skipped
-  bool skipped = false;      // inf/NaN gradients: no update
-  bool stop = false;         // a rank was asked to stop (Note [stop requests])
-  std::int64_t samples = 0;  // global samples in this step
+  double grad_norm = 0.0;          // after unscaling, before clipping; inf/NaN when skipped
+  bool skipped = false;            // inf/NaN loss or gradients: no update (Note [non-finite steps])
+  std::int64_t skipped_steps = 0;  // skipped by this Trainer so far, this one included
+  bool stop = false;               // a rank was asked to stop (Note [stop requests])
+  std::int64_t samples = 0;        // global samples in this step
   double seconds = 0.0;
 };
 
@@ -77,13 +97,17 @@ RankMean rank_mean(const comm::World& world, core::Device device);
 
 class Trainer {
  public:
-  // Collective (builds the synchroniser: checks every rank built the same
-  // model, then copies rank 0's parameters and buffers to all).
+  // Collective: checks that every rank has the same settings and
+  // options.agreement (comm::check_agreement), then builds the synchroniser,
+  // which checks that every rank built the same model and copies rank 0's
+  // parameters and buffers to all.
   Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
           LossScaler& scaler, comm::World& world, TrainerOptions options, core::Stream stream);
 
   // Takes K micro-batches from `loader` and one optimizer step. nullopt when
   // the epoch has fewer than K micro-batches left (they are left unused).
+  // Throws NumericalError after too many skipped steps in a row, or when the
+  // f16 loss scale is at its floor (Note [non-finite steps]).
   std::optional<StepResult> step(io::DataLoader& loader);
   // Loss and accuracy over the loader's whole epoch 0, every rank its share.
   EvalResult evaluate(io::DataLoader& loader);
@@ -97,6 +121,9 @@ class Trainer {
 
  private:
   Context make_context(std::int64_t micro_batch, std::int64_t rows);
+  comm::NamedValues agreement_fields() const;
+  // Note [non-finite steps]: the error after the last allowed skip.
+  [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
 
   Module& model_;
   ParameterStore& store_;
@@ -113,6 +140,7 @@ class Trainer {
   core::Tensor step_totals_, weighted_loss_;
   int loss_gradient_divisor_ = 1;  // RankMean's
   std::int64_t steps_ = 0;
+  std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
 };
 
 }  // namespace lockstep::engine

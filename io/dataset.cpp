@@ -67,6 +67,24 @@ Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOption
 std::int64_t Dataset::size() const { return static_cast<std::int64_t>(state_->labels.size()); }
 const ShardFormat& Dataset::format() const { return state_->format; }
 const std::vector<ShardInfo>& Dataset::shards() const { return state_->infos; }
+
+std::vector<std::pair<std::string, std::string>> Dataset::agreement_fields() const {
+  std::vector<std::pair<std::string, std::string>> fields{
+      {"dataset.samples", std::to_string(size())},
+      {"dataset.format", format().str()},
+      {"dataset.shards", std::to_string(shards().size())}};
+  for (std::size_t i = 0; i < shards().size(); ++i) {
+    const ShardInfo& s = shards()[i];
+    std::error_code error;
+    const std::uintmax_t bytes = std::filesystem::file_size(s.path, error);
+    fields.emplace_back(fmt::format("dataset.shard[{}]", i),
+                        fmt::format("{}: {} rows, {}", s.path.filename().string(), s.rows,
+                                    error ? "size unknown (" + error.message() + ")"
+                                          : std::to_string(bytes) + " bytes"));
+  }
+  return fields;
+}
+
 const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
 
 void Dataset::check_labels(std::int64_t num_classes) const {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/shard_format.h"
@@ -41,6 +42,11 @@ class Dataset {
   const ShardFormat& format() const;
   std::size_t sample_bytes() const { return format().sample_bytes(); }
   const std::vector<ShardInfo>& shards() const;
+
+  // What ranks compare before training (comm::check_agreement): the sample
+  // count, the format, the shard count, and each shard's file name (not its
+  // directory, which may differ across hosts), rows and size in bytes.
+  std::vector<std::pair<std::string, std::string>> agreement_fields() const;
 
   // Labels of every sample, as i64 whatever the shards store.
   const std::vector<std::int64_t>& labels() const;

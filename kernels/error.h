@@ -27,6 +27,13 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// Training produced values it cannot continue from: infs or NaNs that skipping
+// steps did not cure, a loss scale at its floor, non-finite weights.
+class NumericalError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A call into CUDA, cuBLAS, cuDNN, NCCL, MPI or HDF5 returned an error.
 class LibraryError : public Error {
  public:

@@ -1,9 +1,13 @@
 // LossScaler (engine/optim/loss_scaler.h). The update rule is GradScaler's
 // (_amp_update_scale_): on inf/NaN scale *= backoff and the tracker resets;
 // otherwise the tracker counts up and, on reaching growth_interval, the scale
-// grows (only to a finite value) and the tracker resets.
+// grows (only to a finite value) and the tracker resets. Backing off stops at
+// min_scale, and an inf/NaN found there is an error (DeepSpeed's rule).
 #include "engine/optim/loss_scaler.h"
 
+#include <fmt/core.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -19,13 +23,16 @@ LossScaler::LossScaler(LossScalerOptions options) : options_(options) {
   }
   if (!(options_.init_scale > 0.0f) || !std::isfinite(options_.init_scale) ||
       !(options_.growth_factor > 1.0f) || !(options_.backoff_factor > 0.0f) ||
-      !(options_.backoff_factor < 1.0f) || options_.growth_interval < 1)
+      !(options_.backoff_factor < 1.0f) || options_.growth_interval < 1 ||
+      !(options_.min_scale > 0.0f) || !(options_.min_scale <= options_.init_scale))
     throw InvalidArgument(
         "LossScaler: init_scale " + std::to_string(options_.init_scale) + ", growth_factor " +
         std::to_string(options_.growth_factor) + ", backoff_factor " +
         std::to_string(options_.backoff_factor) + ", growth_interval " +
-        std::to_string(options_.growth_interval) +
-        " (need a finite init_scale > 0, growth > 1, 0 < backoff < 1, interval >= 1)");
+        std::to_string(options_.growth_interval) + ", min_scale " +
+        std::to_string(options_.min_scale) +
+        " (need a finite init_scale > 0, growth > 1, 0 < backoff < 1, interval >= 1, "
+        "0 < min_scale <= init_scale)");
   scale_ = options_.init_scale;
 }
 
@@ -65,7 +72,13 @@ bool LossScaler::update(const core::Stream& stream) {
   std::int32_t found = 0;
   found_nonfinite_.copy_to_host(&found, stream);
   if (found != 0) {
-    scale_ *= options_.backoff_factor;
+    if (scale_ <= options_.min_scale)
+      throw NumericalError(fmt::format(
+          "the loss scale is at its floor (min_scale {}) and the gradients still hold an inf or "
+          "NaN: scaling is not the cause, the model's values are (lower the learning rate, "
+          "check the data, or train in bf16 or fp32)",
+          options_.min_scale));
+    scale_ = std::max(scale_ * options_.backoff_factor, options_.min_scale);
     growth_tracker_ = 0;
     return false;
   }
@@ -79,12 +92,13 @@ bool LossScaler::update(const core::Stream& stream) {
 
 void LossScaler::set_state(const LossScalerState& state) {
   if (!enabled()) return;
-  if (!(state.scale > 0.0f) || !std::isfinite(state.scale) || state.growth_tracker < 0 ||
-      state.growth_tracker >= options_.growth_interval)
+  if (!(state.scale >= options_.min_scale) || !std::isfinite(state.scale) ||
+      state.growth_tracker < 0 || state.growth_tracker >= options_.growth_interval)
     throw InvalidArgument("LossScaler: state (scale " + std::to_string(state.scale) +
                           ", growth tracker " + std::to_string(state.growth_tracker) +
                           ") is invalid for growth_interval " +
-                          std::to_string(options_.growth_interval));
+                          std::to_string(options_.growth_interval) + " and min_scale " +
+                          std::to_string(options_.min_scale));
   scale_ = state.scale;
   growth_tracker_ = state.growth_tracker;
 }

@@ -3,8 +3,10 @@
 // the gradients are allreduced, unscale() multiplies them by 1/scale and
 // checks them for inf/NaN in one pass, and update() decides: skip the step and
 // halve the scale, or step and double the scale after growth_interval clean
-// steps in a row. The check runs on allreduced gradients, so every rank
-// decides the same without an extra collective.
+// steps in a row. The scale has a floor (min_scale): an inf or NaN found at
+// the floor is an error, since scaling can no longer be the cause. The check
+// runs on allreduced gradients, so every rank decides the same without an
+// extra collective.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,9 @@ struct LossScalerOptions {
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
   std::int64_t growth_interval = 2000;
+  // Backing off never goes below this; an inf or NaN found at it throws
+  // (DeepSpeed's and Megatron's min_loss_scale, 1 by default).
+  float min_scale = 1.0f;
 };
 
 struct LossScalerState {
@@ -36,6 +41,7 @@ class LossScaler {
   static LossScaler for_autocast(std::optional<DType> autocast);
 
   bool enabled() const { return options_.enabled; }
+  const LossScalerOptions& options() const { return options_; }
   // Multiply the loss gradient by this before backward (1 when disabled).
   float scale() const { return scale_; }
 
@@ -47,7 +53,8 @@ class LossScaler {
   // Reads the flag that unscale() left: this is the step's host
   // synchronisation (it waits for `stream`). Backs off or grows the scale and
   // returns whether the optimizer should step (false: skip it, the gradients
-  // had an inf or NaN). Always true when disabled.
+  // had an inf or NaN). Always true when disabled. Throws NumericalError
+  // naming min_scale when an inf or NaN is found with the scale at its floor.
   [[nodiscard]] bool update(const core::Stream& stream = {});
 
   // For checkpoints. A disabled scaler keeps scale 1 and ignores set_state.

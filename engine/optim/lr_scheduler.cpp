@@ -20,17 +20,17 @@ constexpr KindName kKindNames[] = {
     {ScheduleKind::multistep, "multistep"}, {ScheduleKind::exponential, "exponential"},
     {ScheduleKind::cosine, "cosine"},       {ScheduleKind::linear, "linear"}};
 
-std::string kind_name(ScheduleKind kind) {
-  for (const KindName& k : kKindNames)
-    if (k.kind == kind) return std::string(k.name);
-  return "?";
-}
-
 void require(bool ok, ScheduleKind kind, const std::string& what) {
   if (!ok) throw InvalidArgument("lr schedule '" + kind_name(kind) + "': " + what);
 }
 
 }  // namespace
+
+std::string kind_name(ScheduleKind kind) {
+  for (const KindName& k : kKindNames)
+    if (k.kind == kind) return std::string(k.name);
+  return "?";
+}
 
 LrScheduler::LrScheduler(ScheduleKind kind, ScheduleOptions options)
     : kind_(kind), options_(std::move(options)) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -53,6 +54,7 @@ class LrScheduler {
 // constant|step|multistep|exponential|cosine|linear (the command line's
 // --schedule); throws InvalidArgument listing the names.
 ScheduleKind parse_schedule_kind(std::string_view name);
+std::string kind_name(ScheduleKind kind);  // the name parse_schedule_kind takes
 LrScheduler make_scheduler(std::string_view name, const ScheduleOptions& options);
 
 }  // namespace lockstep::engine

@@ -55,6 +55,7 @@ class Optimizer {
   // them all: the t of AdamW's bias corrections, SGD's first momentum step.
   std::int64_t steps() const { return steps_; }
 
+  const std::string& type_name() const { return type_name_; }  // "SGD", "AdamW"
   std::size_t group_count() const { return groups_.size(); }
   double lr(std::size_t group) const { return group_at(group).lr; }
   void set_lr(std::size_t group, double lr);

@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 
+#include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/step_agreement.h"
 #include "comm/world.h"
@@ -108,6 +109,11 @@ int main(int argc, char** argv) {
   options.sampler = {
       .micro_batch = kMicroBatch, .world_size = world->size(), .rank = world->rank(), .seed = 3};
   options.device = device;
+  // Before the first step every rank checks that the others have the same
+  // settings and data (each rank wrote its own copy: same names, sizes, rows).
+  comm::NamedValues agreed = data.agreement_fields();
+  agreed.emplace_back("optimizer", "AdamW lr=0.01");
+  comm::check_agreement(world->host(), agreed);
   io::DataLoader loader(data, options);
   engine::CrossEntropyLoss loss;
 

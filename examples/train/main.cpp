@@ -14,6 +14,7 @@
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
+#include "engine/checkpoint_choice.h"
 #include "engine/core/log.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
@@ -36,7 +37,8 @@ struct Flags {
   std::string metrics, log_level = "info";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
-  int accum = 1, keep = 3, threads = 1;
+  int accum = 1, keep = 3, threads = 1,
+      max_consecutive_skips = TrainerOptions{}.max_consecutive_skips;
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0;
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false;
@@ -141,34 +143,43 @@ int run(Flags& f, comm::World& world) {
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
-  Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
-                  trainer_options, stream);
+  trainer_options.max_consecutive_skips = f.max_consecutive_skips;
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
   if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
+  if (f.resume == "auto" && !checkpoints)
+    throw InvalidArgument("--resume auto needs --checkpoint-dir");
+  const std::string newest = newest_checkpoint_name_of_rank0(
+      world.host(), f.resume == "auto" ? &*checkpoints : nullptr);  // Note [checkpoint choice]
+  std::optional<std::filesystem::path> resume_file;
+  if (f.resume == "auto" && !newest.empty()) resume_file = checkpoints->directory() / newest;
+  if (!f.resume.empty() && f.resume != "auto") resume_file = f.resume;
+  // Every rank checks the others' configuration, data and checkpoint in the
+  // Trainer's constructor, before anything trains (comm::check_agreement).
+  for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
+  for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
+  std::optional<io::Dataset> val_data;
+  if (!f.val_data.empty()) val_data = io::Dataset::open(f.val_data);
+  for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
+    trainer_options.agreement.emplace_back("val_" + key, value);
+  trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
+  Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
+                  trainer_options, stream);
+
   std::int64_t epoch = 0, position = 0;  // epoch counts from 0 here, from 1 in what is shown
   std::string resume_note;
-  if (!f.resume.empty()) {
-    std::optional<std::filesystem::path> file;
-    if (f.resume == "auto") {
-      if (!checkpoints) throw InvalidArgument("--resume auto needs --checkpoint-dir");
-      file = checkpoints->latest_good();
-    } else {
-      file = f.resume;
-    }
-    if (file) {
-      const TrainingState s = restore_checkpoint(read_checkpoint(*file), file->string(), *model,
-                                                 *optimizer, config, stream);
-      trainer.set_steps(s.step);
-      scaler.set_state(s.scaler);
-      epoch = s.epoch;
-      position = s.position;
-      resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})", file->string(),
-                                s.step, epoch + 1, position);
-    } else {
-      resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
-    }
+  if (resume_file) {
+    const TrainingState s = restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(),
+                                               *model, *optimizer, config, stream);
+    trainer.set_steps(s.step);
+    scaler.set_state(s.scaler);
+    epoch = s.epoch;
+    position = s.position;
+    resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})",
+                              resume_file->string(), s.step, epoch + 1, position);
+  } else if (f.resume == "auto") {
+    resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
   }
   MetricsWriter metrics(lead ? f.metrics : "");
   std::optional<RunReport> report;
@@ -199,13 +210,11 @@ int run(Flags& f, comm::World& world) {
     std::fflush(stdout);
   };
 
-  std::optional<io::Dataset> val_data;
   std::optional<io::DataLoader> val_loader;
   if (!f.val_data.empty()) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    val_data.emplace(io::Dataset::open(f.val_data));
     val_loader.emplace(*val_data, v);
   }
   RunHeader header{.program = "lockstep-train",
@@ -243,9 +252,9 @@ int run(Flags& f, comm::World& world) {
       report->record_step(r->step, r->loss, r->samples, r->seconds, r->skipped);
       if (lead) {
         metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f})",
+            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
             r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            r->samples / r->seconds));
+            r->samples / r->seconds, r->skipped_steps));
         if (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1)
           fmt::print("{}\n",
                      progress_line(r->step, total_steps, r->loss, r->lr, r->samples / r->seconds,
@@ -326,6 +335,10 @@ int main(int argc, char** argv) {
   app.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--max-consecutive-skips", f.max_consecutive_skips,
+                 "stop with an error after this many steps in a row skipped for inf/NaN")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   app.add_option("--device", f.device, "cpu or cuda (default: cuda when usable)");
   app.add_option("--seed", f.seed, "seed of initialisation, shuffling and dropout")
       ->capture_default_str();

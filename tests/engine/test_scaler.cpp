@@ -2,7 +2,8 @@
 // an inf or NaN skipped without a trace (parameters and optimizer state
 // unchanged, scale halved), growth after the interval, and state round trips.
 // Scales are powers of two, so scaling and unscaling are exact and the
-// comparisons below are exact.
+// comparisons below are exact. The scale stops at its floor, where an inf
+// or NaN is an error.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -149,4 +150,36 @@ TEST_CASE("loss scaler state round-trips and misuse is an error", "[engine][scal
                     Catch::Contains("unscale called twice in one step"));
   options.backoff_factor = 1.5f;
   CHECK_THROWS_WITH(LossScaler(options), Catch::Contains("backoff_factor 1.5"));
+}
+
+TEST_CASE("backing off stops at the floor, and an inf or NaN found there is an error",
+          "[engine][scaler][nonfinite]") {
+  LossScalerOptions options;
+  options.init_scale = 6.0f;
+  options.min_scale = 2.0f;
+  LossScaler scaler(options);
+  CHECK(LossScalerOptions{}.min_scale == 1.0f);  // DeepSpeed's and Megatron's default
+  auto bag = test::make_bag();
+  ParameterStore store(*bag, core::Device::cpu());
+  auto overflow = [&] {
+    auto grads = test::step_grads(store, 0);
+    grads[1][3] = std::numeric_limits<float>::infinity();
+    test::set_grads(store, grads);
+    scaler.unscale(store.grads());
+    return scaler.update();
+  };
+  CHECK_FALSE(overflow());
+  CHECK(scaler.scale() == 3.0f);
+  CHECK_FALSE(overflow());
+  CHECK(scaler.scale() == 2.0f);  // 1.5 would be below the floor
+  // A clean step at the floor is taken as usual.
+  test::set_grads(store, test::step_grads(store, 1));
+  scaler.unscale(store.grads());
+  CHECK(scaler.update());
+  CHECK_THROWS_AS(overflow(), NumericalError);
+  CHECK_THROWS_WITH(overflow(), Catch::StartsWith("the loss scale is at its floor (min_scale 2)"));
+  // The floor bounds the options and the restored state.
+  CHECK_THROWS_WITH(scaler.set_state({1.0f, 0}), Catch::Contains("min_scale 2.0"));
+  options.min_scale = 8.0f;
+  CHECK_THROWS_WITH(LossScaler(options), Catch::Contains("0 < min_scale <= init_scale"));
 }

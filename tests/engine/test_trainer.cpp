@@ -1,10 +1,14 @@
 // The Trainer end to end on a learnable synthetic task, in a world of one:
 // the loss falls in f32, f16 and bf16; K accumulation micro-batches equal one
-// batch K times larger; a run saved and restored continues bit for bit.
+// batch K times larger; a run saved and restored continues bit for bit; a
+// non-finite gradient skips the step in every precision, too many in a row
+// stop the run naming the parameter, and non-finite weights are never saved.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include "comm/world.h"
@@ -63,10 +67,30 @@ const fs::path& task() {
   return dir;
 }
 
-std::unique_ptr<Sequential> net(bool dropout) {
+// Passes its input through; its one parameter, unused by forward, gets the
+// gradient 0, or `poison` at the steps listed: a gradient gone non-finite in
+// one known parameter.
+class Probe : public Module {
+ public:
+  Probe() : Module("Probe"), gain_(add_parameter("gain", {4}, ParamRole::weight)) {}
+  core::Tensor forward(const core::Tensor& x, Context&) override { return x; }
+  core::Tensor backward(const core::Tensor& dy, Context& ctx) override {
+    if (std::find(poisoned.begin(), poisoned.end(), ctx.step) != poisoned.end())
+      gain_.grad.view(2, {1}).fill_(poison, ctx.stream);
+    return dy;
+  }
+  std::vector<std::uint64_t> poisoned;  // Context::step values (0 for the first step)
+  double poison = std::numeric_limits<double>::quiet_NaN();
+
+ private:
+  Parameter& gain_;
+};
+
+std::unique_ptr<Sequential> net(bool dropout, Probe** probe = nullptr) {
   auto n = std::make_unique<Sequential>();
   n->emplace<Linear>("fc1", 8, 32);
   n->emplace<ReLU>("relu");
+  if (probe) *probe = &n->emplace<Probe>("probe");
   if (dropout) n->emplace<Dropout>("drop", 0.2f);
   n->emplace<Linear>("fc2", 32, 4);
   n->set_input_grad(false);
@@ -83,14 +107,17 @@ io::LoaderOptions loader_options(std::int64_t batch) {
 
 // A training run: model, store, optimizer, scaler and trainer, built alike.
 struct Run {
+  Probe* probe = nullptr;  // set when made with_probe (before `model`, which sets it)
   std::unique_ptr<Sequential> model;
   std::unique_ptr<ParameterStore> store;
   std::unique_ptr<Optimizer> optimizer;
   LossScaler scaler;
   std::unique_ptr<Trainer> trainer;
 
-  Run(bool adamw, bool dropout, std::optional<DType> autocast, int accumulation)
-      : model(net(dropout)), scaler(LossScaler::for_autocast(autocast)) {
+  Run(bool adamw, bool dropout, std::optional<DType> autocast, int accumulation,
+      bool with_probe = false, int max_consecutive_skips = 20)
+      : model(net(dropout, with_probe ? &probe : nullptr)),
+        scaler(LossScaler::for_autocast(autocast)) {
     initialize(*model, 11);
     store = std::make_unique<ParameterStore>(*model, core::Device::cpu());
     if (adamw)
@@ -102,6 +129,7 @@ struct Run {
     o.accumulation = accumulation;
     o.autocast = autocast;
     o.seed = 9;
+    o.max_consecutive_skips = max_consecutive_skips;
     ScheduleOptions s;
     s.total_steps = 100;
     trainer = std::make_unique<Trainer>(*model, *store, *optimizer, make_scheduler("constant", s),
@@ -192,4 +220,121 @@ TEST_CASE("a run restored from its checkpoint continues bit for bit", "[engine][
   CHECK_THROWS_WITH(
       restore_checkpoint(contents, "ckpt.h5", *resumed.model, *resumed.optimizer, other, {}),
       Catch::Contains("model was 'test' and is now 'other'"));
+}
+
+TEST_CASE("a non-finite gradient skips the step in fp32, bf16 and f16, on every parameter",
+          "[engine][trainer][nonfinite]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::optional<DType> autocast :
+       {std::optional<DType>{}, std::optional{DType::bf16}, std::optional{DType::f16}}) {
+    for (double poison : {inf, -inf, std::numeric_limits<double>::quiet_NaN()}) {
+      INFO("autocast " << (autocast ? dtype_name(*autocast) : "off") << ", poison " << poison);
+      Run run(false, false, autocast, 1, true);
+      run.probe->poisoned = {2};
+      run.probe->poison = poison;
+      io::DataLoader loader(io::Dataset::open(task()), loader_options(32));
+      loader.start_epoch(0);
+      for (int i = 0; i < 4; ++i) {
+        const auto before = run.store->values().to_vector<float>();
+        const auto state_before = run.optimizer->state_tensors()[0].value.to_vector<float>();
+        const float scale_before = run.scaler.scale();
+        const std::optional<StepResult> r = run.trainer->step(loader);
+        REQUIRE(r);
+        CHECK(r->step == i + 1);
+        CHECK(std::isfinite(r->loss));
+        CHECK(r->skipped == (i == 2));
+        CHECK(r->skipped_steps == (i >= 2 ? 1 : 0));
+        if (r->skipped) {
+          // No trace: parameters and optimizer state are the same bits.
+          CHECK(run.store->values().to_vector<float>() == before);
+          CHECK(run.optimizer->state_tensors()[0].value.to_vector<float>() == state_before);
+          CHECK_FALSE(std::isfinite(r->grad_norm));
+          // f16's scaler backs off; the others have no scale.
+          CHECK(run.scaler.scale() == (autocast == DType::f16 ? scale_before / 2 : 1.0f));
+        } else {
+          CHECK(run.store->values().to_vector<float>() != before);
+          CHECK(std::isfinite(r->grad_norm));
+        }
+      }
+      CHECK(run.optimizer->steps() == 3);  // the skipped step made no update
+      CHECK(run.trainer->steps() == 4);    // but counts for the schedule and dropout
+    }
+  }
+}
+
+TEST_CASE("too many skipped steps in a row stop the run, naming the step and the parameter",
+          "[engine][trainer][nonfinite]") {
+  for (std::optional<DType> autocast : {std::optional<DType>{}, std::optional{DType::bf16}}) {
+    INFO("autocast " << (autocast ? dtype_name(*autocast) : "off"));
+    io::DataLoader loader(io::Dataset::open(task()), loader_options(16));
+    loader.start_epoch(0);
+    // Skips that are not all in a row never stop a run.
+    Run gaps(false, false, autocast, 1, true, 3);
+    gaps.probe->poisoned = {1, 2, 4, 5, 7, 8};
+    std::int64_t skipped = 0;
+    for (int i = 0; i < 10; ++i) skipped = gaps.trainer->step(loader)->skipped_steps;
+    CHECK(skipped == 6);
+
+    Run run(false, false, autocast, 1, true, 3);
+    run.probe->poisoned = {1, 2, 3, 4};
+    loader.start_epoch(1);
+    REQUIRE_FALSE(run.trainer->step(loader)->skipped);
+    REQUIRE(run.trainer->step(loader)->skipped);
+    REQUIRE(run.trainer->step(loader)->skipped);
+    try {
+      run.trainer->step(loader);
+      FAIL("the third skip in a row did not stop the run");
+    } catch (const NumericalError& e) {
+      const std::string m = e.what();
+      CHECK_THAT(m, Catch::StartsWith("step 4: 3 steps in a row were skipped"));
+      CHECK_THAT(m, Catch::Contains("(max_consecutive_skips 3)"));
+      // fc2's gradients come first in backward order and are finite.
+      CHECK_THAT(m, Catch::Contains("whose gradient is not finite is 'probe.gain' (element 2 is "
+                                    "nan)"));
+    }
+  }
+  CHECK_THROWS_WITH(Run(false, false, std::nullopt, 1, false, 0),
+                    Catch::Contains("max_consecutive_skips must be at least 1, got 0"));
+}
+
+TEST_CASE("an inf or NaN at the loss scale's floor is an error naming the floor and the step",
+          "[engine][trainer][nonfinite]") {
+  Run run(false, false, DType::f16, 1, true, 100);
+  LossScalerOptions options;
+  options.init_scale = 4.0f;
+  options.min_scale = 1.0f;
+  run.scaler = LossScaler(options);
+  run.probe->poisoned = {0, 1, 2};
+  run.probe->poison = std::numeric_limits<double>::infinity();
+  io::DataLoader loader(io::Dataset::open(task()), loader_options(16));
+  loader.start_epoch(0);
+  CHECK(run.trainer->step(loader)->skipped);  // scale 4 -> 2
+  CHECK(run.trainer->step(loader)->skipped);  // 2 -> 1, the floor
+  CHECK(run.scaler.scale() == 1.0f);
+  CHECK_THROWS_AS(run.trainer->step(loader), NumericalError);
+  Run again(false, false, DType::f16, 1, true, 100);
+  again.scaler = LossScaler(options);
+  again.scaler.set_state({1.0f, 0});
+  again.probe->poisoned = {0};
+  CHECK_THROWS_WITH(again.trainer->step(loader),
+                    Catch::StartsWith("step 1: the loss scale is at its floor (min_scale 1)"));
+}
+
+TEST_CASE("a checkpoint with non-finite weights is never made", "[engine][trainer][nonfinite]") {
+  Run run(true, false, std::nullopt, 1);
+  TrainingState state{7, 0, 0, run.scaler.state(), 9, 1, 16, {{"model", "test"}}};
+  CHECK_NOTHROW(capture_checkpoint(*run.model, *run.optimizer, state, {}));
+  for (Parameter* p : run.model->parameters())
+    if (p->name == "fc2.weight")
+      p->value.view(5, {1}).fill_(std::numeric_limits<double>::quiet_NaN());
+  CHECK_THROWS_WITH(capture_checkpoint(*run.model, *run.optimizer, state, {}),
+                    Catch::StartsWith("refusing to save the checkpoint of step 7: "
+                                      "/model/fc2.weight element 5 is nan"));
+  // The optimizer state is checked too.
+  for (Parameter* p : run.model->parameters())
+    if (p->name == "fc2.weight") p->value.view(5, {1}).fill_(0.0);
+  run.optimizer->state_tensors()[0].value.view(0, {1}).fill_(
+      std::numeric_limits<double>::infinity());
+  CHECK_THROWS_WITH(capture_checkpoint(*run.model, *run.optimizer, state, {}),
+                    Catch::Contains("/optimizer/") && Catch::Contains(" is inf"));
 }

@@ -255,3 +255,28 @@ TEST_CASE("a writer that is not closed leaves no shard behind", "[io][shards]") 
   }
   CHECK(std::filesystem::is_empty(dir / "partial"));
 }
+
+TEST_CASE("a dataset's agreement fields name its size, format and every shard's file",
+          "[io][shards][agreement]") {
+  TempDir dir;
+  const std::int64_t n = 10;
+  DatasetWriter writer(dir.path(), {DType::u8, {2, 3}, DType::i32}, n, 2, "part");
+  const auto inputs = test::sample_bytes(0, n, 6, DType::u8);
+  std::vector<std::int32_t> labels(n, 1);
+  writer.append(inputs.data(), labels.data(), n);
+  writer.close();
+  const Dataset data = Dataset::open(dir.path());
+  const auto fields = data.agreement_fields();
+  REQUIRE(fields.size() == 5);
+  CHECK(fields[0] == std::pair<std::string, std::string>{"dataset.samples", "10"});
+  CHECK(fields[1] ==
+        std::pair<std::string, std::string>{"dataset.format", "inputs u8 [2, 3], labels i32"});
+  CHECK(fields[2] == std::pair<std::string, std::string>{"dataset.shards", "2"});
+  for (std::size_t i = 0; i < 2; ++i) {
+    const ShardInfo& s = data.shards()[i];
+    // The name without its directory: copies in other directories agree.
+    CHECK(fields[3 + i].first == fmt::format("dataset.shard[{}]", i));
+    CHECK(fields[3 + i].second == fmt::format("{}: 5 rows, {} bytes", s.path.filename().string(),
+                                              std::filesystem::file_size(s.path)));
+  }
+}

@@ -3,6 +3,7 @@
 // its exit status, its output and how long it took (expect_run.cmake).
 //   train     five clean steps; every rank exits 0
 //   mismatch  the last rank builds a different model: every rank reports it and exits 1
+//   disagree  the last rank has another lr: every rank reports it and exits 1
 //   die       rank 1 is killed (SIGKILL) in step 3: the launcher ends the job
 //   stall     rank 1 stops before step 3's backward: the others' watchdogs end the job
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/step_agreement.h"
 #include "comm/world.h"
@@ -23,6 +25,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "train";
   const int rank = world->rank();
   try {
+    comm::check_agreement(
+        world->host(), {{"model", "mlp"},
+                        {"lr", mode == "disagree" && rank == world->size() - 1 ? "0.1" : "0.05"}});
     // Three layers in ready order, 256-byte aligned, in buckets of about 4 kB.
     const std::int64_t hidden = mode == "mismatch" && rank == world->size() - 1 ? 33 : 32;
     const std::vector<std::pair<std::string, core::Shape>> params = {
