@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "engine/nn/activation.h"
+#include "engine/nn/attention.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/embedding.h"
 #include "engine/nn/linear.h"
@@ -88,6 +89,17 @@ TEST_CASE("cuda Linear, GELU, LayerNorm and Dropout match the cpu", "[gpu][engin
        {std::optional<DType>{}, std::optional{DType::f16}, std::optional{DType::bf16}}) {
     INFO("autocast " << (autocast ? dtype_name(*autocast) : "off"));
     compare_model(mlp, {19, 37}, autocast);
+  }
+}
+
+TEST_CASE("cuda causal self-attention matches the cpu", "[gpu][engine]") {
+  // Strided-batched cuBLASLt GEMMs and the warp-per-row masked softmax
+  // against the CPU reference, with dropout on, in f32 and under autocast.
+  for (std::optional<DType> autocast :
+       {std::optional<DType>{}, std::optional{DType::f16}, std::optional{DType::bf16}}) {
+    INFO("autocast " << (autocast ? dtype_name(*autocast) : "off"));
+    compare_model([] { return std::make_unique<CausalSelfAttention>(32, 4, 0.1f); }, {3, 45, 32},
+                  autocast);
   }
 }
 
