@@ -57,7 +57,9 @@ struct StepResult {
 };
 
 struct EvalResult {
-  double loss = 0.0;      // mean over the evaluation set (padding not counted)
+  // Means over the evaluation set's rows (padding not counted); for token
+  // batches every position is a row (loss and accuracy per token).
+  double loss = 0.0;
   double accuracy = 0.0;  // in [0, 1]
   std::int64_t samples = 0;
 };

@@ -42,11 +42,16 @@ class Dataset {
   std::size_t sample_bytes() const { return format().sample_bytes(); }
   const std::vector<ShardInfo>& shards() const;
 
-  // Labels of every sample, as i64 whatever the shards store.
+  // Labels of every sample, as i64 whatever the shards store (empty for
+  // token shards, which have none).
   const std::vector<std::int64_t>& labels() const;
   // Throws InvalidArgument naming the shard, the row and the label when a
   // label lies outside [0, num_classes).
   void check_labels(std::int64_t num_classes) const;
+
+  // "shard 'data/shard-00001-of-00004.h5', row 17": where global `row` lives,
+  // for messages.
+  std::string describe_row(std::int64_t row) const;
 
   // Copies the inputs of `rows` (global indices, any order, repeats allowed)
   // to `dst`: row rows[i] at dst + i * sample_bytes(). Reads are sorted and
