@@ -1,6 +1,7 @@
 // GPT (engine/nn/gpt.h).
 #include "engine/nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -106,6 +107,30 @@ core::Tensor GPT::backward(const core::Tensor& dlogits, Context& ctx) {
   wte_->backward(g32, ctx);  // after lm_head's: Note [tied weights]
   wte_->report_ready(ctx);
   return core::Tensor();
+}
+
+std::vector<std::int32_t> generate_greedy(GPT& model, std::vector<std::int32_t> prompt,
+                                          std::int64_t count, core::Device device,
+                                          const core::Stream& stream) {
+  if (prompt.empty()) throw InvalidArgument("generate_greedy: the prompt is empty");
+  const bool was_training = model.training();
+  model.eval();
+  Context ctx;
+  ctx.stream = stream;
+  const std::int64_t vocab = model.config().vocab, window = model.config().block_size;
+  for (std::int64_t n = 0; n < count; ++n) {
+    const auto len = std::min<std::int64_t>(window, static_cast<std::int64_t>(prompt.size()));
+    const std::vector<std::int32_t> context(prompt.end() - len, prompt.end());
+    const core::Tensor tokens =
+        core::Tensor::from_vector(context, {1, len}, DType::i32).to(device, stream);
+    const core::Tensor logits = model.forward(tokens, ctx);
+    const core::Tensor last = logits.view((len - 1) * vocab, {vocab});
+    const auto v = (last.dtype() == DType::f32 ? last : last.cast(DType::f32, stream))
+                       .to_vector<float>(stream);
+    prompt.push_back(static_cast<std::int32_t>(std::max_element(v.begin(), v.end()) - v.begin()));
+  }
+  model.train(was_training);
+  return prompt;
 }
 
 }  // namespace lockstep::engine

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
@@ -51,5 +52,12 @@ class GPT : public Module {
   Linear* lm_head_;
   core::Tensor positions_;  // [B, T] i64, 0..T-1 per row, rebuilt when B or T change
 };
+
+// Greedy decoding: appends `count` tokens to `prompt` (not empty), each the
+// most likely next token given at most block_size tokens before it. Runs the
+// model in eval mode on `device` and leaves it in the mode it found.
+std::vector<std::int32_t> generate_greedy(GPT& model, std::vector<std::int32_t> prompt,
+                                          std::int64_t count, core::Device device,
+                                          const core::Stream& stream = {});
 
 }  // namespace lockstep::engine

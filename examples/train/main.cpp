@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
@@ -30,7 +31,9 @@ struct Flags {
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1;
-  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0;
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0;
+  std::int64_t sample_tokens = 0;
+  std::string prompt = "\n";
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false;
 };
@@ -45,16 +48,38 @@ std::optional<DType> autocast_for(const std::string& precision) {
 // The fields a resume may not change (Note [resume fingerprint]).
 std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t global_batch,
                                                const io::Dataset& data) {
-  return {{"model", f.model},
-          {"optimizer",
-           fmt::format("{} lr={} momentum={} weight_decay={} no_decay_bias_norm={}", f.optimizer,
-                       f.lr, f.momentum, f.weight_decay, f.no_decay_bias_norm)},
-          {"schedule", fmt::format("{} warmup={} clip={}", f.schedule, f.warmup, f.clip)},
-          {"global_batch", std::to_string(global_batch * f.accum)},
-          {"precision", f.precision},
-          {"seed", std::to_string(f.seed)},
-          {"shuffle", f.shuffle},
-          {"dataset", fmt::format("{} samples", data.size())}};
+  std::map<std::string, std::string> fields{
+      {"model", f.model},
+      {"optimizer",
+       fmt::format("{} lr={} momentum={} weight_decay={} no_decay_bias_norm={}", f.optimizer, f.lr,
+                   f.momentum, f.weight_decay, f.no_decay_bias_norm)},
+      {"schedule", fmt::format("{} warmup={} clip={}", f.schedule, f.warmup, f.clip)},
+      {"global_batch", std::to_string(global_batch * f.accum)},
+      {"precision", f.precision},
+      {"seed", std::to_string(f.seed)},
+      {"shuffle", f.shuffle},
+      {"dataset", fmt::format("{} samples", data.size())}};
+  if (f.dropout != 0.0) fields["dropout"] = fmt::format("{}", f.dropout);
+  return fields;
+}
+
+// A language-model preset needs token shards whose windows fit its context,
+// an image preset needs shards with labels.
+void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const std::string& flag,
+                     const std::string& path) {
+  const io::ShardFormat& format = data.format();
+  if (preset.language_model && format.has_labels)
+    throw InvalidArgument(fmt::format(
+        "{} {} holds {}, but --model {} reads token shards (write them with lockstep-shard text)",
+        flag, path, format.str(), preset.name));
+  if (!preset.language_model && !format.has_labels)
+    throw InvalidArgument(fmt::format("{} {} holds token windows, but --model {} needs labels",
+                                      flag, path, preset.name));
+  if (preset.language_model && format.sample_shape[0] - 1 > preset.sample_shape[0])
+    throw InvalidArgument(fmt::format(
+        "{} {} holds windows of {} tokens, longer than --model {}'s context of {} + 1 (write "
+        "them with a smaller --seq)",
+        flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
 int run(Flags& f, comm::World& world) {
@@ -66,7 +91,8 @@ int run(Flags& f, comm::World& world) {
   const ModelPreset& preset = model_preset(f.model);
 
   io::Dataset train_data = io::Dataset::open(f.data);
-  std::unique_ptr<Module> model = make_model(f.model);
+  check_data_fits(preset, train_data, "--data", f.data);
+  std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
@@ -92,7 +118,7 @@ int run(Flags& f, comm::World& world) {
   loader_options.threads = 2;
   loader_options.device = device;
   loader_options.stream = stream;
-  loader_options.scale_u8 = true;
+  loader_options.scale_u8 = !preset.language_model;
   loader_options.num_classes = preset.classes;
   io::DataLoader loader(train_data, loader_options);
   const std::int64_t steps_per_epoch = loader.batches_per_epoch() / f.accum;
@@ -164,7 +190,9 @@ int run(Flags& f, comm::World& world) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    val_loader.emplace(io::Dataset::open(f.val_data), v);
+    io::Dataset val_data = io::Dataset::open(f.val_data);
+    check_data_fits(preset, val_data, "--val-data", f.val_data);
+    val_loader.emplace(std::move(val_data), v);
   }
   MetricsWriter metrics(lead ? f.metrics : "");
   EtaClock eta;
@@ -209,7 +237,15 @@ int run(Flags& f, comm::World& world) {
     }
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
-      if (lead) {
+      // Bits per token: per byte for byte-level tokens (gpt-tiny).
+      const double bits = e.loss / std::log(2.0);
+      if (lead && preset.language_model) {
+        fmt::print("epoch {}: val_loss {:.4f}  val_bits_per_token {:.4f}  ({} windows)\n", epoch,
+                   e.loss, bits, e.samples);
+        metrics.write(fmt::format(
+            R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_bits_per_token": {:.6g})",
+            trainer.steps(), epoch, e.loss, bits));
+      } else if (lead) {
         fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch, e.loss,
                    100 * e.accuracy, e.samples);
         metrics.write(
@@ -219,6 +255,14 @@ int run(Flags& f, comm::World& world) {
     }
   }
   save(next_epoch, next_position);
+  if (lead && f.sample_tokens > 0 && preset.language_model) {
+    const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
+    const std::vector<std::int32_t> text =
+        generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
+    std::string bytes;
+    for (std::int32_t t : text) bytes.push_back(static_cast<char>(t));
+    fmt::print("sample (greedy, {} tokens after the prompt):\n{}\n", f.sample_tokens, bytes);
+  }
   return 0;
 }
 
@@ -230,7 +274,14 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep-train: data-parallel training of a model preset on HDF5 shards"};
   app.add_option("--data", f.data, "training shards (a directory of *.h5)")->required();
   app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch");
-  app.add_option("--model", f.model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  app.add_option("--model", f.model, "mlp, cnn, resnet, mlp-large, gpt-tiny or gpt2")
+      ->capture_default_str();
+  app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
+      ->capture_default_str();
+  app.add_option("--sample-tokens", f.sample_tokens,
+                 "GPT presets: after training, print this many greedily generated tokens")
+      ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues");
   auto* epochs = app.add_option("--epochs", f.epochs, "epochs to train");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
       ->excludes(epochs);

@@ -149,3 +149,34 @@ with h5py.File(out + '/i32/a.h5', 'w') as f: f['inputs'] = expected.astype(np.in
     while (auto b = loader.next()) require_shifted(*b);
   }
 }
+
+TEST_CASE("lockstep-shard text writes byte windows T apart and holds out the tail",
+          "[io][tokens][programs]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text += static_cast<char>("lockstep\n\xff"[i % 10]);
+  std::ofstream(dir / "a.txt", std::ios::binary) << text.substr(0, 600);
+  std::ofstream(dir / "b.txt", std::ios::binary) << text.substr(600);
+  const std::string command =
+      fmt::format("{} text --src {} {} --out {} --seq 16 --shards 3 --val-fraction 0.2 >/dev/null",
+                  LOCKSTEP_SHARD_TOOL, (dir / "a.txt").string(), (dir / "b.txt").string(),
+                  (dir / "out").string());
+  REQUIRE(std::system(command.c_str()) == 0);
+  // 800 train bytes: (800 - 1) / 16 = 49 windows; 200 test bytes: 12 windows.
+  for (auto [split, first_byte, windows] :
+       {std::tuple{"train", 0, 49}, std::tuple{"test", 800, 12}}) {
+    Dataset data = Dataset::open(dir / "out" / split);
+    REQUIRE(data.size() == windows);
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(windows * 17));
+    std::vector<std::int64_t> all(static_cast<std::size_t>(windows));
+    for (std::int64_t i = 0; i < windows; ++i) all[i] = i;
+    data.read_inputs(all, rows.data());
+    for (std::int64_t w = 0; w < windows; ++w)
+      for (std::int64_t t = 0; t < 17; ++t)
+        REQUIRE(rows[w * 17 + t] == static_cast<std::uint8_t>(text[first_byte + w * 16 + t]));
+  }
+  const std::string too_long =
+      fmt::format("{} text --src {} --out {} --seq 5000 2>&1 | grep -q 'fewer than one window'",
+                  LOCKSTEP_SHARD_TOOL, (dir / "a.txt").string(), (dir / "bad").string());
+  CHECK(std::system(too_long.c_str()) == 0);
+}
