@@ -52,7 +52,7 @@ struct StepResult {
   double grad_norm = 0.0;    // after unscaling, before clipping; inf/NaN when skipped
   bool skipped = false;      // inf/NaN gradients: no update
   bool stop = false;         // a rank was asked to stop (Note [stop requests])
-  std::int64_t samples = 0;  // global samples in this step
+  std::int64_t samples = 0;  // global samples in this step (target tokens for token batches)
   double seconds = 0.0;
 };
 

@@ -240,11 +240,13 @@ int run(Flags& f, comm::World& world) {
       // Bits per token: per byte for byte-level tokens (gpt-tiny).
       const double bits = e.loss / std::log(2.0);
       if (lead && preset.language_model) {
-        fmt::print("epoch {}: val_loss {:.4f}  val_bits_per_token {:.4f}  ({} windows)\n", epoch,
-                   e.loss, bits, e.samples);
+        fmt::print(
+            "epoch {}: val_loss {:.4f}  val_bits_per_token {:.4f}  next-token accuracy {:.2f}%  "
+            "({} windows)\n",
+            epoch, e.loss, bits, 100 * e.accuracy, e.samples);
         metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_bits_per_token": {:.6g})",
-            trainer.steps(), epoch, e.loss, bits));
+            R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_accuracy": {:.6g}, "val_bits_per_token": {:.6g})",
+            trainer.steps(), epoch, e.loss, e.accuracy, bits));
       } else if (lead) {
         fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch, e.loss,
                    100 * e.accuracy, e.samples);
