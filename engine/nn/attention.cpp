@@ -12,11 +12,6 @@
 namespace lockstep::engine {
 namespace {
 
-kernels::AttentionShape attention_shape(std::int64_t batch, std::int64_t seq, std::int64_t heads,
-                                        std::int64_t head_dim, std::int64_t parts, DType type) {
-  return {batch, seq, heads, head_dim, parts, type};
-}
-
 void split_heads(const kernels::AttentionShape& s, const core::Tensor& rows, core::Tensor& heads,
                  const core::Stream& stream) {
   core::dispatch(
@@ -72,7 +67,8 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   const DType type = qkv.dtype();
   const core::Device device = x.device();
   core::Tensor heads = core::Tensor::empty({3, bh, seq, head_dim_}, type, device, ctx.stream);
-  split_heads(attention_shape(batch, seq, num_heads_, head_dim_, 3, type), qkv, heads, ctx.stream);
+  split_heads(kernels::AttentionShape{batch, seq, num_heads_, head_dim_, 3, type}, qkv, heads,
+              ctx.stream);
 
   core::Tensor scores = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
   core::ops::batched_matmul(part(heads, 0), part(heads, 1), scores, {.trans_b = true}, ctx.stream);
@@ -96,7 +92,8 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor y_heads = core::Tensor::empty({bh, seq, head_dim_}, type, device, ctx.stream);
   core::ops::batched_matmul(weights, part(heads, 2), y_heads, {}, ctx.stream);
   core::Tensor y = core::Tensor::empty({batch, seq, embed_dim_}, type, device, ctx.stream);
-  merge_heads(attention_shape(batch, seq, num_heads_, head_dim_, 1, type), y_heads, y, ctx.stream);
+  merge_heads(kernels::AttentionShape{batch, seq, num_heads_, head_dim_, 1, type}, y_heads, y,
+              ctx.stream);
   core::Tensor out = resid_dropout_->forward(c_proj_->forward(y, ctx), ctx);
 
   if (training()) {
@@ -122,8 +119,8 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
 
   const core::Tensor dy_rows = as_type(g, type, ctx.stream);
   core::Tensor dy_heads = core::Tensor::empty({bh, seq, head_dim_}, type, device, ctx.stream);
-  split_heads(attention_shape(batch_, seq, num_heads_, head_dim_, 1, type), dy_rows, dy_heads,
-              ctx.stream);
+  split_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 1, type}, dy_rows,
+              dy_heads, ctx.stream);
   core::Tensor dheads = core::Tensor::empty(qkv_heads_.shape(), type, device, ctx.stream);
   core::Tensor dv = part(dheads, 2);
   core::ops::batched_matmul(weights_, dy_heads, dv, {.trans_a = true}, ctx.stream);
@@ -150,7 +147,7 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
   core::ops::batched_matmul(ds, part(qkv_heads_, 1), dq, {}, ctx.stream);
   core::ops::batched_matmul(ds, part(qkv_heads_, 0), dk, {.trans_a = true}, ctx.stream);
   core::Tensor dqkv = core::Tensor::empty({batch_, seq, 3 * embed_dim_}, type, device, ctx.stream);
-  merge_heads(attention_shape(batch_, seq, num_heads_, head_dim_, 3, type), dheads, dqkv,
+  merge_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 3, type}, dheads, dqkv,
               ctx.stream);
   qkv_heads_ = probs_ = weights_ = core::Tensor();
   core::Tensor dx = c_attn_->backward(dqkv, ctx);
