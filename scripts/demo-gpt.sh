@@ -8,7 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-[ -d /usr/share/games/fortunes ] || apt-get install -y -q fortunes >/dev/null
 build=${LOCKSTEP_BUILD_DIR:-build}
 out=${LOCKSTEP_DEMO_DIR:-out/demo-gpt}
 steps=${LOCKSTEP_DEMO_STEPS:-400}
