@@ -1,12 +1,12 @@
 // CPU activations (kernels/activation.h).
 #include "kernels/activation.h"
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/detail/activation_math.h"
 #include "kernels/detail/cpu_float.h"
+#include "kernels/detail/vector_exp.h"
 
 namespace lockstep::kernels::cpu {
 namespace {
@@ -15,26 +15,12 @@ namespace {
 // 40% of a gpt-tiny training step. This is Cephes' tanhf written without
 // branches or calls, so that GCC vectorises the f32 GELU(tanh) loops: for
 // |x| < 0.625 the odd polynomial x + x^3 P(x^2), beyond it 1 - 2 / (e^2|x| + 1)
-// with x's sign, e^y being Cephes' expf (Cody-Waite reduction, a degree-6
-// polynomial, the exponent bits set directly; y clamped to 88, where tanh is
-// 1 in f32). NaN stays NaN. Within 3e-7 relative of tanh
+// with x's sign, e^y from kernels/detail/vector_exp.h (y clamped to 88,
+// where tanh is 1 in f32). NaN stays NaN. Within 3e-7 relative of tanh
 // (tests/kernels/test_elementwise.cpp). The f16/bf16 paths and CUDA keep tanhf.
 // This file is built with -fno-trapping-math (kernels/CMakeLists.txt): with
 // FP exceptions deemed observable GCC may not evaluate both sides of a select,
 // and the loops stay scalar. lockstep never reads the FP exception flags.
-[[gnu::always_inline]] inline float exp_nonnegative(float y) {
-  const float n = static_cast<float>(static_cast<std::int32_t>(y * 1.44269504088896341f + 0.5f));
-  const float r = y - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
-}
-
 [[gnu::always_inline]] inline float tanh_vectorisable(float x) {
   const float a = std::fabs(x), z = x * x;
   float p = -5.70498872745e-3f;
@@ -44,7 +30,7 @@ namespace {
   p = p * z - 3.33332819422e-1f;
   const float small = x + x * z * p;
   const float twice = 2.0f * a;
-  const float e = exp_nonnegative(twice < 88.0f ? twice : 88.0f);  // NaN: 88
+  const float e = detail::exp_in_range(twice < 88.0f ? twice : 88.0f);  // NaN: 88
   const float large = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
   return x != x ? x : a < 0.625f ? small : large;
 }

@@ -135,3 +135,12 @@ TEST_CASE("attention rejects bad shapes naming the layer", "[engine][attention]"
   kernels::AttentionShape bad{1, 0, 1, 1, 1, DType::f32};
   CHECK_THROWS_WITH(kernels::validate_attention(bad), Catch::Contains("seq=0"));
 }
+
+TEST_CASE("the causal softmax passes a NaN score on as NaN", "[engine][attention]") {
+  // The loss scaler finds overflow by the NaN it leaves in the loss.
+  const std::vector<float> scores = {1.0f, 0.0f, NAN, 2.0f};
+  std::vector<float> probs(4);
+  kernels::cpu::causal_softmax_forward(1, 2, 1.0f, scores.data(), probs.data());
+  REQUIRE(probs[0] == 1.0f);
+  REQUIRE(std::isnan(probs[2]));
+}
