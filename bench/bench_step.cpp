@@ -1,7 +1,8 @@
 // bench_step: single-process training-step throughput (forward, cross-entropy,
 // backward, SGD with momentum) of a model preset, against PyTorch running the
 // same step in the same run (bench/torch_step.py), and for mlp against the
-// floor of its GEMMs alone (cblas_sgemm on the same shapes).
+// floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
+// (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
 #include <cblas.h>
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
@@ -149,7 +150,8 @@ int main(int argc, char** argv) {
   std::int64_t batch = 128;
   int steps = 30, threads = 1;
   bool baseline = true;
-  app.add_option("--model", model, "mlp, cnn, resnet or mlp-large")->capture_default_str();
+  app.add_option("--model", model, "mlp, cnn, resnet, mlp-large, gpt-tiny or gpt2")
+      ->capture_default_str();
   app.add_option("--batch", batch, "batch size")->capture_default_str();
   app.add_option("--precision", precision, "fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
@@ -196,6 +198,15 @@ int main(int argc, char** argv) {
       ratio = samples_per_s / *torch_sps;
     }
     if (gemm_ms) gemm_ratio = ours.ms_per_step / *gemm_ms;
+    const ModelPreset& preset = model_preset(model);
+    std::optional<double> tokens_per_s, torch_tokens_per_s;
+    if (preset.language_model) {
+      const auto seq = static_cast<double>(preset.sample_shape[0]);
+      tokens_per_s = samples_per_s * seq;
+      if (torch_sps) torch_tokens_per_s = *torch_sps * seq;
+      fmt::print("tokens/s: lockstep {:.0f}, PyTorch {}\n", *tokens_per_s,
+                 torch_tokens_per_s ? fmt::format("{:.0f}", *torch_tokens_per_s) : "-");
+    }
     fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10} {:>12} {:>14} {:>8} {:>12}\n", "model", "batch",
                "prec", "device", "ms/step", "samples/s", "torch samp/s", "ratio", "peak MiB");
     fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10.2f} {:>12.0f} {:>14} {:>8} {:>12.1f}\n", model,
@@ -223,6 +234,8 @@ int main(int argc, char** argv) {
                 bench::field("torch_peak_bytes",
                              torch ? std::optional<double>(torch->peak_bytes) : std::nullopt),
                 bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
+                bench::field("tokens_per_s", tokens_per_s),
+                bench::field("torch_tokens_per_s", torch_tokens_per_s),
                 torch ? bench::JsonField{"no_baseline", "null"}
                       : bench::field("no_baseline", torch_result.why_none)});
   } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch side of bench_step: the same presets (engine/models.cpp), the
 same step (forward, cross-entropy, backward, SGD with momentum), timed the
-same way; prints one JSON object.
+same way; prints one JSON object. gpt-tiny and gpt2 are nanoGPT's GPT (its
+explicit attention path: masked softmax(QK^T / sqrt(D)) V; tied head).
 
 usage: torch_step.py --model mlp --batch 128 --precision fp32 --device cpu --steps 50 --threads 1
 """
@@ -9,8 +10,11 @@ import argparse
 import json
 import time
 
+import math
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class BasicBlock(nn.Module):
@@ -41,7 +45,59 @@ def resnet():
     return nn.Sequential(*layers), (3, 32, 32), 10
 
 
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c, h, t):
+        super().__init__()
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.h = h
+        self.register_buffer("mask", torch.tril(torch.ones(t, t, dtype=torch.bool)))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = F.softmax(att.masked_fill(~self.mask[:t, :t], float("-inf")), dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, c, h, t):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c)
+        self.attn = CausalSelfAttention(c, h, t)
+        self.ln_2 = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(approximate="tanh"), nn.Linear(4 * c, c))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, heads, c, t, vocab):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(t, c)
+        self.h = nn.ModuleList(Block(c, heads, t) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(c)
+        self.lm_head = nn.Linear(c, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+GPT_PRESETS = {"gpt-tiny": (4, 4, 128, 128, 256), "gpt2": (12, 12, 768, 1024, 50304)}
+
+
 def make(name):
+    if name in GPT_PRESETS:
+        layers, heads, c, t, vocab = GPT_PRESETS[name]
+        return GPT(layers, heads, c, t, vocab), (t,), vocab
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                              nn.Linear(512, 10)), (1, 28, 28), 10
@@ -76,8 +132,12 @@ def main():
     model, sample_shape, classes = make(args.model)
     model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(args.batch, *sample_shape, device=device)
-    y = torch.randint(0, classes, (args.batch,), device=device)
+    if args.model in GPT_PRESETS:  # tokens and one target per position
+        x = torch.randint(0, classes, (args.batch, *sample_shape), device=device)
+        y = torch.randint(0, classes, (args.batch, *sample_shape), device=device)
+    else:
+        x = torch.randn(args.batch, *sample_shape, device=device)
+        y = torch.randint(0, classes, (args.batch,), device=device)
     low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
     scaler = torch.cuda.amp.GradScaler(enabled=args.precision == "fp16" and device.type == "cuda")
     loss_fn = nn.CrossEntropyLoss()
@@ -85,10 +145,10 @@ def main():
     def step():
         opt.zero_grad(set_to_none=False)
         if low is None:
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(model(x).flatten(0, -2), y.flatten())
         else:
             with torch.autocast(device.type, dtype=low):
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(model(x).flatten(0, -2), y.flatten())
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

@@ -91,10 +91,8 @@ std::unique_ptr<Module> mlp_large() {
 
 const std::vector<ModelPreset>& model_presets() {
   static const std::vector<ModelPreset> presets = {
-      {"mlp", {1, 28, 28}, 10},
-      {"cnn", {1, 28, 28}, 10},
-      {"resnet", {3, 32, 32}, 10},
-      {"mlp-large", {4096}, 1000},
+      {"mlp", {1, 28, 28}, 10},    {"cnn", {1, 28, 28}, 10},       {"resnet", {3, 32, 32}, 10},
+      {"mlp-large", {4096}, 1000}, {"gpt-tiny", {128}, 256, true}, {"gpt2", {1024}, 50304, true},
   };
   return presets;
 }
@@ -108,10 +106,20 @@ const ModelPreset& model_preset(const std::string& name) {
   throw InvalidArgument("unknown model '" + name + "' (choose one of " + known + ")");
 }
 
-std::unique_ptr<Module> make_model(const std::string& name) {
-  model_preset(name);  // validates the name
+GptConfig gpt_config(const std::string& name, float dropout) {
+  if (name == "gpt-tiny") return {4, 4, 128, 128, 256, dropout};
+  if (name == "gpt2") return {12, 12, 768, 1024, 50304, dropout};
+  throw InvalidArgument("'" + name + "' is not a GPT preset (choose gpt-tiny or gpt2)");
+}
+
+std::unique_ptr<Module> make_model(const std::string& name, float dropout) {
+  const ModelPreset& preset = model_preset(name);  // validates the name
+  if (dropout != 0.0f && !preset.language_model)
+    throw InvalidArgument("model '" + name + "' has no dropout to set (only gpt-tiny and gpt2 do)");
   std::unique_ptr<Module> model;
-  if (name == "mlp")
+  if (preset.language_model)
+    model = std::make_unique<GPT>(gpt_config(name, dropout));
+  else if (name == "mlp")
     model = mlp();
   else if (name == "cnn")
     model = cnn();

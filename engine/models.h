@@ -1,26 +1,34 @@
 // Model presets used by the examples and benchmarks. Names and layouts are
 // exactly as listed in docs/models.md, so that weights move to and from PyTorch
-// by name (mlp: fc1.weight ...; resnet: torchvision's resnet18 names).
+// by name (mlp: fc1.weight ...; resnet: torchvision's resnet18 names; gpt-tiny
+// and gpt2: nanoGPT's names).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/nn/gpt.h"
 #include "engine/nn/module.h"
 
 namespace lockstep::engine {
 
 struct ModelPreset {
   std::string name;
-  core::Shape sample_shape;  // one input sample, e.g. {1, 28, 28}
-  std::int64_t classes;
+  core::Shape sample_shape;  // one input sample, e.g. {1, 28, 28}; {T} tokens for a language model
+  std::int64_t classes;      // the vocabulary for a language model
+  bool language_model = false;  // inputs are tokens and targets one per position
 };
 
-// The presets' names and input shapes: mlp, cnn, resnet, mlp-large.
+// The presets' names and input shapes: mlp, cnn, resnet, mlp-large, gpt-tiny, gpt2.
 const std::vector<ModelPreset>& model_presets();
 const ModelPreset& model_preset(const std::string& name);  // throws, listing the names
-// A new, uninitialised model (call engine::initialize with a seed).
-std::unique_ptr<Module> make_model(const std::string& name);
+// The GPT presets' sizes: gpt-tiny (L=4, H=4, C=128, T=128, V=256: bytes) and
+// gpt2 (L=12, H=12, C=768, T=1024, V=50304: 50257 padded to a multiple of 128,
+// as llm.c pads it). Throws for a name that is not a GPT preset.
+GptConfig gpt_config(const std::string& name, float dropout = 0.0f);
+// A new, uninitialised model (call engine::initialize with a seed). `dropout`
+// is the GPT presets' (nanoGPT's, 0 by default); the others have none.
+std::unique_ptr<Module> make_model(const std::string& name, float dropout = 0.0f);
 
 }  // namespace lockstep::engine

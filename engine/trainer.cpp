@@ -198,31 +198,36 @@ void Trainer::throw_nonfinite(std::int64_t step, double mean_loss) {
 EvalResult Trainer::evaluate(io::DataLoader& loader) {
   model_.eval();
   loader.start_epoch(0);
-  double sums[3] = {0, 0, 0};  // loss * rows, correct rows, rows
+  // loss * rows, correct rows, rows, samples; a token batch counts each
+  // position as a row (language models: loss and accuracy per token).
+  double sums[4] = {0, 0, 0, 0};
   Context ctx = make_context(0, 0);
+  auto real_rows = [](const core::Tensor& t, std::int64_t valid) {
+    core::Shape s = t.shape();
+    s[0] = valid;
+    return t.view(0, s);
+  };
   while (std::optional<io::Batch> batch = loader.next()) {
     if (batch->valid == 0) continue;
     // Rows [0, valid) are real; the rest is padding (Note [padding], io/sampler.h).
-    const core::Tensor inputs = batch->inputs.view(0, [&] {
-      core::Shape s = batch->inputs.shape();
-      s[0] = batch->valid;
-      return s;
-    }());
-    const core::Tensor labels = batch->labels.view(0, {batch->valid});
+    const core::Tensor inputs = real_rows(batch->inputs, batch->valid);
+    const core::Tensor labels = real_rows(batch->labels, batch->valid);
     const core::Tensor logits = model_.forward(inputs, ctx);
     const double mean = loss_.forward(logits, labels, ctx).to_vector<float>(stream_)[0];
-    sums[0] += mean * static_cast<double>(batch->valid);
+    sums[0] += mean * static_cast<double>(labels.numel());
     sums[1] += count_correct(logits, labels, stream_).to_vector<float>(stream_)[0];
-    sums[2] += static_cast<double>(batch->valid);
+    sums[2] += static_cast<double>(labels.numel());
+    sums[3] += static_cast<double>(batch->valid);
   }
   model_.train();
-  core::Tensor totals = core::Tensor::from_vector<float>(
-      {static_cast<float>(sums[0]), static_cast<float>(sums[1]), static_cast<float>(sums[2])}, {3},
-      DType::f32);
+  core::Tensor totals =
+      core::Tensor::from_vector<float>({static_cast<float>(sums[0]), static_cast<float>(sums[1]),
+                                        static_cast<float>(sums[2]), static_cast<float>(sums[3])},
+                                       {4}, DType::f32);
   world_.host().allreduce(totals, comm::ReduceOp::sum);
   const auto t = totals.to_vector<float>();
   EvalResult r;
-  r.samples = static_cast<std::int64_t>(t[2]);
+  r.samples = static_cast<std::int64_t>(t[3]);
   r.loss = t[2] > 0 ? t[0] / t[2] : 0.0;
   r.accuracy = t[2] > 0 ? t[1] / t[2] : 0.0;
   return r;

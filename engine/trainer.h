@@ -72,12 +72,14 @@ struct StepResult {
   bool skipped = false;            // inf/NaN loss or gradients: no update (Note [non-finite steps])
   std::int64_t skipped_steps = 0;  // skipped by this Trainer so far, this one included
   bool stop = false;               // a rank was asked to stop (Note [stop requests])
-  std::int64_t samples = 0;        // global samples in this step
+  std::int64_t samples = 0;        // global samples in this step (target tokens for token batches)
   double seconds = 0.0;
 };
 
 struct EvalResult {
-  double loss = 0.0;      // mean over the evaluation set (padding not counted)
+  // Means over the evaluation set's rows (padding not counted); for token
+  // batches every position is a row (loss and accuracy per token).
+  double loss = 0.0;
   double accuracy = 0.0;  // in [0, 1]
   std::int64_t samples = 0;
 };

@@ -64,7 +64,7 @@ Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOption
   return Dataset(std::move(state));
 }
 
-std::int64_t Dataset::size() const { return static_cast<std::int64_t>(state_->labels.size()); }
+std::int64_t Dataset::size() const { return state_->ends.empty() ? 0 : state_->ends.back(); }
 const ShardFormat& Dataset::format() const { return state_->format; }
 const std::vector<ShardInfo>& Dataset::shards() const { return state_->infos; }
 
@@ -86,6 +86,15 @@ std::vector<std::pair<std::string, std::string>> Dataset::agreement_fields() con
 }
 
 const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
+
+std::string Dataset::describe_row(std::int64_t row) const {
+  const auto shard =
+      std::upper_bound(state_->ends.begin(), state_->ends.end(), row) - state_->ends.begin();
+  if (row < 0 || shard >= static_cast<std::ptrdiff_t>(state_->infos.size()))
+    return "row " + std::to_string(row) + " (outside the dataset)";
+  const ShardInfo& info = state_->infos[shard];
+  return "shard '" + info.path.string() + "', row " + std::to_string(row - info.first_row);
+}
 
 void Dataset::check_labels(std::int64_t num_classes) const {
   if (num_classes < 1)

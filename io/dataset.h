@@ -48,11 +48,16 @@ class Dataset {
   // directory, which may differ across hosts), rows and size in bytes.
   std::vector<std::pair<std::string, std::string>> agreement_fields() const;
 
-  // Labels of every sample, as i64 whatever the shards store.
+  // Labels of every sample, as i64 whatever the shards store (empty for
+  // token shards, which have none).
   const std::vector<std::int64_t>& labels() const;
   // Throws InvalidArgument naming the shard, the row and the label when a
   // label lies outside [0, num_classes).
   void check_labels(std::int64_t num_classes) const;
+
+  // "shard 'data/shard-00001-of-00004.h5', row 17": where global `row` lives,
+  // for messages.
+  std::string describe_row(std::int64_t row) const;
 
   // Copies the inputs of `rows` (global indices, any order, repeats allowed)
   // to `dst`: row rows[i] at dst + i * sample_bytes(). Reads are sorted and

@@ -4,6 +4,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -35,6 +36,7 @@ struct Slot {
   core::Event copied;                     // cuda: the copy out of `pinned` has finished
   void* host_inputs = nullptr;
   std::int64_t* host_labels = nullptr;
+  std::vector<std::int32_t> windows;  // token shards: the rows read, [B, T+1]
   MicroBatch rows;
   std::exception_ptr error;
   bool lent = false;  // cpu: handed out and still referenced by the consumer
@@ -58,6 +60,7 @@ struct DataLoader::State {
   LoaderOptions options;
   DistributedSampler sampler;
   core::Shape batch_shape;
+  core::Shape label_shape;  // [B], or [B, T] for token shards
   DType out_dtype;
   std::vector<Slot> slots;
 
@@ -86,6 +89,7 @@ struct DataLoader::State {
 
   void worker_loop();
   void assemble(std::int64_t batch, Slot& slot);
+  void split_windows(Slot& slot) const;
   void stop_workers();
   void reclaim_lent();
   int wait_for(std::int64_t batch);
@@ -142,10 +146,15 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
   core::set_current_device(options.device);
   slot.copied.synchronize();
   slot.rows = sampler.micro_batch(batch);
-  dataset.read_inputs(slot.rows.indices, slot.host_inputs);
-  const std::vector<std::int64_t>& labels = dataset.labels();
-  for (std::size_t i = 0; i < slot.rows.indices.size(); ++i)
-    slot.host_labels[i] = labels[static_cast<std::size_t>(slot.rows.indices[i])];
+  if (!dataset.format().has_labels) {
+    dataset.read_inputs(slot.rows.indices, slot.windows.data());
+    split_windows(slot);
+  } else {
+    dataset.read_inputs(slot.rows.indices, slot.host_inputs);
+    const std::vector<std::int64_t>& labels = dataset.labels();
+    for (std::size_t i = 0; i < slot.rows.indices.size(); ++i)
+      slot.host_labels[i] = labels[static_cast<std::size_t>(slot.rows.indices[i])];
+  }
   if (options.transform) {
     HostBatch host{slot.host_inputs,
                    dataset.format().input_dtype,
@@ -158,6 +167,25 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
     options.transform(host);
   }
   if (slot.staging.defined()) scale_u8(slot.staging, slot.inputs);
+}
+
+// Token windows [B, T+1] to inputs (the first T) and targets (the last T),
+// checking each token against the vocabulary (num_classes) when one is given.
+void DataLoader::State::split_windows(Slot& slot) const {
+  const std::int64_t seq = batch_shape[1], vocab = options.num_classes;
+  auto* inputs = static_cast<std::int32_t*>(slot.host_inputs);
+  for (std::size_t r = 0; r < slot.rows.indices.size(); ++r) {
+    const std::int32_t* window = slot.windows.data() + r * (seq + 1);
+    for (std::int64_t t = 0; t <= seq; ++t)
+      if (window[t] < 0 || (vocab > 0 && window[t] >= vocab))
+        throw InvalidArgument(fmt::format(
+            "{}, dataset 'inputs', column {}: token {} is outside [0, {}) (write the shards with "
+            "the model's vocabulary, or pick the model that fits them)",
+            dataset.describe_row(slot.rows.indices[r]), t, window[t],
+            vocab > 0 ? std::to_string(vocab) : std::string("2^31")));
+    std::copy(window, window + seq, inputs + r * seq);
+    std::copy(window + 1, window + seq + 1, slot.host_labels + r * seq);
+  }
 }
 
 void DataLoader::State::stop_workers() {
@@ -239,13 +267,14 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   const core::Device device = options.device;
   core::set_current_device(device);
   core::Tensor inputs = core::Tensor::empty(batch_shape, out_dtype, device, consumer_stream);
-  core::Tensor labels = core::Tensor::empty({batch_shape[0]}, DType::i64, device, consumer_stream);
+  core::Tensor labels = core::Tensor::empty(label_shape, DType::i64, device, consumer_stream);
   // Stream-ordered memory may be used on another stream only after that
   // stream has waited for the allocation (memory.h).
   allocated.record(consumer_stream);
   copy_stream.wait(allocated);
   const cudaStream_t stream = copy_stream.handle();
-  const std::size_t input_bytes = static_cast<std::size_t>(batch_shape[0]) * dataset.sample_bytes();
+  const std::size_t input_bytes = static_cast<std::size_t>(core::shape_numel(batch_shape)) *
+                                  dtype_size(dataset.format().input_dtype);
   if (out_dtype == dataset.format().input_dtype) {
     LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(inputs.data(), slot.host_inputs, input_bytes,
                                         cudaMemcpyHostToDevice, stream));
@@ -353,26 +382,38 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
     throw InvalidArgument("DataLoader: a stream of " + o.stream.device().str() +
                           " for batches on " + o.device.str() +
                           " (pass a stream of the loader's device, or none)");
-  if (o.num_classes > 0) s.dataset.check_labels(o.num_classes);
+  // Token shards are checked batch by batch (split_windows).
+  if (o.num_classes > 0 && format.has_labels) s.dataset.check_labels(o.num_classes);
 
   const std::int64_t rows = o.sampler.micro_batch;
   s.batch_shape = {rows};
-  s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(), format.sample_shape.end());
+  s.label_shape = {rows};
+  if (format.has_labels) {
+    s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(),
+                         format.sample_shape.end());
+  } else {
+    s.batch_shape.push_back(format.sample_shape[0] - 1);
+    s.label_shape = s.batch_shape;
+  }
   s.out_dtype = o.scale_u8 ? DType::f32 : format.input_dtype;
   const std::int64_t depth = o.depth > 0 ? o.depth : 2 * std::int64_t{o.threads} + 1 + held;
   s.slots.resize(static_cast<std::size_t>(depth));
-  const std::size_t input_bytes = static_cast<std::size_t>(rows) * format.sample_bytes();
+  const std::size_t input_bytes =
+      static_cast<std::size_t>(core::shape_numel(s.batch_shape)) * dtype_size(format.input_dtype);
   const std::size_t labels_at =
       (input_bytes + kLabelsAlignment - 1) / kLabelsAlignment * kLabelsAlignment;
+  const auto label_count = static_cast<std::size_t>(core::shape_numel(s.label_shape));
   for (Slot& slot : s.slots) {
+    if (!format.has_labels)
+      slot.windows.resize(static_cast<std::size_t>(rows) * format.sample_shape[0]);
     if (o.device.is_cuda()) {
-      slot.pinned = core::allocate_pinned(labels_at + static_cast<std::size_t>(rows) * 8);
+      slot.pinned = core::allocate_pinned(labels_at + label_count * 8);
       slot.host_inputs = slot.pinned->data();
       slot.host_labels =
           reinterpret_cast<std::int64_t*>(static_cast<std::byte*>(slot.pinned->data()) + labels_at);
     } else {
       slot.inputs = core::Tensor::empty(s.batch_shape, s.out_dtype);
-      slot.labels = core::Tensor::empty({rows}, DType::i64);
+      slot.labels = core::Tensor::empty(s.label_shape, DType::i64);
       if (o.scale_u8) slot.staging = core::Tensor::empty(s.batch_shape, DType::u8);
       slot.host_inputs = (o.scale_u8 ? slot.staging : slot.inputs).data();
       slot.host_labels = slot.labels.data_as<std::int64_t>();

@@ -48,7 +48,7 @@ struct HostBatch {
   void* inputs = nullptr;  // [rows, ...sample_shape] of `dtype`
   DType dtype = DType::u8;
   core::Shape shape;                      // [rows, ...sample_shape]
-  std::int64_t* labels = nullptr;         // [rows]
+  std::int64_t* labels = nullptr;         // [rows], or [rows, T] for tokens
   std::span<const std::int64_t> indices;  // global sample index of each row
   std::int64_t valid = 0;                 // Note [padding], io/sampler.h
   std::int64_t epoch = 0, index = 0;      // global batch `index` of `epoch`
@@ -72,12 +72,16 @@ struct LoaderOptions {
   // CUDA: the stream the consumer uses the batches on (default: the device's
   // default stream). Batch tensors are allocated on it.
   core::Stream stream{};
-  bool scale_u8 = false;         // u8 inputs come out as f32 x / 255 (x * (1.0f / 255))
-  std::int64_t num_classes = 0;  // > 0: check every label lies in [0, num_classes) at start
+  bool scale_u8 = false;  // u8 inputs come out as f32 x / 255 (x * (1.0f / 255))
+  // > 0: check every label lies in [0, num_classes) at start (token shards:
+  // every token of a batch, as it is assembled).
+  std::int64_t num_classes = 0;
   Transform transform{};
 };
 
 struct Batch {
+  // Token shards (ShardFormat::has_labels false): inputs [B, T] i32, the first
+  // T tokens of each window, and labels [B, T] i64, its last T.
   core::Tensor inputs;  // [B, ...sample_shape]: the dataset's dtype, or f32 when scaled
   core::Tensor labels;  // [B] i64
   std::vector<std::int64_t> indices;  // global sample index of each row

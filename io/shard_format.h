@@ -16,9 +16,13 @@ inline constexpr const char* kInputsName = "inputs";
 inline constexpr const char* kLabelsName = "labels";
 
 struct ShardFormat {
-  DType input_dtype = DType::u8;   // u8, f16 or f32
+  DType input_dtype = DType::u8;   // u8, f16 or f32; i32 for tokens
   core::Shape sample_shape;        // one sample, e.g. {1, 28, 28}; inputs are [N, ...]
   DType label_dtype = DType::i64;  // i64 or i32; labels are [N]
+  // false: a token shard (docs/data-format.md): no labels, inputs i32 [N, T+1]
+  // (stored as i32 or u16), each row a window whose first T tokens are the
+  // inputs and last T the targets.
+  bool has_labels = true;
 
   std::size_t sample_bytes() const {
     return static_cast<std::size_t>(core::shape_numel(sample_shape)) * dtype_size(input_dtype);
@@ -26,7 +30,7 @@ struct ShardFormat {
   // "inputs u8 [1, 28, 28], labels i64"
   std::string str() const {
     return std::string("inputs ") + dtype_name(input_dtype) + " " + core::shape_str(sample_shape) +
-           ", labels " + dtype_name(label_dtype);
+           (has_labels ? std::string(", labels ") + dtype_name(label_dtype) : ", no labels");
   }
   bool operator==(const ShardFormat&) const = default;
 };

@@ -73,6 +73,13 @@ void write_rows(hid_t dataset, DType type, const core::Shape& sample_shape, std:
 }  // namespace
 
 void check_format(const ShardFormat& format) {
+  if (!format.has_labels) {
+    if (format.input_dtype != DType::i32 || format.sample_shape.size() != 1 ||
+        format.sample_shape[0] < 2)
+      throw InvalidArgument(
+          "a token shard (no labels) holds i32 windows [N, T+1] with T >= 1, not " + format.str());
+    return;
+  }
   if (format.input_dtype != DType::u8 && format.input_dtype != DType::f16 &&
       format.input_dtype != DType::f32)
     throw InvalidArgument(std::string("shard inputs must be u8, f16 or f32, not ") +
@@ -105,8 +112,9 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
         H5Fcreate(temp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
     handles_->inputs = create_contiguous(handles_->file.get(), kInputsName, format.input_dtype,
                                          dims_of(rows, format.sample_shape));
-    handles_->labels =
-        create_contiguous(handles_->file.get(), kLabelsName, format.label_dtype, {hsize_t(rows)});
+    if (format.has_labels)
+      handles_->labels =
+          create_contiguous(handles_->file.get(), kLabelsName, format.label_dtype, {hsize_t(rows)});
   } catch (const LibraryError& e) {
     handles_.reset();
     std::error_code ignored;
@@ -138,7 +146,8 @@ void ShardWriter::append(const void* inputs, const void* labels, std::int64_t co
   try {
     write_rows(handles_->inputs.get(), format_.input_dtype, format_.sample_shape, written_, count,
                inputs);
-    write_rows(handles_->labels.get(), format_.label_dtype, {}, written_, count, labels);
+    if (format_.has_labels)
+      write_rows(handles_->labels.get(), format_.label_dtype, {}, written_, count, labels);
   } catch (const LibraryError& e) {
     throw IoError("writing rows " + std::to_string(written_) + ".." +
                   std::to_string(written_ + count) + " of shard " + quoted(temp_path_) + ": " +
@@ -225,7 +234,7 @@ void DatasetWriter::append(const void* inputs, const void* labels, std::int64_t 
     const std::int64_t n = std::min(count, writer_->rows() - writer_->written());
     writer_->append(in, lab, n);
     in += n * format_.sample_bytes();
-    lab += n * dtype_size(format_.label_dtype);
+    if (lab) lab += n * dtype_size(format_.label_dtype);
     written_ += n;
     count -= n;
   }

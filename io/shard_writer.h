@@ -17,7 +17,8 @@
 namespace lockstep::io {
 
 // Throws InvalidArgument unless shards can store `format`: inputs u8, f16 or
-// f32 with every sample dimension at least 1; labels i32 or i64.
+// f32 with every sample dimension at least 1; labels i32 or i64; or, without
+// labels, i32 token windows [N, T+1] with T >= 1.
 void check_format(const ShardFormat& format);
 
 class ShardWriter {
@@ -30,7 +31,7 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Appends `count` samples: inputs in the format's dtype and sample shape,
-  // labels in its label dtype, both row-major and contiguous.
+  // labels in its label dtype (null for a token shard), both row-major and contiguous.
   void append(const void* inputs, const void* labels, std::int64_t count);
   // Checks that every row was written, flushes, fsyncs and renames into place.
   void close();

@@ -26,6 +26,12 @@ void validate_gemm(const GemmArgs& g) {
          std::to_string(b_cols));
   if (g.ldc < std::max<std::int64_t>(1, g.n))
     fail("ldc=" + std::to_string(g.ldc) + " is smaller than C's row length " + std::to_string(g.n));
+  if (g.batch < 1) fail("batch=" + std::to_string(g.batch) + " must be at least 1");
+  if (g.batch > 1 && (g.stride_a < 0 || g.stride_b < 0 || g.stride_c < g.m * g.ldc))
+    fail("batch strides a=" + std::to_string(g.stride_a) + " b=" + std::to_string(g.stride_b) +
+         " c=" + std::to_string(g.stride_c) +
+         " must be non-negative, and C's must keep the batches' outputs apart (at least m*ldc=" +
+         std::to_string(g.m * g.ldc) + ")");
   if (g.m > 0 && g.n > 0 && (!g.c || (g.k > 0 && (!g.a || !g.b)))) fail("null data pointer");
 }
 

@@ -1,6 +1,8 @@
 // GEMM on raw row-major buffers: C = alpha * op(A) op(B) + beta * C, with A and
 // B in f32, f16 or bf16, f32 accumulation, and C in f32 or the input type.
 // beta = 1 accumulates into C (how weight gradients land in the f32 buffer).
+// batch > 1 runs that many GEMMs of one shape on operands a fixed stride apart
+// (attention's per-head products: cuBLASLt strided batches, a loop on the CPU).
 // CPU: OpenBLAS (16-bit inputs are widened to f32 first). CUDA: cuBLASLt with
 // the heuristic's choice cached per shape, and a caller-provided workspace.
 #pragma once
@@ -27,6 +29,10 @@ struct GemmArgs {
   std::int64_t ldc = 0;
   DType ab_type = DType::f32;  // type of A and B
   DType c_type = DType::f32;   // f32, or ab_type
+  std::int64_t batch = 1;      // GEMMs in this call
+  std::int64_t stride_a = 0;   // elements from one batch's A to the next
+  std::int64_t stride_b = 0;
+  std::int64_t stride_c = 0;
 };
 
 // Throws InvalidArgument naming the field at fault (types, sizes, strides).

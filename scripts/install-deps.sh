@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages lockstep needs to build, test and run its demo.
+# Installs the Debian 12 packages lockstep needs to build, test and run its demos
+# (dataset-fashion-mnist for demo.sh, fortunes for demo-gpt.sh).
 # Idempotent: prints nothing and touches nothing when every package is present.
 set -euo pipefail
 
@@ -9,7 +10,7 @@ packages=(
   libhdf5-dev hdf5-tools zlib1g-dev
   catch2 libfmt-dev libopenblas-dev libcli11-dev
   clang-format
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
   python3-matplotlib python3-h5py
 )
 

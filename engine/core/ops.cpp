@@ -157,43 +157,72 @@ void flag_nonfinite(const Tensor& x, Tensor& flag, [[maybe_unused]] const Stream
 #endif
 }
 
-void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
-            [[maybe_unused]] const Stream& stream) {
-  same_device("matmul", a, b);
-  same_device("matmul", a, c);
-  if (a.shape().size() != 2 || b.shape().size() != 2 || c.shape().size() != 2)
-    throw InvalidArgument("matmul: expects 2-D tensors, got a " + shape_str(a.shape()) + ", b " +
-                          shape_str(b.shape()) + ", c " + shape_str(c.shape()));
+namespace {
+
+// The GEMM behind matmul and batched_matmul: a, b, c hold `batch` matrices each,
+// in their last two dimensions.
+void run_gemm(const char* op, const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
+              [[maybe_unused]] const Stream& stream) {
+  same_device(op, a, b);
+  same_device(op, a, c);
   if (a.dtype() != b.dtype())
-    throw InvalidArgument(std::string("matmul: a is ") + dtype_name(a.dtype()) + " but b is " +
+    throw InvalidArgument(std::string(op) + ": a is " + dtype_name(a.dtype()) + " but b is " +
                           dtype_name(b.dtype()) + " (cast one of them)");
+  const std::size_t r = a.shape().size();
   kernels::GemmArgs g;
   g.trans_a = o.trans_a;
   g.trans_b = o.trans_b;
-  g.m = o.trans_a ? a.dim(1) : a.dim(0);
-  g.k = o.trans_a ? a.dim(0) : a.dim(1);
-  g.n = o.trans_b ? b.dim(0) : b.dim(1);
-  const std::int64_t b_k = o.trans_b ? b.dim(1) : b.dim(0);
-  if (b_k != g.k || c.dim(0) != g.m || c.dim(1) != g.n)
-    throw InvalidArgument("matmul: op(a) is [" + std::to_string(g.m) + ", " + std::to_string(g.k) +
-                          "], op(b) is [" + std::to_string(b_k) + ", " + std::to_string(g.n) +
-                          "], c is " + shape_str(c.shape()) + ": inner sizes or c's shape differ");
+  g.m = o.trans_a ? a.dim(r - 1) : a.dim(r - 2);
+  g.k = o.trans_a ? a.dim(r - 2) : a.dim(r - 1);
+  g.n = o.trans_b ? b.dim(r - 2) : b.dim(r - 1);
+  const std::int64_t b_k = o.trans_b ? b.dim(r - 1) : b.dim(r - 2);
+  if (b_k != g.k || c.dim(r - 2) != g.m || c.dim(r - 1) != g.n)
+    throw InvalidArgument(std::string(op) + ": op(a) is [" + std::to_string(g.m) + ", " +
+                          std::to_string(g.k) + "], op(b) is [" + std::to_string(b_k) + ", " +
+                          std::to_string(g.n) + "], c is " + shape_str(c.shape()) +
+                          ": inner sizes or c's shape differ");
   g.alpha = o.alpha;
   g.beta = o.beta;
   g.a = a.data();
-  g.lda = std::max<std::int64_t>(1, a.dim(1));
+  g.lda = std::max<std::int64_t>(1, a.dim(r - 1));
   g.b = b.data();
-  g.ldb = std::max<std::int64_t>(1, b.dim(1));
+  g.ldb = std::max<std::int64_t>(1, b.dim(r - 1));
   g.c = c.data();
-  g.ldc = std::max<std::int64_t>(1, c.dim(1));
+  g.ldc = std::max<std::int64_t>(1, c.dim(r - 1));
   g.ab_type = a.dtype();
   g.c_type = c.dtype();
+  if (r == 3) {
+    g.batch = a.dim(0);
+    g.stride_a = a.dim(1) * a.dim(2);
+    g.stride_b = b.dim(1) * b.dim(2);
+    g.stride_c = c.dim(1) * c.dim(2);
+  }
   if (!a.device().is_cuda()) return kernels::cpu::gemm(g);
 #if LOCKSTEP_WITH_CUDA
   GpuStream gs = gpu_stream(a.device(), stream);
   kernels::cuda::gemm(g, gs.stream.gemm_workspace(), kernels::cuda::kGemmWorkspaceBytes,
                       gs.stream.handle());
 #endif
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
+            const Stream& stream) {
+  if (a.shape().size() != 2 || b.shape().size() != 2 || c.shape().size() != 2)
+    throw InvalidArgument("matmul: expects 2-D tensors, got a " + shape_str(a.shape()) + ", b " +
+                          shape_str(b.shape()) + ", c " + shape_str(c.shape()));
+  run_gemm("matmul", a, b, c, o, stream);
+}
+
+void batched_matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
+                    const Stream& stream) {
+  if (a.shape().size() != 3 || b.shape().size() != 3 || c.shape().size() != 3 ||
+      a.dim(0) != b.dim(0) || a.dim(0) != c.dim(0))
+    throw InvalidArgument("batched_matmul: expects 3-D tensors with one batch size, got a " +
+                          shape_str(a.shape()) + ", b " + shape_str(b.shape()) + ", c " +
+                          shape_str(c.shape()));
+  run_gemm("batched_matmul", a, b, c, o, stream);
 }
 
 }  // namespace lockstep::core::ops

@@ -32,5 +32,9 @@ struct MatmulOptions {
 // c[m, n] = alpha op(a) op(b) + beta c, for 2-D a, b, c; f32 accumulation.
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options = {},
             const Stream& stream = {});
+// c[i] = alpha op(a[i]) op(b[i]) + beta c[i] for 3-D a, b, c of one batch size
+// (one strided-batched GEMM).
+void batched_matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options = {},
+                    const Stream& stream = {});
 
 }  // namespace lockstep::core::ops

@@ -60,8 +60,12 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
     throw InvalidArgument(describe() + ": inner branch gives " + core::shape_str(a.shape()) +
                           " but the shortcut gives " + core::shape_str(b.shape()) +
                           " (give the shortcut a downsample that matches)");
-  core::Tensor y = core::Tensor::empty(a.shape(), a.dtype(), a.device(), ctx.stream);
-  core::ops::add(a, b.dtype() == a.dtype() ? b : b.cast(a.dtype(), ctx.stream), y, ctx.stream);
+  // Mixed dtypes (a low-type branch under autocast over an f32 stream) add in
+  // f32, as PyTorch's type promotion does, so the residual stream stays f32.
+  const DType type = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
+  core::Tensor y = core::Tensor::empty(a.shape(), type, a.device(), ctx.stream);
+  core::ops::add(a.dtype() == type ? a : a.cast(type, ctx.stream),
+                 b.dtype() == type ? b : b.cast(type, ctx.stream), y, ctx.stream);
   if (relu_after_add_) {
     core::dispatch(
         y.device(), ctx.stream,

@@ -27,19 +27,30 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
   if (bias) bias_ = &add_parameter("bias", {out_features}, ParamRole::bias);
 }
 
+Linear::Linear(Parameter& tied_weight, bool bias)
+    : Module("Linear"), weight_(&tied_weight), tied_(true) {
+  if (tied_weight.value.shape().size() != 2)
+    throw InvalidArgument("Linear: tied weight '" + tied_weight.name + "' has shape " +
+                          core::shape_str(tied_weight.value.shape()) + ", expected [out, in]");
+  out_features_ = tied_weight.value.dim(0);
+  in_features_ = tied_weight.value.dim(1);
+  if (bias) bias_ = &add_parameter("bias", {out_features_}, ParamRole::bias);
+}
+
 void Linear::reset_parameters(core::Generator& rng) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
-  init_uniform(weight_->value, rng, bound);
+  if (!tied_) init_uniform(weight_->value, rng, bound);
   if (bias_) init_uniform(bias_->value, rng, bound);
 }
 
 core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
-  if (x.shape().size() != 2 || x.dim(1) != in_features_)
+  if (x.shape().size() < 2 || x.shape().back() != in_features_)
     shape_error(x, "expects [batch, " + std::to_string(in_features_) +
                        "] (check the previous layer's output size)");
   const DType type = ctx.autocast.value_or(DType::f32);
-  const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
-  core::Tensor y = core::Tensor::empty({x.dim(0), out_features_}, type, x.device(), ctx.stream);
+  const core::Tensor rows = x.reshape({x.numel() / in_features_, in_features_});
+  const core::Tensor input = x.dtype() == type ? rows : rows.cast(type, ctx.stream);
+  core::Tensor y = core::Tensor::empty({input.dim(0), out_features_}, type, x.device(), ctx.stream);
   core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
                     ctx.stream);
   if (bias_) {
@@ -54,14 +65,20 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   }
   input_ = training() ? input : core::Tensor();
   input_dtype_ = x.dtype();
-  return y;
+  input_shape_ = x.shape();
+  core::Shape out_shape = x.shape();
+  out_shape.back() = out_features_;
+  return y.reshape(out_shape);
 }
 
 core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
-  check_gradient(dy, {input_.dim(0), out_features_}, input_.device());
+  core::Shape out_shape = input_shape_;
+  out_shape.back() = out_features_;
+  check_gradient(dy, out_shape, input_.device());
   const DType type = input_.dtype();
-  const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
+  const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
+  const core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
   if (weight_->requires_grad)  // dW += dy^T x, straight into the f32 gradient
     core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = 1.0f}, ctx.stream);
   if (bias_ && bias_->requires_grad) {
@@ -80,7 +97,9 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
     core::ops::matmul(g, low_weight_.get(*weight_, type, ctx.stream), dx, {}, ctx.stream);
   }
   input_ = core::Tensor();
-  return !dx.defined() || dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
+  if (!dx.defined()) return dx;
+  dx = dx.reshape(input_shape_);
+  return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

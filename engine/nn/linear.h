@@ -1,8 +1,8 @@
-// Linear: y = x W^T + b for x [batch, in_features], W [out, in] (PyTorch's
-// layout). Under autocast the GEMMs run in f16/bf16 with f32 accumulation on a
-// low-precision copy of W made once per weight version (once per optimizer
-// step, not per micro-batch), and dW lands in the f32 gradient directly
-// (GEMM with an f32 C and beta = 1).
+// Linear: y = x W^T + b for x [..., in_features], W [out, in] (PyTorch's
+// layout); leading dimensions are rows. Under autocast the GEMMs run in f16/bf16 with f32
+// accumulation on a low-precision copy of W made once per weight version (once per optimizer step,
+// not per micro-batch), and dW lands in the f32 gradient directly (GEMM with an f32 C and beta =
+// 1).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,13 @@ namespace lockstep::engine {
 class Linear : public Module {
  public:
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true);
+  // Note [tied weights]: a Linear whose weight is another module's parameter
+  // (GPT's head uses the token embedding's [vocab, dim] table). The owner
+  // registers, initialises, stores and reports it; this layer only adds its
+  // dW into the shared gradient. The owner's backward must run after this
+  // layer's (the embedding is the first layer, so it does), so that the
+  // owner's ready report comes after both contributions.
+  Linear(Parameter& tied_weight, bool bias);
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
@@ -25,9 +32,11 @@ class Linear : public Module {
  private:
   std::int64_t in_features_, out_features_;
   Parameter* weight_;
+  bool tied_ = false;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
   DType input_dtype_ = DType::f32;
+  core::Shape input_shape_;
   AutocastWeight low_weight_;  // Note [autocast weight copy]
 };
 

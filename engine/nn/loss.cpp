@@ -2,6 +2,7 @@
 #include "engine/nn/loss.h"
 
 #include <string>
+#include <utility>
 
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
@@ -27,14 +28,27 @@ kernels::ClassificationShape classification_shape(const char* who, const core::T
   return {logits.dim(0), logits.dim(1), ignore_index, labels.dtype()};
 }
 
+// Logits [d0, ..., classes] with labels [d0, ...] (a language model's
+// [batch, seq, vocab] and [batch, seq]) as the [rows, classes] and [rows] the
+// kernels take; anything else is left for classification_shape to reject.
+std::pair<core::Tensor, core::Tensor> as_rows(const core::Tensor& logits,
+                                              const core::Tensor& labels) {
+  const core::Shape& ls = logits.shape();
+  if (ls.size() <= 2 || labels.shape() != core::Shape(ls.begin(), ls.end() - 1))
+    return {logits, labels};
+  return {logits.reshape({labels.numel(), ls.back()}), labels.reshape({labels.numel()})};
+}
+
 core::Tensor as_f32(const core::Tensor& t, const core::Stream& stream) {
   return t.dtype() == DType::f32 ? t : t.cast(DType::f32, stream);
 }
 
 }  // namespace
 
-core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits, const core::Tensor& labels,
+core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core::Tensor& labels_in,
                                        Context& ctx) {
+  const auto [logits, labels] = as_rows(logits_in, labels_in);
+  logits_shape_ = logits_in.shape();
   const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
   const core::Tensor x = as_f32(logits, ctx.stream);
   const core::Device device = x.device();
@@ -73,6 +87,7 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
         kernels::cuda::softmax_xent_backward(s, probs, labels_.data(), count, dloss, out, stream);
       });
   probs_ = labels_ = core::Tensor();
+  dlogits = dlogits.reshape(logits_shape_);
   return logits_dtype_ == DType::f32 ? dlogits : dlogits.cast(logits_dtype_, ctx.stream);
 }
 
@@ -102,8 +117,9 @@ core::Tensor MSELoss::backward(float dloss, Context& ctx) {
   return prediction_dtype_ == DType::f32 ? grad : grad.cast(prediction_dtype_, ctx.stream);
 }
 
-core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,
+core::Tensor count_correct(const core::Tensor& logits_in, const core::Tensor& labels_in,
                            const core::Stream& stream, std::int64_t ignore_index) {
+  const auto [logits, labels] = as_rows(logits_in, labels_in);
   const auto s = classification_shape("count_correct", logits, labels, ignore_index);
   const core::Tensor x = as_f32(logits, stream);
   core::Tensor correct = core::Tensor::empty({1}, DType::f32, x.device(), stream);

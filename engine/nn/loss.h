@@ -13,7 +13,9 @@
 namespace lockstep::engine {
 
 // Softmax cross-entropy over logits [rows, classes] and integer labels [rows]
-// (i64 or i32): the mean over rows whose label is not ignore_index.
+// (i64 or i32): the mean over rows whose label is not ignore_index. Logits
+// [d0, ..., classes] with labels [d0, ...] count every position as a row (a
+// language model's mean over batch x sequence).
 class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
@@ -26,6 +28,7 @@ class CrossEntropyLoss {
  private:
   std::int64_t ignore_index_;
   core::Tensor probs_, labels_, count_;
+  core::Shape logits_shape_;
   DType logits_dtype_ = DType::f32;
 };
 
@@ -40,8 +43,9 @@ class MSELoss {
   DType prediction_dtype_ = DType::f32;
 };
 
-// Rows whose largest logit (the first on ties) is the label, ignoring rows
-// labelled ignore_index: a one-element f32 count on the logits' device.
+// Rows whose largest logit (the first on ties) is the label (shapes as for
+// CrossEntropyLoss), ignoring rows labelled ignore_index: a one-element f32 count on the logits'
+// device.
 core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,
                            const core::Stream& stream, std::int64_t ignore_index = -100);
 

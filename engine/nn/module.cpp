@@ -149,6 +149,7 @@ void initialize(Module& root, std::uint64_t seed) {
   core::Generator rng(seed);
   std::function<void(Module&)> visit = [&](Module& m) {
     m.reset_parameters(rng);
+    if (m.initializes_subtree()) return;
     for (Module* c : m.children()) visit(*c);
   };
   visit(root);

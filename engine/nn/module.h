@@ -72,6 +72,9 @@ class Module {
   virtual core::Tensor backward(const core::Tensor& dy, Context& ctx) = 0;
   // PyTorch's default initialisation of this module's own parameters.
   virtual void reset_parameters(core::Generator& /*rng*/) {}
+  // True when reset_parameters initialises this whole subtree (a model with
+  // its own scheme, such as GPT-2's): initialize() then skips the children.
+  virtual bool initializes_subtree() const { return false; }
 
   const std::string& type_name() const { return type_name_; }
   // Dotted path from the root ("layer1.0.conv1"); "" for the root.

@@ -1,6 +1,7 @@
 // lockstep-shard: writes datasets in lockstep's shard format (docs/data-format.md).
 //   lockstep-shard fashion-mnist --src DIR --out DIR --shards N
 //   lockstep-shard synthetic --out DIR --count N --shape 3,64,64 --dtype u8 --classes K ...
+//   lockstep-shard text --src FILE... --out DIR --seq T --shards S [--val-fraction F]
 // A program to copy from when converting your own data: read samples in
 // order, hand them to io::DatasetWriter in pieces, close it.
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "kernels/error.h"
 #include "kernels/half.h"
 #include "kernels/philox.h"
+#include "text.h"
 
 using namespace lockstep;
 namespace fs = std::filesystem;
@@ -198,6 +200,19 @@ int main(int argc, char** argv) {
   sy->add_option("--shards", syn.shards, "number of shards")->capture_default_str();
   sy->add_option("--seed", syn.seed, "Philox seed")->capture_default_str();
 
+  TextOptions txt;
+  CLI::App* tx = app.add_subcommand(
+      "text",
+      "plain text as byte-level token windows [N, T+1] (vocabulary 256) in OUT/train, and the "
+      "held-out tail in OUT/val");
+  tx->add_option("--src", txt.sources, "text files, concatenated in this order")->required();
+  tx->add_option("--out", txt.out, "output directory")->required();
+  tx->add_option("--seq", txt.seq, "T: tokens per training sequence")->required();
+  tx->add_option("--shards", txt.shards, "shards of the train split")->capture_default_str();
+  tx->add_option("--val-fraction", txt.val_fraction,
+                 "fraction of the text, from its end, held out as OUT/val")
+      ->capture_default_str();
+
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   fm->get_option("--src")->check(examples::non_empty());
   fm->get_option("--out")->check(examples::non_empty());
@@ -209,9 +224,15 @@ int main(int argc, char** argv) {
   sy->get_option("--classes")->check(examples::within(1, 1e12));
   sy->get_option("--shards")->check(examples::within(1, 1e6));
   sy->get_option("--seed")->check(examples::seed_value());
+  tx->get_option("--src")->check(examples::non_empty());
+  tx->get_option("--out")->check(examples::non_empty());
+  tx->get_option("--seq")->check(examples::within(1, 1 << 20));
+  tx->get_option("--shards")->check(examples::within(1, 1e6));
+  tx->get_option("--val-fraction")->check(examples::within(0, 0.9));
   CLI11_PARSE(app, argc, argv);
   try {
     if (fm->parsed()) return fashion_mnist(src, fm_out, fm_shards);
+    if (tx->parsed()) return text(txt);
     return synthetic(syn);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-shard: {}\n", e.what());

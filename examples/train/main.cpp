@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -39,7 +40,9 @@ struct Flags {
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1,
       max_consecutive_skips = TrainerOptions{}.max_consecutive_skips;
-  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0;
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0;
+  std::int64_t sample_tokens = 0;
+  std::string prompt = "\n";
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false;
 };
@@ -64,16 +67,38 @@ double parse_save_delay(const std::string& text) {
 // The fields a resume may not change (Note [resume fingerprint]).
 std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t global_batch,
                                                const io::Dataset& data) {
-  return {{"model", f.model},
-          {"optimizer",
-           fmt::format("{} lr={} momentum={} weight_decay={} no_decay_bias_norm={}", f.optimizer,
-                       f.lr, f.momentum, f.weight_decay, f.no_decay_bias_norm)},
-          {"schedule", fmt::format("{} warmup={} clip={}", f.schedule, f.warmup, f.clip)},
-          {"global_batch", std::to_string(global_batch * f.accum)},
-          {"precision", f.precision},
-          {"seed", std::to_string(f.seed)},
-          {"shuffle", f.shuffle},
-          {"dataset", fmt::format("{} samples", data.size())}};
+  std::map<std::string, std::string> fields{
+      {"model", f.model},
+      {"optimizer",
+       fmt::format("{} lr={} momentum={} weight_decay={} no_decay_bias_norm={}", f.optimizer, f.lr,
+                   f.momentum, f.weight_decay, f.no_decay_bias_norm)},
+      {"schedule", fmt::format("{} warmup={} clip={}", f.schedule, f.warmup, f.clip)},
+      {"global_batch", std::to_string(global_batch * f.accum)},
+      {"precision", f.precision},
+      {"seed", std::to_string(f.seed)},
+      {"shuffle", f.shuffle},
+      {"dataset", fmt::format("{} samples", data.size())}};
+  if (f.dropout != 0.0) fields["dropout"] = fmt::format("{}", f.dropout);
+  return fields;
+}
+
+// A language-model preset needs token shards whose windows fit its context,
+// an image preset needs shards with labels.
+void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const std::string& flag,
+                     const std::string& path) {
+  const io::ShardFormat& format = data.format();
+  if (preset.language_model && format.has_labels)
+    throw InvalidArgument(fmt::format(
+        "{} {} holds {}, but --model {} reads token shards (write them with lockstep-shard text)",
+        flag, path, format.str(), preset.name));
+  if (!preset.language_model && !format.has_labels)
+    throw InvalidArgument(fmt::format("{} {} holds token windows, but --model {} needs labels",
+                                      flag, path, preset.name));
+  if (preset.language_model && format.sample_shape[0] - 1 > preset.sample_shape[0])
+    throw InvalidArgument(fmt::format(
+        "{} {} holds windows of {} tokens, longer than --model {}'s context of {} + 1 (write "
+        "them with a smaller --seq)",
+        flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
 int run(Flags& f, comm::World& world) {
@@ -86,7 +111,8 @@ int run(Flags& f, comm::World& world) {
   const ModelPreset& preset = model_preset(f.model);
 
   io::Dataset train_data = io::Dataset::open(f.data);
-  std::unique_ptr<Module> model = make_model(f.model);
+  check_data_fits(preset, train_data, "--data", f.data);
+  std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
@@ -112,7 +138,7 @@ int run(Flags& f, comm::World& world) {
   loader_options.threads = 2;
   loader_options.device = device;
   loader_options.stream = stream;
-  loader_options.scale_u8 = true;
+  loader_options.scale_u8 = !preset.language_model;
   loader_options.num_classes = preset.classes;
   loader_options.held_batches = f.accum;  // Trainer::step holds a step's micro-batches
   // Checked before the loader sizes its buffers from --batch-size and --accum.
@@ -215,6 +241,7 @@ int run(Flags& f, comm::World& world) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
+    check_data_fits(preset, *val_data, "--val-data", f.val_data);
     val_loader.emplace(*val_data, v);
   }
   RunHeader header{.program = "lockstep-train",
@@ -235,6 +262,11 @@ int run(Flags& f, comm::World& world) {
                    .checkpoint_dir = f.checkpoint_dir,
                    .metrics_path = f.metrics};
   if (val_data) header.data.push_back({"val", f.val_data, &*val_data});
+  // A language model's step counts target tokens (StepResult::samples); the
+  // report counts windows, and tokens/s from them.
+  const std::int64_t tokens_per_window =
+      preset.language_model ? train_data.format().sample_shape[0] - 1 : 1;
+  if (preset.language_model) header.tokens_per_sample = tokens_per_window;
   report.emplace(world, std::move(header), metrics);
   EtaClock eta;
   eta.start(trainer.steps());
@@ -249,7 +281,7 @@ int run(Flags& f, comm::World& world) {
       if (!r) break;
       next_epoch = epoch;
       next_position = loader.position().position;
-      report->record_step(r->step, r->loss, r->samples, r->seconds, r->skipped);
+      report->record_step(r->step, r->loss, r->samples / tokens_per_window, r->seconds, r->skipped);
       if (lead) {
         metrics.write(fmt::format(
             R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
@@ -283,7 +315,17 @@ int run(Flags& f, comm::World& world) {
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
-      if (lead) {
+      if (lead && preset.language_model) {
+        // Bits per token: per byte for byte-level tokens (gpt-tiny).
+        const double bits = e.loss / std::log(2.0);
+        fmt::print(
+            "epoch {}: val_loss {:.4f}  val_bits_per_token {:.4f}  next-token accuracy {:.2f}%  "
+            "({} windows)\n",
+            epoch + 1, e.loss, bits, 100 * e.accuracy, e.samples);
+        metrics.write(fmt::format(
+            R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_accuracy": {:.6g}, "val_bits_per_token": {:.6g})",
+            trainer.steps(), epoch + 1, e.loss, e.accuracy, bits));
+      } else if (lead) {
         fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch + 1,
                    e.loss, 100 * e.accuracy, e.samples);
         metrics.write(
@@ -293,6 +335,14 @@ int run(Flags& f, comm::World& world) {
     }
   }
   save(next_epoch, next_position);
+  if (lead && f.sample_tokens > 0 && preset.language_model) {
+    const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
+    const std::vector<std::int32_t> text =
+        generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
+    std::string bytes;
+    for (std::int32_t t : text) bytes.push_back(static_cast<char>(t));
+    fmt::print("sample (greedy, {} tokens after the prompt):\n{}\n", f.sample_tokens, bytes);
+  }
   report->finish();
   return 0;
 }
@@ -317,6 +367,12 @@ int main(int argc, char** argv) {
     presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
                            core::shape_str(p.sample_shape));
   app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
+  app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
+      ->capture_default_str();
+  app.add_option("--sample-tokens", f.sample_tokens,
+                 "GPT presets: after training, print this many greedily generated tokens")
+      ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues");
   auto* epochs = app.add_option("--epochs", f.epochs,
                                 "epochs to train [default: 1 when --steps is not given either]");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")

@@ -93,6 +93,12 @@ std::optional<DType> dtype_of(hid_t type) {
   return std::nullopt;
 }
 
+bool is_u16(hid_t type) {
+  Hdf5Lock lock;
+  return LOCKSTEP_CHECK_HDF5(H5Tget_class(type)) == H5T_INTEGER && H5Tget_size(type) == 2 &&
+         LOCKSTEP_CHECK_HDF5(H5Tget_sign(type)) == H5T_SGN_NONE;
+}
+
 std::string describe_type(hid_t type) {
   Hdf5Lock lock;
   const std::string bits = std::to_string(8 * H5Tget_size(type));

@@ -47,6 +47,8 @@ Hdf5Id memory_type(DType type);
 // The DType whose values `type` stores exactly (any byte order), or nothing
 // for types lockstep does not read (f64, i16, strings, bfloat16 ...).
 std::optional<DType> dtype_of(hid_t type);
+// Whether `type` is a 16-bit unsigned integer (u16 tokens, any byte order).
+bool is_u16(hid_t type);
 // For messages: "f64", "i16", "string", "compound" ...
 std::string describe_type(hid_t type);
 // Whether `type` is stored in this machine's byte order (1-byte types are).

@@ -82,23 +82,39 @@ void ShardFile::inspect(bool force_hdf5) {
     file_ = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)));
     Hdf5Id labels;
     Extent inputs_extent, labels_extent;
+    format_.has_labels = LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kLabelsName, H5P_DEFAULT)) > 0;
     for (const char* name : {kInputsName, kLabelsName}) {
       current = name;
+      const bool is_inputs = std::string_view(name) == kInputsName;
+      if (!is_inputs && !format_.has_labels) continue;  // a token shard
       if (LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), name, H5P_DEFAULT)) == 0)
         fail(name,
              "missing (a shard holds 'inputs' [N, ...] and 'labels' [N]; see "
              "docs/data-format.md)");
       Hdf5Id dataset(LOCKSTEP_CHECK_HDF5(H5Dopen2(file_.get(), name, H5P_DEFAULT)));
       const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(dataset.get())));
-      const auto dtype = dtype_of(type.get());
-      const bool is_inputs = std::string_view(name) == kInputsName;
+      auto dtype = dtype_of(type.get());
+      // Note [u16 tokens]: token shards may store u16 (GPT-2's vocabulary fits);
+      // HDF5 widens them to i32 on read, so they take the hdf5 read path.
+      if (is_inputs && !format_.has_labels && is_u16(type.get())) {
+        dtype = DType::i32;
+        widened_u16_ = true;
+      }
+      if (is_inputs && !format_.has_labels && dtype != DType::i32)
+        fail(kLabelsName,
+             "missing (a shard holds 'inputs' [N, ...] and 'labels' [N], or only "
+             "'inputs' of i32 or u16 tokens [N, T+1]; these inputs are " +
+                 describe_type(type.get()) + "; see docs/data-format.md)");
       const bool allowed =
-          dtype &&
-          (is_inputs ? (*dtype == DType::u8 || *dtype == DType::f16 || *dtype == DType::f32)
-                     : (*dtype == DType::i32 || *dtype == DType::i64));
+          dtype && (!is_inputs ? (*dtype == DType::i32 || *dtype == DType::i64)
+                    : format_.has_labels
+                        ? (*dtype == DType::u8 || *dtype == DType::f16 || *dtype == DType::f32)
+                        : *dtype == DType::i32);
       if (!allowed)
         fail(name, "stored as " + describe_type(type.get()) + "; lockstep reads " +
-                       (is_inputs ? "u8, f16 or f32 inputs" : "i32 or i64 labels") +
+                       (!is_inputs           ? "i32 or i64 labels"
+                        : format_.has_labels ? "u8, f16 or f32 inputs"
+                                             : "i32 or u16 tokens in a shard without 'labels'") +
                        " (convert the dataset, e.g. with lockstep-shard)");
       (is_inputs ? format_.input_dtype : format_.label_dtype) = *dtype;
       (is_inputs ? inputs_extent : labels_extent) = extent_of(dataset.get());
@@ -107,9 +123,12 @@ void ShardFile::inspect(bool force_hdf5) {
     current = nullptr;
     if (inputs_extent.dims.empty())
       fail(kInputsName, "is a scalar; inputs are [N, ...] with one row per sample");
-    if (labels_extent.dims.size() != 1)
+    if (!format_.has_labels && (inputs_extent.dims.size() != 2 || inputs_extent.dims[1] < 2))
+      fail(kInputsName, "has shape " + dims_str(inputs_extent.dims) +
+                            "; a token shard (no 'labels') holds windows [N, T+1] with T >= 1");
+    if (format_.has_labels && labels_extent.dims.size() != 1)
       fail(kLabelsName, "has shape " + dims_str(labels_extent.dims) + "; labels are [N]");
-    if (inputs_extent.dims[0] != labels_extent.dims[0])
+    if (format_.has_labels && inputs_extent.dims[0] != labels_extent.dims[0])
       fail(nullptr, fmt::format("'inputs' has {} rows but 'labels' has {} (every sample needs "
                                 "exactly one label; re-create the shard)",
                                 inputs_extent.dims[0], labels_extent.dims[0]));
@@ -120,11 +139,13 @@ void ShardFile::inspect(bool force_hdf5) {
       fail(kInputsName, "has shape " + dims_str(inputs_extent.dims) + ": samples of zero bytes");
 
     current = kLabelsName;
-    labels_values_.resize(static_cast<std::size_t>(rows_));
-    if (rows_ > 0) {
-      const Hdf5Id memory = memory_type(DType::i64);
-      LOCKSTEP_CHECK_HDF5(H5Dread(labels.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                  labels_values_.data()));
+    if (format_.has_labels) {
+      labels_values_.resize(static_cast<std::size_t>(rows_));
+      if (rows_ > 0) {
+        const Hdf5Id memory = memory_type(DType::i64);
+        LOCKSTEP_CHECK_HDF5(H5Dread(labels.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                    labels_values_.data()));
+      }
     }
     current = kInputsName;
     choose_layout(force_hdf5);
@@ -144,6 +165,8 @@ void ShardFile::choose_layout(bool force_hdf5) {
   const H5D_layout_t layout = LOCKSTEP_CHECK_HDF5(H5Pget_layout(dcpl.get()));
   if (force_hdf5) {
     layout_reason_ = "read through HDF5 on request";
+  } else if (widened_u16_) {
+    layout_reason_ = "u16 tokens, widened to i32 (Note [u16 tokens])";
   } else if (layout == H5D_CHUNKED) {
     const int filters = LOCKSTEP_CHECK_HDF5(H5Pget_nfilters(dcpl.get()));
     layout_reason_ = filters > 0 ? "chunked with filters" : "chunked";

@@ -63,9 +63,10 @@ class ShardFile {
   std::string layout_reason_;
   int fd_ = -1;
   std::uint64_t file_bytes_ = 0;
-  std::uint64_t inputs_offset_ = 0;  // contiguous: where row 0 starts
-  std::vector<std::int64_t> labels_values_;
-  Hdf5Id file_, inputs_;  // kept open for the hdf5 layout only
+  std::uint64_t inputs_offset_ = 0;          // contiguous: where row 0 starts
+  std::vector<std::int64_t> labels_values_;  // empty for a token shard
+  bool widened_u16_ = false;                 // Note [u16 tokens] in shard_file.cpp
+  Hdf5Id file_, inputs_;                     // kept open for the hdf5 layout only
 };
 
 }  // namespace lockstep::io::detail

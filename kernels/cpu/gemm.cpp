@@ -30,11 +30,8 @@ void sgemm(const GemmArgs& g, const float* a, std::int64_t lda, const float* b, 
               static_cast<blasint>(ldc));
 }
 
-}  // namespace
-
-void gemm(const GemmArgs& g) {
-  validate_gemm(g);
-  if (g.m == 0 || g.n == 0) return;
+// One GEMM of a batch (g.batch is ignored).
+void gemm_one(const GemmArgs& g) {
   if (g.ab_type == DType::f32) {
     sgemm(g, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb,
           static_cast<float*>(g.c), g.ldc);
@@ -57,6 +54,20 @@ void gemm(const GemmArgs& g) {
   for (std::int64_t r = 0; r < g.m; ++r)
     for (std::int64_t col = 0; col < g.n; ++col)
       detail::store_f32(g.c, g.c_type, r * g.ldc + col, c[r * g.n + col]);
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g) {
+  validate_gemm(g);
+  if (g.m == 0 || g.n == 0) return;
+  GemmArgs one = g;
+  for (std::int64_t i = 0; i < g.batch; ++i) {
+    one.a = static_cast<const char*>(g.a) + i * g.stride_a * dtype_size(g.ab_type);
+    one.b = static_cast<const char*>(g.b) + i * g.stride_b * dtype_size(g.ab_type);
+    one.c = static_cast<char*>(g.c) + i * g.stride_c * dtype_size(g.c_type);
+    gemm_one(one);
+  }
 }
 
 void set_gemm_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }

@@ -3,6 +3,7 @@
 // shape (sizes, strides, types, transposes, pointer alignment) is planned once:
 // descriptors and the heuristic's first algorithm are cached, so a training
 // step makes no heuristic queries after the first.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,13 @@ std::uint32_t alignment_of(const void* p) {
   return align;
 }
 
+// Every matrix of a strided batch must meet the alignment: the base's and the
+// stride's (in bytes) together.
+std::uint32_t alignment_of(const void* p, std::int64_t stride, DType type) {
+  const auto stride_bytes = static_cast<std::uintptr_t>(stride) * dtype_size(type);
+  return std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(stride_bytes)));
+}
+
 struct PlanKey {
   int device;
   bool trans_a, trans_b;
@@ -43,9 +51,10 @@ struct PlanKey {
   DType ab_type, c_type;
   std::uint32_t align_a, align_b, align_c;
   std::size_t workspace_bytes;
+  std::int64_t batch, stride_a, stride_b, stride_c;
   auto tie() const {
     return std::tie(device, trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_type, c_type, align_a,
-                    align_b, align_c, workspace_bytes);
+                    align_b, align_c, workspace_bytes, batch, stride_a, stride_b, stride_c);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -75,6 +84,15 @@ Cache& cache() {
   return *instance;
 }
 
+// Strided batches: `count` matrices, `stride` elements apart.
+void set_batch(cublasLtMatrixLayout_t layout, std::int64_t count, std::int64_t stride) {
+  const auto batch = static_cast<std::int32_t>(count);
+  LOCKSTEP_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &batch, sizeof batch));
+  LOCKSTEP_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+      layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+}
+
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key) {
   auto plan = std::make_unique<Plan>();
   // Column-major view (see the file comment): Lt's A is our B, Lt's B is our A.
@@ -91,6 +109,11 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key) {
   LOCKSTEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, ab, key.trans_a ? key.m : key.k,
                                                    key.trans_a ? key.k : key.m, key.lda));
   LOCKSTEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan->c, c, key.n, key.m, key.ldc));
+  if (key.batch > 1) {
+    set_batch(plan->a, key.batch, key.stride_b);
+    set_batch(plan->b, key.batch, key.stride_a);
+    set_batch(plan->c, key.batch, key.stride_c);
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   LOCKSTEP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -130,8 +153,9 @@ void gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes, CudaS
   validate_gemm(g);
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {  // cuBLASLt rejects k = 0; C = beta C row by row
-    for (std::int64_t row = 0; row < g.m; ++row) {
-      void* c_row = static_cast<char*>(g.c) + row * g.ldc * dtype_size(g.c_type);
+    for (std::int64_t row = 0; row < g.m * g.batch; ++row) {
+      const std::int64_t offset = row / g.m * g.stride_c + row % g.m * g.ldc;
+      void* c_row = static_cast<char*>(g.c) + offset * dtype_size(g.c_type);
       if (g.beta == 0.0f)
         fill(c_row, g.c_type, g.n, 0.0, stream);
       else
@@ -152,10 +176,14 @@ void gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes, CudaS
                     g.ldc,
                     g.ab_type,
                     g.c_type,
-                    alignment_of(g.a),
-                    alignment_of(g.b),
-                    alignment_of(g.c),
-                    workspace_bytes};
+                    alignment_of(g.a, g.batch > 1 ? g.stride_a : 0, g.ab_type),
+                    alignment_of(g.b, g.batch > 1 ? g.stride_b : 0, g.ab_type),
+                    alignment_of(g.c, g.batch > 1 ? g.stride_c : 0, g.c_type),
+                    workspace_bytes,
+                    g.batch,
+                    g.batch > 1 ? g.stride_a : 0,
+                    g.batch > 1 ? g.stride_b : 0,
+                    g.batch > 1 ? g.stride_c : 0};
   Cache& c = cache();
   cublasLtHandle_t handle;
   const Plan* plan;

@@ -4,6 +4,8 @@
 #   exact        N steps straight == k steps, save, new process, resume, N-k steps:
 #                bit-for-bit parameters, optimizer state and loss sequence;
 #                fp32 and fp16 (loss scaler), 1 and 2 ranks, shuffling on
+#   gpt          exact resume with gpt-tiny (dropout 0.1) on byte windows of the
+#                project's docs: 2 ranks, fp32 and fp16 (loss scaler), bit for bit
 #   world-size   2 ranks x batch 16 resumed as 1 rank x batch 32: same data
 #                order, parameters within 1e-5
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
@@ -31,26 +33,42 @@ same_checkpoints() {  # same_checkpoints A B TOLERANCE: every dataset of A equal
   /usr/bin/python3 "$(dirname "$0")/same_checkpoints.py" "$@"
 }
 
+exact_resume() {  # exact_resume RANKS ARGS...: 12 steps straight == 6, save, resume, 6
+  local ranks=$1
+  shift
+  launch "$ranks" "$@" --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" \
+    --metrics "$work/a.jsonl" >/dev/null
+  mkdir -p "$work/b" && cp "$work"/a/ckpt-6.h5* "$work/b/"
+  grep '"loss":' "$work/a.jsonl" | head -n 6 >"$work/b.jsonl"  # steps 1-6 (Note [run records])
+  launch "$ranks" "$@" --steps 12 --checkpoint-dir "$work/b" --resume auto \
+    --metrics "$work/b.jsonl" >/dev/null
+  same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 0
+  # The loss sequence: every step's metrics line, lr, scale and norm included.
+  grep '"loss":' "$work/a.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/a.losses"
+  grep '"loss":' "$work/b.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/b.losses"
+  diff "$work/a.losses" "$work/b.losses"
+  rm -rf "$work/a" "$work/b" "$work"/*.jsonl
+}
+
 case $mode in
   exact)
     for ranks in 1 2; do
       for precision in fp32 fp16; do
         batch=$((32 / ranks))
-        args=("${common[@]}" --batch-size "$batch" --precision "$precision" --optimizer adamw --lr 0.001)
-        launch "$ranks" "${args[@]}" --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" \
-          --metrics "$work/a.jsonl" >/dev/null
-        mkdir -p "$work/b" && cp "$work"/a/ckpt-6.h5* "$work/b/"
-        grep '"loss":' "$work/a.jsonl" | head -n 6 >"$work/b.jsonl"  # steps 1-6 (Note [run records])
-        launch "$ranks" "${args[@]}" --steps 12 --checkpoint-dir "$work/b" --resume auto \
-          --metrics "$work/b.jsonl" >/dev/null
-        same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 0
-        # The loss sequence: every step's metrics line, lr, scale and norm included.
-        grep '"loss":' "$work/a.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/a.losses"
-        grep '"loss":' "$work/b.jsonl" | cut -d, -f1,3- | sed 's/"samples_per_s.*//' >"$work/b.losses"
-        diff "$work/a.losses" "$work/b.losses"
+        exact_resume "$ranks" "${common[@]}" --batch-size "$batch" --precision "$precision" \
+          --optimizer adamw --lr 0.001
         echo "exact resume: $ranks rank(s), $precision: identical"
-        rm -rf "$work/a" "$work/b" "$work"/*.jsonl
       done
+    done
+    ;;
+  gpt)
+    docs=$(dirname "$0")/../../docs
+    "$shard" text --src "$docs"/*.md --out "$work/text" --seq 32 --shards 2 >/dev/null
+    for precision in fp32 fp16; do
+      exact_resume 2 --data "$work/text/train" --model gpt-tiny --dropout 0.1 --seed 7 \
+        --log-every 1000 --device cpu --batch-size 4 --precision "$precision" --optimizer adamw \
+        --lr 0.001
+      echo "exact resume: gpt-tiny, 2 ranks, $precision: identical"
     done
     ;;
   world-size)
