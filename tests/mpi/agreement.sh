@@ -86,8 +86,8 @@ expect_failure missing "ranks disagree on 'checkpoint': rank 0 has 'ckpt-2.h5 \(
 # Non-finite values: an lr of 1e30 overflows the weights after the first
 # step; every later step is skipped on both ranks, and the second skip in a
 # row stops the job with the step and the first parameter at fault.
-pair diverge --data "$work/data" --steps 20 --lr 1e30 --max-consecutive-skips 2 \
-  -- --data "$work/data" --steps 20 --lr 1e30 --max-consecutive-skips 2
+pair diverge --data "$work/data" --steps 20 --lr 1e6 --max-consecutive-skips 2 \
+  -- --data "$work/data" --steps 20 --lr 1e6 --max-consecutive-skips 2
 expect_failure diverge \
   "step [0-9]+: 2 steps in a row were skipped for a non-finite loss or gradient \(max_consecutive_skips 2\); the first parameter, in backward order, whose gradient is not finite is '[a-z0-9.]+'"
 echo "agreement: every mismatch stopped both ranks with a message naming it"
