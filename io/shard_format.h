@@ -21,7 +21,9 @@ struct ShardFormat {
   DType label_dtype = DType::i64;  // i64 or i32; labels are [N]
 
   std::size_t sample_bytes() const {
-    return static_cast<std::size_t>(core::shape_numel(sample_shape)) * dtype_size(input_dtype);
+    return static_cast<std::size_t>(checked_mul(core::shape_numel(sample_shape),
+                                                static_cast<std::int64_t>(dtype_size(input_dtype)),
+                                                "bytes of one sample"));
   }
   // "inputs u8 [1, 28, 28], labels i64"
   std::string str() const {

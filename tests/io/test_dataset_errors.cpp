@@ -6,8 +6,8 @@
 
 #include <fstream>
 
-#include "io/check_hdf5.h"
 #include "io/dataset.h"
+#include "io/hdf5.h"
 #include "io/shard_fixtures.h"
 
 using namespace lockstep;
@@ -160,5 +160,5 @@ TEST_CASE("LOCKSTEP_CHECK_HDF5 names the call, the place and HDF5's error stack"
     CHECK_THAT(e.what(), Catch::Contains("test_dataset_errors.cpp:" + std::to_string(line)));
     CHECK_THAT(e.what(), Catch::Contains("unable to open file"));
   }
-  CHECK(io::detail::hdf5_error_stack() == "no HDF5 error stack");  // the throw cleared it
+  CHECK(io::hdf5_error_stack() == "no HDF5 error stack");  // the throw cleared it
 }

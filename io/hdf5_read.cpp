@@ -1,0 +1,353 @@
+// Checked reads of HDF5 files lockstep may not have written (io/hdf5.h,
+// Note [hostile files]): the superblock check made before HDF5 opens a file,
+// extents, dataset and attribute names gathered without letting exceptions
+// cross HDF5's callbacks, and type-, rank- and size-checked reads.
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+
+#include "io/hdf5.h"
+#include "kernels/checked_math.h"
+#include "kernels/half.h"
+
+namespace lockstep::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::array<unsigned char, 8> kSignature = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+constexpr std::uint64_t kUndefinedAddress = ~std::uint64_t{0};
+constexpr std::size_t kMaxStringBytes = 64 * 1024;
+
+std::string quoted(const fs::path& file) { return fmt::format("'{}'", file.string()); }
+
+// Reads up to `bytes` at `offset`; returns how many were read.
+std::size_t read_at(int fd, void* out, std::size_t bytes, std::uint64_t offset) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, static_cast<char*>(out) + done, bytes - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
+}
+
+std::uint64_t little_endian_u64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Wraps an HDF5 callback's body: no exception crosses into HDF5's C frames.
+// The first one is kept in `error` and the iteration stopped (return -1); the
+// caller rethrows it once HDF5 has returned.
+template <typename Body>
+herr_t guarded(std::exception_ptr& error, Body&& body) noexcept {
+  try {
+    body();
+    return 0;
+  } catch (...) {
+    error = std::current_exception();
+    return -1;
+  }
+}
+
+struct NameList {
+  std::vector<std::string> names;
+  std::exception_ptr error;
+};
+
+herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* data) noexcept {
+  auto& list = *static_cast<NameList*>(data);
+  return guarded(list.error, [&] {
+    if (info->type == H5O_TYPE_DATASET) list.names.emplace_back(name);
+  });
+}
+
+herr_t collect_attribute(hid_t, const char* name, const H5A_info_t*, void* data) noexcept {
+  auto& list = *static_cast<NameList*>(data);
+  return guarded(list.error, [&] { list.names.emplace_back(name); });
+}
+
+std::vector<std::string> finish(NameList& list, herr_t status, const std::string& object,
+                                const char* what) {
+  if (list.error) std::rethrow_exception(list.error);
+  if (status < 0)
+    throw IoError(object + ": HDF5 cannot list its " + what + ": " + hdf5_error_stack() +
+                  " (the file is damaged: re-create it)");
+  std::sort(list.names.begin(), list.names.end());
+  return std::move(list.names);
+}
+
+// Note [float conversion]: HDF5 1.10 converts f64 to f32 by sending values
+// above FLT_MAX to infinity, where round-to-nearest keeps those within half
+// an ulp at FLT_MAX; and its soft f16 conversion is not the one lockstep's
+// kernels use. So HDF5 only delivers the stored values in native byte order
+// (double, or half bits) and the conversion to f32 is C++'s (f64: the
+// current rounding mode, nearest-even) and kernels/half.h's (f16: exact).
+
+// Whether `type` is an IEEE binary float of `bits` (16, 32 or 64) in either byte order.
+bool is_ieee_float(hid_t type, std::size_t bits) {
+  struct Fields {
+    std::size_t spos, epos, esize, mpos, msize, ebias;
+  };
+  constexpr Fields f16{15, 10, 5, 0, 10, 15}, f32{31, 23, 8, 0, 23, 127},
+      f64{63, 52, 11, 0, 52, 1023};
+  const Fields want = bits == 16 ? f16 : bits == 32 ? f32 : f64;
+  if (H5Tget_class(type) != H5T_FLOAT || H5Tget_size(type) * 8 != bits ||
+      H5Tget_precision(type) != bits || H5Tget_offset(type) != 0)
+    return false;
+  Fields got{};
+  LOCKSTEP_CHECK_HDF5(H5Tget_fields(type, &got.spos, &got.epos, &got.esize, &got.mpos, &got.msize));
+  got.ebias = H5Tget_ebias(type);
+  return got.spos == want.spos && got.epos == want.epos && got.esize == want.esize &&
+         got.mpos == want.mpos && got.msize == want.msize && got.ebias == want.ebias;
+}
+
+}  // namespace
+
+void check_hdf5_file(const fs::path& file, const std::string& what) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw IoError("cannot open " + what + " " + quoted(file) + ": " + std::strerror(errno) +
+                  " (check the path and its permissions)");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))
+    throw IoError(what + " " + quoted(file) + " is not a regular file");
+  const auto size = static_cast<std::uint64_t>(info.st_size);
+  const auto fail = [&](const std::string& why) {
+    throw IoError(
+        fmt::format("{} {} ({} bytes) {} (it is not an HDF5 file, or it is damaged: "
+                    "re-create it)",
+                    what, quoted(file), size, why));
+  };
+
+  // HDF5 looks for its signature at 0, 512, 1024, 2048 ... (after a user block).
+  std::uint64_t base = kUndefinedAddress;
+  for (std::uint64_t at = 0; at + kSignature.size() <= size; at = at == 0 ? 512 : at * 2) {
+    std::array<unsigned char, 8> bytes{};
+    if (read_at(fd, bytes.data(), bytes.size(), at) == bytes.size() && bytes == kSignature) {
+      base = at;
+      break;
+    }
+  }
+  if (base == kUndefinedAddress)
+    fail("has no HDF5 signature at offset 0 or at a user-block boundary");
+
+  // The superblock (HDF5 file format specification, section II.A).
+  std::array<unsigned char, 100> sb{};
+  const std::size_t got = read_at(fd, sb.data(), sb.size(), base);
+  const int version = got > 8 ? sb[8] : -1;
+  std::size_t need = 0, offsets_size = 0, lengths_size = 0;
+  std::uint64_t base_address = 0, eof = 0, root = 0, extension = kUndefinedAddress;
+  if (version == 0 || version == 1) {
+    const std::size_t at = version == 0 ? 24 : 28;  // the first address field
+    need = at + 4 * 8 + 16;                         // 4 addresses, then the root entry's two
+    offsets_size = sb[13];
+    lengths_size = sb[14];
+    base_address = little_endian_u64(&sb[at]);
+    eof = little_endian_u64(&sb[at + 16]);
+    root = little_endian_u64(&sb[at + 40]);
+  } else if (version == 2 || version == 3) {
+    need = 48;  // through the 4-byte checksum
+    offsets_size = sb[9];
+    lengths_size = sb[10];
+    base_address = little_endian_u64(&sb[12]);
+    extension = little_endian_u64(&sb[20]);
+    eof = little_endian_u64(&sb[28]);
+    root = little_endian_u64(&sb[36]);
+  } else {
+    fail(fmt::format("has superblock version {}; HDF5 1.8 to 1.12 write versions 0 to 3", version));
+  }
+  if (got < need) fail("ends inside its superblock");
+  if (offsets_size != 8 || lengths_size != 8)
+    fail(
+        fmt::format("uses {}-byte addresses and {}-byte lengths; lockstep reads files with 8-byte "
+                    "ones (HDF5's default)",
+                    offsets_size, lengths_size));
+  if (base_address != base)
+    fail(fmt::format("has its signature at byte {} but a base address of {}", base, base_address));
+  // The end-of-file address counts the user block; the others are relative to it.
+  if (eof == kUndefinedAddress || eof > size)
+    fail(fmt::format("is truncated: its superblock says it ends at byte {}", eof));
+  if (eof <= base) fail(fmt::format("ends at byte {}, before its superblock", eof));
+  if (root == kUndefinedAddress || root >= eof - base)
+    fail(fmt::format("has its root group at address {}, outside its {} bytes", root, eof - base));
+  if (extension != kUndefinedAddress && extension >= eof - base)
+    fail(fmt::format("has a superblock extension at address {}, outside its {} bytes", extension,
+                     eof - base));
+}
+
+Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {
+  check_hdf5_file(file, what);
+  Hdf5Lock lock;
+  const hid_t id = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0)
+    throw IoError(what + " " + quoted(file) + ": HDF5 cannot open it: " + hdf5_error_stack() +
+                  " (the file is damaged or not HDF5: re-create it)");
+  return Hdf5Id(id);
+}
+
+core::Shape extent_of(hid_t object_id, const std::string& object) {
+  Hdf5Lock lock;
+  const bool is_attribute = H5Iget_type(object_id) == H5I_ATTR;
+  const Hdf5Id space(
+      LOCKSTEP_CHECK_HDF5(is_attribute ? H5Aget_space(object_id) : H5Dget_space(object_id)));
+  const H5S_class_t kind = LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_type(space.get()));
+  if (kind == H5S_SCALAR) return {};
+  if (kind != H5S_SIMPLE) throw IoError(object + " has no elements (a null dataspace)");
+  const int rank = LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
+  if (rank > H5S_MAX_RANK)
+    throw IoError(fmt::format("{} has rank {}, above HDF5's {}", object, rank, H5S_MAX_RANK));
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr));
+  core::Shape shape;
+  for (hsize_t d : dims) {
+    if (d > static_cast<hsize_t>(INT64_MAX))
+      throw IoError(fmt::format("{} has a dimension of {}, too large to be real", object, d));
+    shape.push_back(static_cast<std::int64_t>(d));
+  }
+  return shape;
+}
+
+std::vector<std::string> dataset_names(hid_t group, const std::string& object) {
+  Hdf5Lock lock;
+  NameList list;
+  const herr_t status =
+      H5Ovisit2(group, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &list, H5O_INFO_BASIC);
+  return finish(list, status, object, "datasets");
+}
+
+std::vector<std::string> attribute_names(hid_t object_id, const std::string& object) {
+  Hdf5Lock lock;
+  NameList list;
+  const herr_t status =
+      H5Aiterate2(object_id, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute, &list);
+  return finish(list, status, object, "attributes");
+}
+
+core::Tensor read_tensor(hid_t dataset, const std::string& object, std::uint64_t max_bytes) {
+  Hdf5Lock lock;
+  try {
+    const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(dataset)));
+    // `stored` is what HDF5 delivers (byte order converted, nothing else);
+    // floats are widened or rounded to f32 here (Note [float conversion]).
+    std::optional<DType> dtype, stored;
+    Hdf5Id memory;
+    const bool is_f64 = is_ieee_float(type.get(), 64);
+    if (is_f64) {
+      dtype = DType::f32;
+      memory = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_NATIVE_DOUBLE)));
+    } else if (is_ieee_float(type.get(), 16) || is_ieee_float(type.get(), 32) ||
+               H5Tget_class(type.get()) == H5T_INTEGER) {
+      stored = dtype_of(type.get());
+      dtype = stored == DType::f16 ? DType::f32 : stored;
+      if (stored) memory = memory_type(*stored);
+    }
+    if (!dtype)
+      throw IoError(object + " is stored as " + describe_type(type.get()) +
+                    "; lockstep reads f16, f32 or f64 (as f32), i32, i64 or u8 (convert it)");
+    const core::Shape shape = extent_of(dataset, object);
+    std::uint64_t bytes = dtype_size(*dtype);
+    for (std::int64_t d : shape)
+      if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes) || bytes > max_bytes)
+        throw IoError(
+            fmt::format("{} has shape {}: more than the {} bytes a file of this size "
+                        "can hold (the file is damaged)",
+                        object, core::shape_str(shape), max_bytes));
+    core::Tensor tensor = core::Tensor::empty(shape, *dtype);
+    const auto count = static_cast<std::size_t>(tensor.numel());
+    if (count == 0) return tensor;
+    if (is_f64) {
+      std::vector<double> values(count);
+      LOCKSTEP_CHECK_HDF5(
+          H5Dread(dataset, memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
+      float* out = tensor.data_as<float>();
+      for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<float>(values[i]);
+    } else if (stored == DType::f16) {
+      std::vector<std::uint16_t> bits(count);
+      LOCKSTEP_CHECK_HDF5(
+          H5Dread(dataset, memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data()));
+      float* out = tensor.data_as<float>();
+      for (std::size_t i = 0; i < count; ++i) out[i] = kernels::f16_bits_to_f32(bits[i]);
+    } else {
+      LOCKSTEP_CHECK_HDF5(
+          H5Dread(dataset, memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.data()));
+    }
+    return tensor;
+  } catch (const LibraryError& e) {
+    throw IoError(object + ": HDF5 cannot read it: " + e.what() +
+                  " (the file is damaged: re-create it)");
+  }
+}
+
+ScalarAttribute read_scalar_attribute(hid_t attribute, const std::string& object) {
+  Hdf5Lock lock;
+  try {
+    const core::Shape shape = extent_of(attribute, object);
+    if (std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d != 1; }))
+      throw IoError(object + " has shape " + core::shape_str(shape) + "; one value was expected");
+    const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Aget_type(attribute)));
+    const std::size_t size = H5Tget_size(type.get());
+    switch (H5Tget_class(type.get())) {
+      case H5T_INTEGER:
+        if (size > 8) break;
+        {
+          std::int64_t value = 0;
+          LOCKSTEP_CHECK_HDF5(H5Aread(attribute, H5T_NATIVE_INT64, &value));
+          return value;
+        }
+      case H5T_FLOAT:
+        if (!is_ieee_float(type.get(), 16) && !is_ieee_float(type.get(), 32) &&
+            !is_ieee_float(type.get(), 64))
+          break;
+        {
+          double value = 0;
+          LOCKSTEP_CHECK_HDF5(H5Aread(attribute, H5T_NATIVE_DOUBLE, &value));
+          return value;
+        }
+      case H5T_STRING: {
+        const htri_t variable = LOCKSTEP_CHECK_HDF5(H5Tis_variable_str(type.get()));
+        if (variable > 0) {
+          const Hdf5Id memory(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
+          LOCKSTEP_CHECK_HDF5(
+              H5Tset_cset(memory.get(), LOCKSTEP_CHECK_HDF5(H5Tget_cset(type.get()))));
+          LOCKSTEP_CHECK_HDF5(H5Tset_size(memory.get(), H5T_VARIABLE));
+          char* text = nullptr;
+          LOCKSTEP_CHECK_HDF5(H5Aread(attribute, memory.get(), &text));
+          const std::size_t length = text ? ::strnlen(text, kMaxStringBytes + 1) : 0;
+          std::string value(text ? text : "", std::min(length, kMaxStringBytes));
+          H5free_memory(text);
+          if (length > kMaxStringBytes) break;
+          return value;
+        }
+        if (size == 0 || size > kMaxStringBytes) break;
+        std::string value(size, '\0');  // read as stored: no conversion, no terminator needed
+        LOCKSTEP_CHECK_HDF5(H5Aread(attribute, type.get(), value.data()));
+        return value.substr(0, value.find('\0'));
+      }
+      default:
+        break;
+    }
+    throw IoError(object + " is stored as " + describe_type(type.get()) +
+                  "; lockstep reads integers, IEEE floats and strings of up to 64 KiB here");
+  } catch (const LibraryError& e) {
+    throw IoError(object + ": HDF5 cannot read it: " + e.what() +
+                  " (the file is damaged: re-create it)");
+  }
+}
+
+}  // namespace lockstep::io
