@@ -2,8 +2,12 @@
 // identifier and the DType <-> HDF5 type mapping (io/hdf5.h).
 #include "io/hdf5.h"
 
+#include <unistd.h>
+
 #include <bit>
 #include <string>
+
+#include "io/durable_file.h"
 
 namespace lockstep::io {
 namespace {
@@ -97,9 +101,21 @@ void Hdf5Id::reset() noexcept {
 }
 
 Hdf5Id create_hdf5_file(const std::filesystem::path& file) {
+  // Note [exclusive creation]: H5F_ACC_EXCL alone would first open an
+  // existing name (through a symlink) to see whether it is HDF5, and would
+  // leave a half-made file behind when its first write fails. So the name is
+  // taken with O_EXCL | O_NOFOLLOW here; only then does HDF5 truncate and
+  // fill that file, and on failure the file is ours to remove.
+  ::close(create_exclusive(file));
   Hdf5Lock lock;
-  return Hdf5Id(
-      LOCKSTEP_CHECK_HDF5(H5Fcreate(file.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT)));
+  const hid_t id = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) {
+    const std::string stack = hdf5_error_stack();
+    remove_temporary(file);
+    throw IoError("cannot create HDF5 file '" + file.string() + "': " + stack +
+                  " (check the disk and its free space)");
+  }
+  return Hdf5Id(id);
 }
 
 Hdf5Id file_type(DType type) {

@@ -108,10 +108,11 @@ std::string describe_type(hid_t type);
 // Whether `type` is stored in this machine's byte order (1-byte types are).
 bool native_order(hid_t type);
 
-// Creates `file` with H5F_ACC_EXCL, which HDF5 turns into O_CREAT | O_EXCL:
-// anything already at the name, a symlink included, is an error and is never
-// written through. The caller removes stale temporaries first, closes the
-// file with Hdf5Id::close() and removes it when anything fails.
+// Creates the new HDF5 file `file` (Note [exclusive creation] in hdf5.cpp):
+// anything already at the name, a symlink included, is an IoError and is
+// never written through; on any failure nothing is left behind. Once it
+// returns, the file is the caller's: it closes it with Hdf5Id::close() and
+// removes it when a later step fails.
 Hdf5Id create_hdf5_file(const std::filesystem::path& file);
 
 // Note [hostile files]: a file that passes its checksum, or a shard or a

@@ -15,7 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string quoted(const fs::path& path) { return "'" + path.string() + "'"; }
+std::string quoted(const fs::path& path) { return fmt::format("'{}'", path.string()); }
 
 std::vector<hsize_t> dims_of(std::int64_t rows, const core::Shape& sample_shape) {
   std::vector<hsize_t> dims{static_cast<hsize_t>(rows)};
@@ -100,7 +100,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
                                          dims_of(rows, format.sample_shape));
     handles_->labels =
         create_contiguous(handles_->file.get(), kLabelsName, format.label_dtype, {hsize_t(rows)});
-  } catch (const LibraryError& e) {
+  } catch (const Error& e) {
     const bool created = static_cast<bool>(handles_->file);
     handles_.reset();
     if (created) remove_temporary(temp_path_);
