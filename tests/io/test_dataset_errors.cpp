@@ -95,6 +95,36 @@ TEST_CASE("a file that is not HDF5, truncated or corrupt names itself", "[io][er
                          {"header.h5", "dataset 'inputs'", "H5Dopen2", "object header"});
 }
 
+TEST_CASE("a damaged superblock is refused before HDF5 opens the file", "[io][errors]") {
+  TempDir dir;
+  test::write_shard(dir / "good.h5", 0, 20, {4}, DType::u8);  // superblock version 0
+  const auto size = fs::file_size(dir / "good.h5");
+  const auto patched = [&](const char* name, std::uint64_t at, std::vector<unsigned char> bytes) {
+    fs::copy_file(dir / "good.h5", dir / name);
+    std::fstream file(dir / name, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(at));
+    file.write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return dir / name;
+  };
+  // Version 0: version at byte 8, address and length sizes at 13 and 14, the
+  // end-of-file address at 40, the root group's object header address at 64.
+  const auto le64 = [](std::uint64_t v) {
+    std::vector<unsigned char> b(8);
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    return b;
+  };
+  require_error<IoError>(patched("version.h5", 8, {9}), {"version.h5", "superblock version 9"});
+  require_error<IoError>(patched("offsets.h5", 13, {4}), {"4-byte addresses"});
+  require_error<IoError>(patched("eof.h5", 40, le64(size + 4096)), {"eof.h5", "truncated"});
+  require_error<IoError>(patched("root.h5", 64, le64(size * 2)), {"root group at address"});
+  require_error<IoError>(patched("before.h5", 40, le64(0)), {"before its superblock"});
+  fs::copy_file(dir / "good.h5", dir / "short.h5");
+  fs::resize_file(dir / "short.h5", 30);
+  require_error<IoError>(dir / "short.h5", {"short.h5", "ends inside its superblock"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
 TEST_CASE("a missing dataset or rows that do not match is an IoError", "[io][errors]") {
   TempDir dir;
   write_parts(dir / "no_labels.h5", {{"inputs", DType::u8, {4, 2}}});
