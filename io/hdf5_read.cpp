@@ -113,6 +113,23 @@ bool is_ieee_float(hid_t type, std::size_t bits) {
          got.mpos == want.mpos && got.msize == want.msize && got.ebias == want.ebias;
 }
 
+// A local heap (file format specification, III.D): "HEAP", version 0, then
+// its data segment's size and address. HDF5 1.10 allocates the declared size
+// before it reads a byte, so a damaged size is an allocation of any size.
+template <typename Fail>
+void check_local_heap(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t heap,
+                      const Fail& fail) {
+  std::array<unsigned char, 32> header{};
+  if (heap > bytes || bytes - heap < header.size() ||
+      read_at(fd, header.data(), header.size(), base + heap) != header.size() ||
+      std::memcmp(header.data(), "HEAP", 4) != 0 || header[4] != 0)
+    fail(fmt::format("has no valid local heap for its root group at address {}", heap));
+  const std::uint64_t size = little_endian_u64(&header[8]), at = little_endian_u64(&header[24]);
+  if (size > bytes || at > bytes - size)
+    fail(fmt::format("has a root group heap of {} bytes at address {}, outside its {} bytes", size,
+                     at, bytes));
+}
+
 }  // namespace
 
 void check_hdf5_file(const fs::path& file, const std::string& what) {
@@ -153,14 +170,18 @@ void check_hdf5_file(const fs::path& file, const std::string& what) {
   const int version = got > 8 ? sb[8] : -1;
   std::size_t need = 0, offsets_size = 0, lengths_size = 0;
   std::uint64_t base_address = 0, eof = 0, root = 0, extension = kUndefinedAddress;
+  std::uint64_t root_heap = kUndefinedAddress;  // versions 0 and 1: the root group's local heap
   if (version == 0 || version == 1) {
     const std::size_t at = version == 0 ? 24 : 28;  // the first address field
-    need = at + 4 * 8 + 16;                         // 4 addresses, then the root entry's two
+    need = at + 4 * 8 + 40;  // 4 addresses, then the root's symbol table entry
     offsets_size = sb[13];
     lengths_size = sb[14];
     base_address = little_endian_u64(&sb[at]);
     eof = little_endian_u64(&sb[at + 16]);
     root = little_endian_u64(&sb[at + 40]);
+    // Cache type 1: the scratch pad holds the root's B-tree and local heap addresses.
+    if (sb[at + 48] == 1 && sb[at + 49] == 0 && sb[at + 50] == 0 && sb[at + 51] == 0)
+      root_heap = little_endian_u64(&sb[at + 64]);
   } else if (version == 2 || version == 3) {
     need = 48;  // through the 4-byte checksum
     offsets_size = sb[9];
@@ -189,6 +210,7 @@ void check_hdf5_file(const fs::path& file, const std::string& what) {
   if (extension != kUndefinedAddress && extension >= eof - base)
     fail(fmt::format("has a superblock extension at address {}, outside its {} bytes", extension,
                      eof - base));
+  if (root_heap != kUndefinedAddress) check_local_heap(fd, base, eof - base, root_heap, fail);
 }
 
 Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {

@@ -119,6 +119,17 @@ TEST_CASE("a damaged superblock is refused before HDF5 opens the file", "[io][er
   require_error<IoError>(patched("eof.h5", 40, le64(size + 4096)), {"eof.h5", "truncated"});
   require_error<IoError>(patched("root.h5", 64, le64(size * 2)), {"root group at address"});
   require_error<IoError>(patched("before.h5", 40, le64(0)), {"before its superblock"});
+  // The root group's local heap (its address at byte 88): a data segment of
+  // 96 GB, which HDF5 1.10 would allocate before reading (found by fuzzing).
+  std::uint64_t heap = 0;
+  {
+    std::ifstream file(dir / "good.h5", std::ios::binary);
+    file.seekg(88);
+    file.read(reinterpret_cast<char*>(&heap), 8);
+  }
+  require_error<IoError>(patched("heap.h5", heap + 8, le64(std::uint64_t{96} << 30)),
+                         {"heap.h5", "root group heap"});
+  require_error<IoError>(patched("heap_sig.h5", heap, {'H', 'E', 'A', 'X'}), {"local heap"});
   fs::copy_file(dir / "good.h5", dir / "short.h5");
   fs::resize_file(dir / "short.h5", 30);
   require_error<IoError>(dir / "short.h5", {"short.h5", "ends inside its superblock"});
