@@ -15,7 +15,7 @@
 // the checkpoint just written and the older ones: only checkpoints with a
 // smaller step are deleted, never the one just written, never a newer one
 // (left by an attempt that went further before the run was resumed from an
-// earlier checkpoint; they are named in a warning).
+// earlier checkpoint; a warning says how many there are).
 //
 // What goes into a checkpoint (the /model, /buffers, /optimizer groups and
 // the attributes) is the Trainer's business; this file moves named tensors
