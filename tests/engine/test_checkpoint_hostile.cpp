@@ -10,7 +10,10 @@
 #include <cstring>
 #include <fstream>
 
+#include "engine/checkpoint.h"
 #include "engine/checkpoint_file.h"
+#include "engine/nn/containers.h"
+#include "engine/nn/linear.h"
 #include "io/hdf5.h"
 #include "io/shard_fixtures.h"
 
@@ -267,4 +270,46 @@ TEST_CASE("weights stored as f16 or f64 load as f32; other types are refused by 
   CHECK_THROWS_WITH(read_group(file, "/model"), Catch::Contains("dataset 'wide'") &&
                                                     Catch::Contains("f128") &&
                                                     Catch::Contains("weights.h5"));
+}
+
+TEST_CASE("load_weights puts f64 and f16 weights into a model and refuses integers by name",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  Sequential model;
+  model.emplace<Linear>("fc", 3, 2);
+  model.assign_names();
+  const double weights[6] = {0.5, -1.25, 1.0 + 0x1p-24, 3.0, 1e-3, -7.0};
+  const std::uint16_t bias[2] = {0x3c00, 0xc000};  // f16 1.0 and -2.0
+  const auto write = [&](const fs::path& file, hid_t weight_type) {
+    const hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const hid_t group = H5Gcreate2(f, "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const hsize_t w_dims[2] = {2, 3}, b_dims[1] = {2};
+    const hid_t w_space = H5Screate_simple(2, w_dims, nullptr),
+                b_space = H5Screate_simple(1, b_dims, nullptr);
+    const hid_t w =
+        H5Dcreate2(group, "fc.weight", weight_type, w_space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(w, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, weights);
+    const io::Hdf5Id half = io::file_type(DType::f16);
+    const hid_t b =
+        H5Dcreate2(group, "fc.bias", half.get(), b_space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(b, half.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bias);
+    for (hid_t id : {w, b}) H5Dclose(id);
+    for (hid_t id : {w_space, b_space}) H5Sclose(id);
+    H5Gclose(group);
+    H5Fclose(f);
+  };
+  write(dir / "f64.h5", H5T_IEEE_F64LE);
+  load_weights(dir / "f64.h5", model, core::Stream());
+  const std::vector<Parameter*> params = model.parameters();
+  const auto value = [&](const std::string& name) {
+    for (Parameter* p : params)
+      if (p->name == name) return p->value.to_vector<float>();
+    FAIL("no parameter " << name);
+    return std::vector<float>{};
+  };
+  CHECK(value("fc.weight") == std::vector<float>{0.5f, -1.25f, 1.0f, 3.0f, 1e-3f, -7.0f});
+  CHECK(value("fc.bias") == std::vector<float>{1.0f, -2.0f});
+  write(dir / "i64.h5", H5T_STD_I64LE);
+  CHECK_THROWS_WITH(load_weights(dir / "i64.h5", model, core::Stream()),
+                    Catch::Contains("parameter 'fc.weight'") && Catch::Contains("stored as i64"));
 }
