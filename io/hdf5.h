@@ -157,7 +157,8 @@ core::Tensor read_tensor(hid_t dataset, const std::string& object, std::uint64_t
 
 using ScalarAttribute = std::variant<std::int64_t, double, std::string>;
 // Reads a one-element attribute: an integer (up to 64 bits) as i64, a float
-// as double, a string (fixed or variable length, at most 64 KiB) as text.
+// as double, a fixed-length string (at most 64 KiB) as text. Variable-length
+// strings are refused (Note [global heap] in hdf5_read.cpp).
 // Anything else (more elements, compound, array ...) is an IoError naming `object`.
 ScalarAttribute read_scalar_attribute(hid_t attribute, const std::string& object);
 

@@ -118,28 +118,24 @@ TEST_CASE("attributes of unexpected shape or type are refused by name", "[engine
       {"attribute 'step'", "null dataspace"});
   fs::remove_all(dir / "ckpts");
 
-  INFO("a variable-length string longer than 64 KiB");
+  INFO("a variable-length string (HDF5 1.10 can hang on a damaged global heap)");
   const hid_t variable = H5Tcopy(H5T_C_S1);
   H5Tset_size(variable, H5T_VARIABLE);
-  const std::string text(100000, 'x');
-  const char* long_text = text.c_str();
+  const char* word = "bf16";
   require_refused(
       hostile_checkpoint(
-          dir, [&](hid_t f) { replace_attribute(f, "precision", variable, scalar, &long_text); }),
-      {"attribute 'precision'", "64 KiB"});
+          dir, [&](hid_t f) { replace_attribute(f, "precision", variable, scalar, &word); }),
+      {"attribute 'precision'", "variable-length string"});
   fs::remove_all(dir / "ckpts");
 
-  INFO("a one-element array and a variable-length string are one value each");
+  INFO("a one-element array is one value");
   const hsize_t one = 1;
   const hid_t vector1 = H5Screate_simple(1, &one, nullptr);
-  const char* word = "bf16";
-  const fs::path fine = hostile_checkpoint(dir, [&](hid_t f) {
-    replace_attribute(f, "step", H5T_NATIVE_INT64, vector1, &values[2]);
-    replace_attribute(f, "precision", variable, scalar, &word);
-  });
+  const fs::path fine = hostile_checkpoint(
+      dir, [&](hid_t f) { replace_attribute(f, "step", H5T_NATIVE_INT64, vector1, &values[2]); });
   const CheckpointContents back = read_checkpoint(fine);
   CHECK(std::get<std::int64_t>(back.attributes.at("step")) == 3);
-  CHECK(std::get<std::string>(back.attributes.at("precision")) == "bf16");
+  CHECK(std::get<std::string>(back.attributes.at("precision")) == "fp32");
   for (hid_t id : {vector3, scalar, null_space, vector1}) H5Sclose(id);
   for (hid_t id : {pair, variable}) H5Tclose(id);
 }
