@@ -143,6 +143,12 @@ Hdf5Id open_hdf5_file(const std::filesystem::path& file, const std::string& what
 // IoError naming `object` for a null dataspace or a rank above H5S_MAX_RANK.
 core::Shape extent_of(hid_t dataset_or_attribute, const std::string& object);
 
+// For a contiguous or compact dataset: that its stored bytes are exactly
+// what its extent and type need and lie inside the file (HDF5 1.10 reads
+// through a NULL buffer otherwise; found by the checkpoint fuzzer), and that
+// it keeps no data in external files. IoError naming `object`.
+void check_storage(hid_t dataset, const std::string& object);
+
 // Names of every dataset below `group`, relative to it ("fc1.weight",
 // "fc1.weight/exp_avg"), in name order; `object` names the group in errors.
 std::vector<std::string> dataset_names(hid_t group, const std::string& object);

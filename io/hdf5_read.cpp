@@ -245,6 +245,39 @@ core::Shape extent_of(hid_t object_id, const std::string& object) {
   return shape;
 }
 
+void check_storage(hid_t dataset, const std::string& object) {
+  Hdf5Lock lock;
+  const Hdf5Id dcpl(LOCKSTEP_CHECK_HDF5(H5Dget_create_plist(dataset)));
+  const H5D_layout_t layout = LOCKSTEP_CHECK_HDF5(H5Pget_layout(dcpl.get()));
+  if (layout != H5D_CONTIGUOUS && layout != H5D_COMPACT) return;
+  if (layout == H5D_CONTIGUOUS && LOCKSTEP_CHECK_HDF5(H5Pget_external_count(dcpl.get())) > 0)
+    throw IoError(object +
+                  " keeps its data in external files; lockstep reads data inside the file");
+  const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(dataset)));
+  const Hdf5Id space(LOCKSTEP_CHECK_HDF5(H5Dget_space(dataset)));
+  const hssize_t elements = LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_npoints(space.get()));
+  std::uint64_t need = 0;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(elements),
+                             static_cast<std::uint64_t>(H5Tget_size(type.get())), &need))
+    need = ~std::uint64_t{0};
+  const hsize_t stored = H5Dget_storage_size(dataset);
+  const haddr_t offset = layout == H5D_CONTIGUOUS ? H5Dget_offset(dataset) : HADDR_UNDEF;
+  H5Eclear2(H5E_DEFAULT);  // unallocated storage has no offset: not an error
+  const bool allocated = layout == H5D_COMPACT || offset != HADDR_UNDEF;
+  if (allocated && stored != need)
+    throw IoError(fmt::format("{} stores {} bytes where its shape needs {} (the file is damaged)",
+                              object, stored, need));
+  if (offset == HADDR_UNDEF) return;
+  const Hdf5Id file(LOCKSTEP_CHECK_HDF5(H5Iget_file_id(dataset)));
+  hsize_t file_bytes = 0;
+  LOCKSTEP_CHECK_HDF5(H5Fget_filesize(file.get(), &file_bytes));
+  if (offset > file_bytes || need > file_bytes - offset)
+    throw IoError(
+        fmt::format("{} has {} bytes of data at byte {}, beyond the file's {} bytes (the "
+                    "file is truncated or damaged)",
+                    object, need, offset, file_bytes));
+}
+
 std::vector<std::string> dataset_names(hid_t group, const std::string& object) {
   Hdf5Lock lock;
   NameList list;
@@ -305,6 +338,7 @@ core::Tensor read_tensor(hid_t dataset, const std::string& object, std::uint64_t
     core::Tensor tensor = core::Tensor::empty(shape, *dtype);
     const auto count = static_cast<std::size_t>(tensor.numel());
     if (count == 0) return tensor;
+    check_storage(dataset, object);
     if (is_f64) {
       std::vector<double> values(count);
       LOCKSTEP_CHECK_HDF5(

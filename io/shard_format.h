@@ -35,8 +35,8 @@ struct ShardFormat {
 
 // How a shard's inputs are read: `contiguous` with pread at the offset HDF5
 // reports, from any thread and without the HDF5 lock; `hdf5` through the
-// library under the lock (chunked, compressed, compact, external or
-// big-endian datasets). Note [contiguous reads] in io/detail/shard_file.h.
+// library under the lock (chunked, compressed, compact or big-endian
+// datasets). Note [contiguous reads] in io/detail/shard_file.h.
 enum class ShardLayout { contiguous, hdf5 };
 
 }  // namespace lockstep::io

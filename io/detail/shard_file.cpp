@@ -78,8 +78,9 @@ void ShardFile::inspect(bool force_hdf5) {
                        (is_inputs ? "u8, f16 or f32 inputs" : "i32 or i64 labels") +
                        " (convert the dataset, e.g. with lockstep-shard)");
       (is_inputs ? format_.input_dtype : format_.label_dtype) = *dtype;
-      (is_inputs ? inputs_extent : labels_extent) =
-          extent_of(dataset.get(), "shard '" + path_.string() + "', dataset '" + name + "'");
+      const std::string object = "shard '" + path_.string() + "', dataset '" + name + "'";
+      (is_inputs ? inputs_extent : labels_extent) = extent_of(dataset.get(), object);
+      check_storage(dataset.get(), object);
       (is_inputs ? inputs_ : labels) = std::move(dataset);
     }
     current = nullptr;
@@ -140,8 +141,6 @@ void ShardFile::choose_layout(bool force_hdf5) {
     layout_reason_ = filters > 0 ? "chunked with filters" : "chunked";
   } else if (layout != H5D_CONTIGUOUS) {
     layout_reason_ = layout == H5D_COMPACT ? "compact" : "virtual";
-  } else if (LOCKSTEP_CHECK_HDF5(H5Pget_external_count(dcpl.get())) > 0) {
-    layout_reason_ = "external";
   } else if (!native_order(type.get())) {
     layout_reason_ = "big-endian";
   } else if (rows_ > 0) {

@@ -5,11 +5,11 @@
 //
 // Note [contiguous reads]: a contiguous dataset's rows lie back to back at the
 // file offset H5Dget_offset reports (absolute: it includes any user block).
-// When the dataset is contiguous, not external, stored in this machine's byte
+// When the dataset is contiguous, stored in this machine's byte
 // order and allocated, rows are read with preadv on a file descriptor of our
 // own: no HDF5 call, no HDF5 lock, so T threads read in parallel. A run of
 // consecutive rows is one preadv scattering each row to its destination.
-// Everything else (chunked, compressed, compact, external, big-endian) goes
+// Everything else (chunked, compressed, compact, big-endian) goes
 // through H5Dread under the HDF5 lock (Note [HDF5 lock], io/hdf5.h),
 // which converts byte order and runs the filters.
 #pragma once

@@ -136,6 +136,28 @@ TEST_CASE("a damaged superblock is refused before HDF5 opens the file", "[io][er
   CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
 }
 
+TEST_CASE("a dataset whose data lives in another file is refused", "[io][errors]") {
+  TempDir dir;
+  std::ofstream(dir / "secret.bin") << std::string(64, 's');
+  const hid_t file = H5Fcreate((dir / "ext.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t input_dims[2] = {4, 16}, label_dims[1] = {4};
+  const hid_t input_space = H5Screate_simple(2, input_dims, nullptr);
+  const hid_t label_space = H5Screate_simple(1, label_dims, nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  REQUIRE(H5Pset_external(dcpl, (dir / "secret.bin").c_str(), 0, 64) >= 0);
+  const hid_t inputs =
+      H5Dcreate2(file, "inputs", H5T_STD_U8LE, input_space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  const hid_t labels =
+      H5Dcreate2(file, "labels", H5T_STD_I64LE, label_space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  const std::int64_t values[4] = {0, 1, 2, 3};
+  H5Dwrite(labels, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+  for (hid_t id : {inputs, labels}) H5Dclose(id);
+  for (hid_t id : {input_space, label_space}) H5Sclose(id);
+  H5Pclose(dcpl);
+  H5Fclose(file);
+  require_error<IoError>(dir / "ext.h5", {"ext.h5", "dataset 'inputs'", "external files"});
+}
+
 TEST_CASE("a missing dataset or rows that do not match is an IoError", "[io][errors]") {
   TempDir dir;
   write_parts(dir / "no_labels.h5", {{"inputs", DType::u8, {4, 2}}});
