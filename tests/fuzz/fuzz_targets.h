@@ -8,6 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
+// Note [declared sizes]: HDF5 1.10 allocates what a file declares for some
+// metadata (a 9 TB cache entry, found by fuzzing) before it can tell that the
+// file is too small. glibc's malloc then fails and HDF5 reports an error; under
+// ASan the same allocation would abort. So the fuzzers and the replay test run
+// with allocator_may_return_null=1 (and libFuzzer with a malloc limit above
+// ASan's), which keeps HDF5's real behaviour; lockstep's own buffers are
+// bounded by Note [hostile files] long before such sizes.
+
 namespace lockstep::fuzz {
 
 // Writes `data` to a shard file, opens it as a Dataset (both read paths) and
