@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <utility>
+#include <vector>
 
 #include "io/hdf5.h"
 #include "kernels/checked_math.h"
@@ -130,6 +132,51 @@ void check_local_heap(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
                      at, bytes));
 }
 
+// The attribute messages of the root group's object header (format
+// specification IV.A.1.a, version 1 headers, continuation chunks followed):
+// each must hold its name, datatype and dataspace. HDF5 1.10 decodes a
+// dataspace size larger than its message by reading freed memory (found by
+// the checkpoint fuzzer). Version 2 headers carry a checksum HDF5 verifies.
+template <typename Fail>
+void check_root_attributes(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
+                           const Fail& fail) {
+  std::array<unsigned char, 16> prefix{};
+  if (root > bytes || bytes - root < prefix.size() ||
+      read_at(fd, prefix.data(), prefix.size(), base + root) != prefix.size() || prefix[0] != 1)
+    return;  // not a version 1 header: HDF5 checks it
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks{
+      {root + 16, prefix[8] | prefix[9] << 8 | prefix[10] << 16 | std::uint64_t{prefix[11]} << 24}};
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const auto [at, size] = chunks[c];
+    if (c >= 64 || at > bytes || size > bytes - at)
+      fail(fmt::format("has a root group header chunk of {} bytes at address {}, outside the file",
+                       size, at));
+    std::vector<unsigned char> chunk(size);
+    if (read_at(fd, chunk.data(), chunk.size(), base + at) != chunk.size())
+      fail("ends inside its root group's header");
+    for (std::size_t p = 0; p + 8 <= chunk.size();) {
+      const unsigned type = chunk[p] | chunk[p + 1] << 8, length = chunk[p + 2] | chunk[p + 3] << 8;
+      const bool shared = (chunk[p + 4] & 0x02) != 0;
+      const unsigned char* m = chunk.data() + p + 8;
+      if (length > chunk.size() - p - 8)
+        fail(fmt::format("has a root group header message of {} bytes past its chunk", length));
+      if (type == 0x10 && length >= 16)
+        chunks.emplace_back(little_endian_u64(m), little_endian_u64(m + 8));
+      if (type == 0x0c && !shared) {
+        const auto pad = [&](std::uint64_t n) { return m[0] == 1 ? (n + 7) / 8 * 8 : n; };
+        const std::uint64_t header = m[0] == 1 ? 8 : m[0] == 2 ? 8 : 9;
+        const std::uint64_t need = length < 8 ? ~std::uint64_t{0}
+                                              : header + pad(m[2] | m[3] << 8) +
+                                                    pad(m[4] | m[5] << 8) + pad(m[6] | m[7] << 8);
+        if (m[0] < 1 || m[0] > 3 || need > length)
+          fail(fmt::format("has a root group attribute message of {} bytes that needs {}", length,
+                           need));
+      }
+      p += 8 + length;
+    }
+  }
+}
+
 }  // namespace
 
 void check_hdf5_file(const fs::path& file, const std::string& what) {
@@ -211,6 +258,7 @@ void check_hdf5_file(const fs::path& file, const std::string& what) {
     fail(fmt::format("has a superblock extension at address {}, outside its {} bytes", extension,
                      eof - base));
   if (root_heap != kUndefinedAddress) check_local_heap(fd, base, eof - base, root_heap, fail);
+  check_root_attributes(fd, base, eof - base, root, fail);
 }
 
 Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {
