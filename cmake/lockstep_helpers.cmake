@@ -8,6 +8,9 @@ if(LOCKSTEP_SANITIZE)
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=address,undefined)
 endif()
+if(LOCKSTEP_FUZZ)  # coverage for libFuzzer in everything; tests/fuzz links the fuzzer itself
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+endif()
 
 # lockstep_component(NAME <target> SOURCES ...): a shared library exported as
 # lockstep::<name-without-prefix>, with its headers found from the source root

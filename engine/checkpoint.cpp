@@ -31,8 +31,13 @@ void copy_into(core::Tensor& live, const core::Tensor& saved, const std::string&
                           core::shape_str(saved.shape()) + ", the model's is " +
                           core::shape_str(live.shape()) +
                           " (the model differs from the saved one)");
-  const core::Tensor typed = saved.dtype() == live.dtype() ? saved : saved.cast(live.dtype());
-  live.copy_from(typed, stream);
+  // Floating-point data arrives as f32 whatever its stored width (io::read_tensor).
+  if (saved.dtype() != live.dtype())
+    throw InvalidArgument(
+        "checkpoint " + file + ": " + what + " is stored as " + dtype_name(saved.dtype()) +
+        ", the model's is " + dtype_name(live.dtype()) +
+        " (floats load into floats, as f16, f32 or f64; integers into the same integer type)");
+  live.copy_from(saved, stream);
 }
 
 void load_group(const std::map<std::string, core::Tensor>& tensors, const std::string& prefix,
@@ -142,8 +147,8 @@ TrainingState restore_checkpoint(const CheckpointContents& c, const std::string&
 void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream) {
   std::map<std::string, core::Tensor> tensors;
   for (auto& [name, t] : read_group(file, "/model")) tensors["/model/" + name] = t;
-  if (has_group(file, "/buffers"))  // weights-only files need no buffers
-    for (auto& [name, t] : read_group(file, "/buffers")) tensors["/buffers/" + name] = t;
+  // Weights-only files need no buffers.
+  for (auto& [name, t] : read_group(file, "/buffers", false)) tensors["/buffers/" + name] = t;
   load_group(tensors, "/", model, file.string(), stream, false);
 }
 

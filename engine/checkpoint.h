@@ -55,8 +55,9 @@ TrainingState restore_checkpoint(const CheckpointContents& contents, const std::
                                  const core::Stream& stream);
 
 // Weights only: every trainable parameter from /model/<name> of any HDF5
-// file with that layout (and /buffers/<name> when present). Missing or
-// misshapen parameters are errors naming them.
+// file with that layout (and /buffers/<name> when present); f16 and f64
+// weights load as f32 (io::read_tensor). Missing or misshapen parameters, and
+// types that do not fit, are errors naming them.
 void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream);
 
 }  // namespace lockstep::engine

@@ -1,8 +1,10 @@
-// Checkpoint files (engine/checkpoint_file.h): HDF5 writing and reading under
-// io's HDF5 lock, CRC-32 (zlib) checksums, and the commit sequence.
+// Checkpoint files (engine/checkpoint_file.h): HDF5 writing and reading
+// through io/hdf5.h, CRC-32 (zlib) checksums, the commit sequence through
+// io/durable_file.h, and retention.
 #include "engine/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -10,155 +12,112 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "engine/core/log.h"
-#include "io/check_hdf5.h"
+#include "io/durable_file.h"
+#include "io/hdf5.h"
+#include "kernels/checked_math.h"
 
 namespace lockstep::engine {
 namespace fs = std::filesystem;
 namespace {
 
+using io::Hdf5Id;
 using io::Hdf5Lock;
 
-// Closes an HDF5 handle when it goes out of scope.
-class Handle {
- public:
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Handle() {
-    if (id_ >= 0) close_(id_);
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  operator hid_t() const { return id_; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
-
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw IoError("cannot fsync " + path.string() + ": " + std::strerror(errno));
-  }
-  ::close(fd);
-}
+std::string quoted(const fs::path& path) { return fmt::format("'{}'", path.string()); }
 
 struct Checksum {
   std::uint32_t crc = 0;
-  std::uintmax_t size = 0;
+  std::uint64_t size = 0;
 };
 
 Checksum checksum_of(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw IoError("cannot read " + file.string());
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot read checkpoint " + quoted(file) + ": " + std::strerror(errno));
   Checksum sum;
   sum.crc = static_cast<std::uint32_t>(crc32(0L, Z_NULL, 0));
-  std::vector<char> chunk(1 << 20);
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const auto got = static_cast<uInt>(in.gcount());
-    sum.crc =
-        static_cast<std::uint32_t>(crc32(sum.crc, reinterpret_cast<Bytef*>(chunk.data()), got));
-    sum.size += got;
+  std::vector<unsigned char> chunk(1 << 20);
+  for (;;) {
+    const ssize_t got = ::read(fd, chunk.data(), chunk.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw IoError("cannot read checkpoint " + quoted(file) + ": " + std::strerror(error));
+    }
+    if (got == 0) break;
+    sum.crc = static_cast<std::uint32_t>(crc32(sum.crc, chunk.data(), static_cast<uInt>(got)));
+    sum.size += static_cast<std::uint64_t>(got);
   }
+  ::close(fd);
   return sum;
 }
 
 fs::path checksum_path(const fs::path& file) { return fs::path(file.string() + ".crc32"); }
 
-hid_t hdf5_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return H5T_IEEE_F32LE;
-    case DType::i64:
-      return H5T_STD_I64LE;
-    case DType::i32:
-      return H5T_STD_I32LE;
-    case DType::u8:
-      return H5T_STD_U8LE;
-    default:
-      break;
-  }
-  throw InvalidArgument(std::string("checkpoint tensors must be f32, i64, i32 or u8, got ") +
-                        dtype_name(t));
-}
-
-DType dtype_of(hid_t type, const std::string& where) {
-  const H5T_class_t cls = H5Tget_class(type);
-  const std::size_t size = H5Tget_size(type);
-  if (cls == H5T_FLOAT && size == 4) return DType::f32;
-  if (cls == H5T_INTEGER && size == 8 && H5Tget_sign(type) == H5T_SGN_2) return DType::i64;
-  if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(type) == H5T_SGN_2) return DType::i32;
-  if (cls == H5T_INTEGER && size == 1 && H5Tget_sign(type) == H5T_SGN_NONE) return DType::u8;
-  throw IoError(where +
-                ": unsupported HDF5 element type (expected float32, int64, int32 or uint8)");
-}
-
 void write_attribute(hid_t root, const std::string& name, const AttributeValue& value) {
-  Handle space(LOCKSTEP_CHECK_HDF5(H5Screate(H5S_SCALAR)), H5Sclose);
+  Hdf5Id space(LOCKSTEP_CHECK_HDF5(H5Screate(H5S_SCALAR)));
+  Hdf5Id type, attribute;
+  const void* data = nullptr;
+  std::string text;
   if (const auto* i = std::get_if<std::int64_t>(&value)) {
-    Handle a(LOCKSTEP_CHECK_HDF5(
-                 H5Acreate2(root, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)),
-             H5Aclose);
-    LOCKSTEP_CHECK_HDF5(H5Awrite(a, H5T_NATIVE_INT64, i));
+    type = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_STD_I64LE)));
+    data = i;
   } else if (const auto* d = std::get_if<double>(&value)) {
-    Handle a(LOCKSTEP_CHECK_HDF5(
-                 H5Acreate2(root, name.c_str(), H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT)),
-             H5Aclose);
-    LOCKSTEP_CHECK_HDF5(H5Awrite(a, H5T_NATIVE_DOUBLE, d));
+    type = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_IEEE_F64LE)));
+    data = d;
   } else {
-    const std::string& s = std::get<std::string>(value);
-    Handle type(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_C_S1)), H5Tclose);
-    LOCKSTEP_CHECK_HDF5(H5Tset_size(type, std::max<std::size_t>(1, s.size())));
-    Handle a(
-        LOCKSTEP_CHECK_HDF5(H5Acreate2(root, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)),
-        H5Aclose);
-    std::string padded = s.empty() ? std::string(1, '\0') : s;
-    LOCKSTEP_CHECK_HDF5(H5Awrite(a, type, padded.data()));
+    text = std::get<std::string>(value);
+    if (text.empty()) text.push_back('\0');  // HDF5 strings have at least one byte
+    type = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
+    LOCKSTEP_CHECK_HDF5(H5Tset_size(type.get(), text.size()));
+    data = text.data();
   }
+  attribute = Hdf5Id(LOCKSTEP_CHECK_HDF5(
+      H5Acreate2(root, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT)));
+  LOCKSTEP_CHECK_HDF5(H5Awrite(attribute.get(), type.get(), data));
+  attribute.close();
+  type.close();
+  space.close();
 }
 
-void write_file(const fs::path& path, const CheckpointContents& contents) {
+// Writes `contents` into the new file `file`, every status checked, and
+// closes it (which flushes it: a full disk shows here at the latest).
+void write_contents(Hdf5Id& file, const CheckpointContents& contents) {
   Hdf5Lock lock;
-  Handle file(LOCKSTEP_CHECK_HDF5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)),
-              H5Fclose);
-  Handle link_props(LOCKSTEP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
-  LOCKSTEP_CHECK_HDF5(H5Pset_create_intermediate_group(link_props, 1));
+  Hdf5Id link_props(LOCKSTEP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)));
+  LOCKSTEP_CHECK_HDF5(H5Pset_create_intermediate_group(link_props.get(), 1));
   for (const auto& [name, tensor] : contents.tensors) {
     if (tensor.device().is_cuda())
       throw InvalidArgument("checkpoint tensor " + name + " is on " + tensor.device().str() +
                             " (copy it to the CPU first)");
-    std::vector<hsize_t> dims(tensor.shape().begin(), tensor.shape().end());
-    Handle space(LOCKSTEP_CHECK_HDF5(dims.empty() ? H5Screate(H5S_SCALAR)
-                                                  : H5Screate_simple(static_cast<int>(dims.size()),
-                                                                     dims.data(), nullptr)),
-                 H5Sclose);
-    const hid_t type = hdf5_type(tensor.dtype());
-    Handle set(LOCKSTEP_CHECK_HDF5(H5Dcreate2(file, name.c_str(), type, space, link_props,
-                                              H5P_DEFAULT, H5P_DEFAULT)),
-               H5Dclose);
+    if (tensor.dtype() == DType::f16 || tensor.dtype() == DType::bf16)
+      throw InvalidArgument(std::string("checkpoint tensor ") + name + " is " +
+                            dtype_name(tensor.dtype()) + "; checkpoints store f32, i64, i32, u8");
+    const std::vector<hsize_t> dims(tensor.shape().begin(), tensor.shape().end());
+    Hdf5Id space(LOCKSTEP_CHECK_HDF5(
+        dims.empty() ? H5Screate(H5S_SCALAR)
+                     : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
+    Hdf5Id type = io::file_type(tensor.dtype());
+    Hdf5Id set(LOCKSTEP_CHECK_HDF5(H5Dcreate2(file.get(), name.c_str(), type.get(), space.get(),
+                                              link_props.get(), H5P_DEFAULT, H5P_DEFAULT)));
     if (tensor.numel() > 0)
-      LOCKSTEP_CHECK_HDF5(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.data()));
+      LOCKSTEP_CHECK_HDF5(
+          H5Dwrite(set.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.data()));
+    set.close();
+    type.close();
+    space.close();
   }
-  for (const auto& [name, value] : contents.attributes) write_attribute(file, name, value);
+  link_props.close();
+  for (const auto& [name, value] : contents.attributes) write_attribute(file.get(), name, value);
+  file.close();
 }
 
-// Writes the checksum of `data` to `target` through a temporary, fsynced.
-void write_checksum(const fs::path& data, const fs::path& target) {
+// The line of a checksum file: "crc32 <8 hex digits> size <bytes>\n".
+std::string checksum_line(const fs::path& data) {
   const Checksum sum = checksum_of(data);
-  const fs::path tmp = fs::path(target.string() + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    char line[64];
-    std::snprintf(line, sizeof line, "crc32 %08x size %ju\n", sum.crc, sum.size);
-    out << line;
-    if (!out.flush()) throw IoError("cannot write " + tmp.string());
-  }
-  fsync_path(tmp, false);
-  fs::rename(tmp, target);
+  return fmt::format("crc32 {:08x} size {}\n", sum.crc, sum.size);
 }
 
 // The step of "ckpt-<step>.h5", or -1 for any other name.
@@ -170,94 +129,128 @@ std::int64_t step_of(const fs::path& file) {
     return -1;
   const std::string digits =
       name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  // Exactly the names save() writes: no sign, no leading zero, at most 18 digits.
+  if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos ||
+      (digits.size() > 1 && digits[0] == '0'))
+    return -1;
   return std::stoll(digits);
 }
 
-// Reads every dataset under `group` into `out`, keyed by path relative to it.
-herr_t collect(hid_t object, const char* name, const H5O_info_t* info, void* data) {
-  if (info->type != H5O_TYPE_DATASET) return 0;
-  auto* out = static_cast<std::map<std::string, core::Tensor>*>(data);
-  Handle set(LOCKSTEP_CHECK_HDF5(H5Dopen2(object, name, H5P_DEFAULT)), H5Dclose);
-  Handle space(LOCKSTEP_CHECK_HDF5(H5Dget_space(set)), H5Sclose);
-  Handle type(LOCKSTEP_CHECK_HDF5(H5Dget_type(set)), H5Tclose);
-  const int rank = LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_ndims(space));
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_dims(space, dims.data(), nullptr));
-  const DType dtype = dtype_of(type, name);
-  core::Tensor t = core::Tensor::empty(core::Shape(dims.begin(), dims.end()), dtype);
-  if (t.numel() > 0)
-    LOCKSTEP_CHECK_HDF5(H5Dread(set, hdf5_type(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data()));
-  (*out)[name] = t;
-  return 0;
+// Reads every dataset below `group_id` (relative names) within `budget` bytes in all.
+std::map<std::string, core::Tensor> read_datasets(hid_t group_id, const std::string& object,
+                                                  std::uint64_t budget) {
+  std::map<std::string, core::Tensor> out;
+  for (const std::string& name : io::dataset_names(group_id, object)) {
+    const std::string where = object + ", dataset '" + name + "'";
+    Hdf5Id set(LOCKSTEP_CHECK_HDF5(H5Dopen2(group_id, name.c_str(), H5P_DEFAULT)));
+    core::Tensor t = io::read_tensor(set.get(), where, budget);
+    budget -= t.nbytes();
+    set.close();
+    out[name] = std::move(t);
+  }
+  return out;
 }
 
-AttributeValue read_attribute(hid_t root, const char* name) {
-  Handle a(LOCKSTEP_CHECK_HDF5(H5Aopen(root, name, H5P_DEFAULT)), H5Aclose);
-  Handle type(LOCKSTEP_CHECK_HDF5(H5Aget_type(a)), H5Tclose);
-  switch (H5Tget_class(type)) {
-    case H5T_INTEGER: {
-      std::int64_t v = 0;
-      LOCKSTEP_CHECK_HDF5(H5Aread(a, H5T_NATIVE_INT64, &v));
-      return v;
-    }
-    case H5T_FLOAT: {
-      double v = 0;
-      LOCKSTEP_CHECK_HDF5(H5Aread(a, H5T_NATIVE_DOUBLE, &v));
-      return v;
-    }
-    case H5T_STRING: {
-      if (H5Tis_variable_str(type) > 0) {
-        char* text = nullptr;
-        LOCKSTEP_CHECK_HDF5(H5Aread(a, type, &text));
-        std::string s = text ? text : "";
-        H5free_memory(text);
-        return s;
-      }
-      std::string s(H5Tget_size(type), '\0');
-      LOCKSTEP_CHECK_HDF5(H5Aread(a, type, s.data()));
-      return s.substr(0, s.find('\0'));
-    }
-    default:
-      break;
-  }
-  throw IoError(std::string("attribute '") + name + "' has an unsupported type");
+// What all of a file's datasets may decode to (Note [hostile files]).
+std::uint64_t read_budget(const fs::path& file) {
+  std::error_code ec;
+  const std::uintmax_t bytes = fs::file_size(file, ec);
+  return ec ? 0 : checked_mul<std::uint64_t>(io::kMaxExpansion, bytes, "read budget");
 }
 
 }  // namespace
 
-CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last)
+CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, CheckpointStart start)
     : dir_(std::move(dir)), keep_last_(keep_last) {
   if (keep_last < 1)
     throw InvalidArgument("CheckpointDirectory: keep_last is " + std::to_string(keep_last) +
                           "; it must be at least 1");
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (ec)
-    throw IoError("cannot create checkpoint directory " + dir_.string() + ": " + ec.message());
+  if (ec) throw IoError("cannot create checkpoint directory " + quoted(dir_) + ": " + ec.message());
+  const auto existing = list();
+  if (start == CheckpointStart::fresh && !existing.empty())
+    throw CheckpointDirectoryInUse(
+        fmt::format("checkpoint directory {} already holds {} checkpoint(s), the newest {}: a "
+                    "fresh run would mix its checkpoints with them and prune them. Resume that "
+                    "run (CheckpointStart::resume), use another directory, or remove them",
+                    quoted(dir_), existing.size(), existing.back().filename().string()),
+        existing.back());
 }
 
 fs::path CheckpointDirectory::save(std::int64_t step, const CheckpointContents& contents) const {
-  const fs::path final_path = dir_ / ("ckpt-" + std::to_string(step) + ".h5");
-  const fs::path tmp = dir_ / (".ckpt-" + std::to_string(step) + ".h5.tmp");
-  write_file(tmp, contents);
-  fsync_path(tmp, false);
-  write_checksum(tmp, checksum_path(final_path));
-  fs::rename(tmp, final_path);
-  fsync_path(dir_, true);
-  const auto all = list();
-  for (std::size_t i = 0; i + keep_last_ < all.size(); ++i) {
-    fs::remove(all[i]);
-    fs::remove(checksum_path(all[i]));
+  if (step < 0) throw InvalidArgument("checkpoint step " + std::to_string(step) + " is negative");
+  const std::string name = "ckpt-" + std::to_string(step) + ".h5";
+  const fs::path final_path = dir_ / name;
+  const fs::path tmp = dir_ / ("." + name + ".tmp");
+  const fs::path sum_tmp = dir_ / ("." + name + ".crc32.tmp");
+  for (const fs::path& stale : {tmp, sum_tmp})
+    if (io::remove_temporary(stale))
+      core::log_warn("removed the leftover temporary {} (an earlier save was cut short)",
+                     quoted(stale));
+  // Only what this save created is removed on failure: something that
+  // appears at a temporary name meanwhile is another writer's.
+  bool created = false, sum_created = false;
+  try {
+    {
+      Hdf5Lock lock;
+      Hdf5Id file = io::create_hdf5_file(tmp);
+      created = true;
+      write_contents(file, contents);
+    }
+    io::fsync_path(tmp, false);
+    const std::string line = checksum_line(tmp);
+    const int fd = io::create_exclusive(sum_tmp);
+    sum_created = true;
+    try {
+      io::write_all(fd, line.data(), line.size(), sum_tmp);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    io::sync_and_close(fd, sum_tmp);
+    io::commit_rename(sum_tmp, checksum_path(final_path));
+    sum_created = false;
+    io::commit_rename(tmp, final_path);
+  } catch (...) {
+    if (created) io::remove_temporary(tmp);
+    if (sum_created) io::remove_temporary(sum_tmp);
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw IoError(
+          fmt::format("saving checkpoint {} in {} failed; earlier checkpoints are "
+                      "untouched: {}",
+                      name, quoted(dir_), e.what()));
+    }
+  }
+
+  std::vector<fs::path> older;
+  std::size_t newer = 0;
+  for (const fs::path& p : list()) {
+    if (step_of(p) < step) older.push_back(p);
+    if (step_of(p) > step) ++newer;
+  }
+  if (newer > 0)
+    core::log_warn(
+        "checkpoint directory {} holds {} checkpoint(s) newer than step {} (from an "
+        "attempt that went further); they are left in place",
+        quoted(dir_), newer, step);
+  // keep_last counts the checkpoint just written: keep keep_last - 1 older ones.
+  const std::size_t keep_older = static_cast<std::size_t>(keep_last_) - 1;
+  for (std::size_t i = 0; i + keep_older < older.size(); ++i) {
+    std::error_code ignored;  // a checkpoint that cannot be pruned only wastes space
+    fs::remove(older[i], ignored);
+    fs::remove(checksum_path(older[i]), ignored);
   }
   return final_path;
 }
 
 std::vector<fs::path> CheckpointDirectory::list() const {
   std::vector<fs::path> found;
-  if (!fs::is_directory(dir_)) return found;
-  for (const auto& entry : fs::directory_iterator(dir_))
-    if (step_of(entry.path()) >= 0) found.push_back(entry.path());
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec))
+    if (step_of(it->path()) >= 0) found.push_back(it->path());
   std::sort(found.begin(), found.end(),
             [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return found;
@@ -278,71 +271,66 @@ std::optional<fs::path> CheckpointDirectory::latest_good() const {
 
 std::string verify_checkpoint(const fs::path& file) {
   const fs::path sum_file = checksum_path(file);
-  std::ifstream in(sum_file);
+  char line[128] = {};
+  std::FILE* in = std::fopen(sum_file.c_str(), "r");
+  const bool read = in && std::fgets(line, sizeof line, in);
+  if (in) std::fclose(in);
   unsigned crc = 0;
-  std::uintmax_t size = 0;
-  std::string line;
-  if (!in || !std::getline(in, line) ||
-      std::sscanf(line.c_str(), "crc32 %x size %ju", &crc, &size) != 2)
-    throw IoError("checkpoint " + file.string() + " has no valid checksum file " +
-                  sum_file.string() + " (it was cut short, or is not a lockstep checkpoint)");
+  std::uint64_t size = 0;
+  if (!read || std::sscanf(line, "crc32 %8x size %20lu", &crc, &size) != 2)
+    throw IoError("checkpoint " + quoted(file) + " has no valid checksum file " + quoted(sum_file) +
+                  " (it was cut short, or is not a lockstep checkpoint)");
   const Checksum actual = checksum_of(file);
   if (actual.crc != crc || actual.size != size)
-    throw IoError("checkpoint " + file.string() + " is corrupt: " + std::to_string(actual.size) +
-                  " bytes with CRC-32 " + std::to_string(actual.crc) + ", expected " +
-                  std::to_string(size) + " bytes with CRC-32 " + std::to_string(crc));
-  char sum[64];
-  std::snprintf(sum, sizeof sum, "crc32 %08x size %ju", crc, size);
-  return sum;
+    throw IoError(
+        fmt::format("checkpoint {} is corrupt: {} bytes with CRC-32 {:08x}, expected {} "
+                    "bytes with CRC-32 {:08x} (use an earlier checkpoint)",
+                    quoted(file), actual.size, actual.crc, size, crc));
+  return fmt::format("crc32 {:08x} size {}", crc, size);
 }
 
 CheckpointContents read_checkpoint(const fs::path& file) {
   verify_checkpoint(file);
-  CheckpointContents contents;
-  contents.tensors = read_group(file, "/");
+  const std::string object = "checkpoint " + quoted(file);
   Hdf5Lock lock;
-  Handle f(LOCKSTEP_CHECK_HDF5(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
-  H5O_info_t info;
-  LOCKSTEP_CHECK_HDF5(H5Oget_info(f, &info));
-  for (hsize_t i = 0; i < info.num_attrs; ++i) {
-    char name[256];
-    LOCKSTEP_CHECK_HDF5(
-        H5Aget_name_by_idx(f, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT));
-    contents.attributes[name] = read_attribute(f, name);
+  try {
+    Hdf5Id f = io::open_hdf5_file(file, "checkpoint");
+    CheckpointContents contents;
+    for (auto& [name, t] : read_datasets(f.get(), object, read_budget(file)))
+      contents.tensors["/" + name] = std::move(t);
+    for (const std::string& name : io::attribute_names(f.get(), object)) {
+      Hdf5Id a(LOCKSTEP_CHECK_HDF5(H5Aopen(f.get(), name.c_str(), H5P_DEFAULT)));
+      contents.attributes[name] =
+          io::read_scalar_attribute(a.get(), object + ", attribute '" + name + "'");
+      a.close();
+    }
+    f.close();
+    return contents;
+  } catch (const LibraryError& e) {
+    throw IoError(object + ": HDF5 cannot read it: " + e.what() + " (use an earlier checkpoint)");
   }
-  std::map<std::string, core::Tensor> rooted;
-  for (auto& [name, t] : contents.tensors) rooted["/" + name] = t;
-  contents.tensors = std::move(rooted);
-  return contents;
 }
 
-namespace {
-// Opens an HDF5 file read-only, naming it in the error when it is not one.
-hid_t open_readonly(const fs::path& file) {
-  if (!fs::exists(file)) throw IoError("weights file " + file.string() + " does not exist");
-  const hid_t raw = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (raw < 0)
-    throw IoError("cannot open " + file.string() + " as HDF5: " + io::detail::hdf5_error_stack());
-  return raw;
-}
-}  // namespace
-
-bool has_group(const fs::path& file, const std::string& group) {
+std::map<std::string, core::Tensor> read_group(const fs::path& file, const std::string& group,
+                                               bool required) {
+  const std::string object = "weights file " + quoted(file) + ", group '" + group + "'";
   Hdf5Lock lock;
-  Handle f(open_readonly(file), H5Fclose);
-  return H5Lexists(f, group.c_str(), H5P_DEFAULT) > 0;
-}
-
-std::map<std::string, core::Tensor> read_group(const fs::path& file, const std::string& group) {
-  Hdf5Lock lock;
-  Handle f(open_readonly(file), H5Fclose);
-  if (H5Lexists(f, group.c_str(), H5P_DEFAULT) <= 0)
-    throw IoError(file.string() + " has no group " + group +
-                  " (weights go in /model/<parameter name>, see docs/models.md)");
-  Handle g(LOCKSTEP_CHECK_HDF5(H5Gopen2(f, group.c_str(), H5P_DEFAULT)), H5Gclose);
-  std::map<std::string, core::Tensor> out;
-  LOCKSTEP_CHECK_HDF5(H5Ovisit(g, H5_INDEX_NAME, H5_ITER_INC, collect, &out));
-  return out;
+  try {
+    Hdf5Id f = io::open_hdf5_file(file, "weights file");
+    if (LOCKSTEP_CHECK_HDF5(H5Lexists(f.get(), group.c_str(), H5P_DEFAULT)) == 0) {
+      if (!required) return {};
+      throw IoError(object +
+                    " does not exist (weights go in /model/<parameter name>, see "
+                    "docs/models.md)");
+    }
+    Hdf5Id g(LOCKSTEP_CHECK_HDF5(H5Gopen2(f.get(), group.c_str(), H5P_DEFAULT)));
+    auto out = read_datasets(g.get(), object, read_budget(file));
+    g.close();
+    f.close();
+    return out;
+  } catch (const LibraryError& e) {
+    throw IoError(object + ": HDF5 cannot read it: " + e.what() + " (the file is damaged)");
+  }
 }
 
 }  // namespace lockstep::engine

@@ -9,9 +9,19 @@
 // HDF5 file's bytes match the checksum file; a crash at any point leaves
 // either no ckpt-<step>.h5 or a good one.
 //
+// Note [checkpoint retention]: a directory belongs to one run. A fresh run
+// (CheckpointStart::fresh) refuses a directory that already holds
+// checkpoints; a resumed one adopts them. After each save, keep_last counts
+// the checkpoint just written and the older ones: only checkpoints with a
+// smaller step are deleted, never the one just written, never a newer one
+// (left by an attempt that went further before the run was resumed from an
+// earlier checkpoint; a warning says how many there are).
+//
 // What goes into a checkpoint (the /model, /buffers, /optimizer groups and
 // the attributes) is the Trainer's business; this file moves named tensors
-// and attributes to and from disk. Readable with h5py.
+// and attributes to and from disk. Readable with h5py. Reading goes through
+// io/hdf5.h's checked reads (Note [hostile files]): a file with a valid
+// checksum but unexpected contents is an IoError naming the object.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +33,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "kernels/error.h"
 
 namespace lockstep::engine {
 
@@ -35,12 +46,29 @@ struct CheckpointContents {
   std::map<std::string, AttributeValue> attributes;
 };
 
+enum class CheckpointStart { fresh, resume };
+
+// Thrown by a fresh CheckpointDirectory over a directory that already holds
+// checkpoints; newest() is the newest of them.
+class CheckpointDirectoryInUse : public InvalidArgument {
+ public:
+  CheckpointDirectoryInUse(const std::string& message, std::filesystem::path newest)
+      : InvalidArgument(message), newest_(std::move(newest)) {}
+  const std::filesystem::path& newest() const { return newest_; }
+
+ private:
+  std::filesystem::path newest_;
+};
+
 class CheckpointDirectory {
  public:
-  // keep_last >= 1: older checkpoints are deleted after each save.
-  CheckpointDirectory(std::filesystem::path dir, int keep_last);
+  // keep_last >= 1 (Note [checkpoint retention]). Creates `dir` if needed.
+  CheckpointDirectory(std::filesystem::path dir, int keep_last, CheckpointStart start);
 
-  // Writes ckpt-<step>.h5 (Note [checkpoint commit]) and returns its path.
+  // Writes ckpt-<step>.h5 (Note [checkpoint commit]), prunes older ones
+  // (Note [checkpoint retention]) and returns its path. On any failure (a
+  // full disk included) throws IoError and leaves no temporary behind and
+  // every earlier checkpoint as it was.
   std::filesystem::path save(std::int64_t step, const CheckpointContents& contents) const;
   // Checkpoints present, oldest first (good or not).
   std::vector<std::filesystem::path> list() const;
@@ -57,14 +85,15 @@ class CheckpointDirectory {
 // Throws IoError naming the file when its checksum file is missing or does
 // not match its bytes; returns the verified sum ("crc32 0badf00d size 12345").
 std::string verify_checkpoint(const std::filesystem::path& file);
-// Verifies, then reads every dataset and root attribute.
+// Verifies, then reads every dataset and root attribute. Floating-point
+// datasets arrive as f32 (io::read_tensor).
 CheckpointContents read_checkpoint(const std::filesystem::path& file);
 // Datasets of one group ("/model") of any HDF5 file with that layout (for
 // example one written from a PyTorch state_dict with h5py), keyed by their
-// name inside the group. No checksum: such files come from elsewhere.
-// Whether `file` (any HDF5 file) has the group `group` ("/buffers").
-bool has_group(const std::filesystem::path& file, const std::string& group);
+// name inside the group; f16 and f64 arrive as f32. No checksum: such files
+// come from elsewhere. An absent group gives an empty map when `required`
+// is false.
 std::map<std::string, core::Tensor> read_group(const std::filesystem::path& file,
-                                               const std::string& group);
+                                               const std::string& group, bool required = true);
 
 }  // namespace lockstep::engine

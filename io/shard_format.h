@@ -25,7 +25,9 @@ struct ShardFormat {
   bool has_labels = true;
 
   std::size_t sample_bytes() const {
-    return static_cast<std::size_t>(core::shape_numel(sample_shape)) * dtype_size(input_dtype);
+    return static_cast<std::size_t>(checked_mul(core::shape_numel(sample_shape),
+                                                static_cast<std::int64_t>(dtype_size(input_dtype)),
+                                                "bytes of one sample"));
   }
   // "inputs u8 [1, 28, 28], labels i64"
   std::string str() const {
@@ -37,8 +39,8 @@ struct ShardFormat {
 
 // How a shard's inputs are read: `contiguous` with pread at the offset HDF5
 // reports, from any thread and without the HDF5 lock; `hdf5` through the
-// library under the lock (chunked, compressed, compact, external or
-// big-endian datasets). Note [contiguous reads] in io/detail/shard_file.h.
+// library under the lock (chunked, compressed, compact or big-endian
+// datasets). Note [contiguous reads] in io/detail/shard_file.h.
 enum class ShardLayout { contiguous, hdf5 };
 
 }  // namespace lockstep::io

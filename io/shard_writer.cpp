@@ -2,36 +2,20 @@
 // written under a temporary name, fsynced, then renamed into place.
 #include "io/shard_writer.h"
 
-#include <fcntl.h>
 #include <fmt/core.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <system_error>
 
-#include "io/check_hdf5.h"
-#include "io/detail/hdf5_types.h"
+#include "engine/core/log.h"
+#include "io/durable_file.h"
+#include "io/hdf5.h"
 
 namespace lockstep::io {
 namespace {
 
 namespace fs = std::filesystem;
-using detail::Hdf5Id;
 
-std::string quoted(const fs::path& path) { return "'" + path.string() + "'"; }
-
-// Makes the bytes of `path` durable (after HDF5 has closed it).
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int error = errno;
-    if (fd >= 0) ::close(fd);
-    throw IoError("cannot fsync " + quoted(path) + ": " + std::strerror(error) +
-                  " (check the disk and its free space)");
-  }
-  ::close(fd);
-}
+std::string quoted(const fs::path& path) { return fmt::format("'{}'", path.string()); }
 
 std::vector<hsize_t> dims_of(std::int64_t rows, const core::Shape& sample_shape) {
   std::vector<hsize_t> dims{static_cast<hsize_t>(rows)};
@@ -49,9 +33,13 @@ Hdf5Id create_contiguous(hid_t file, const char* name, DType type,
   LOCKSTEP_CHECK_HDF5(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
   LOCKSTEP_CHECK_HDF5(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
   LOCKSTEP_CHECK_HDF5(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
-  const Hdf5Id type_id = detail::file_type(type);
-  return Hdf5Id(LOCKSTEP_CHECK_HDF5(
+  Hdf5Id type_id = file_type(type);
+  Hdf5Id dataset(LOCKSTEP_CHECK_HDF5(
       H5Dcreate2(file, name, type_id.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT)));
+  type_id.close();
+  dcpl.close();
+  space.close();
+  return dataset;
 }
 
 // Writes `count` rows starting at row `first` of a dataset [rows, ...].
@@ -65,9 +53,12 @@ void write_rows(hid_t dataset, DType type, const core::Shape& sample_shape, std:
                                           block.data(), nullptr));
   Hdf5Id memory_space(
       LOCKSTEP_CHECK_HDF5(H5Screate_simple(static_cast<int>(block.size()), block.data(), nullptr)));
-  const Hdf5Id memory_type = detail::memory_type(type);
+  Hdf5Id memory_type = io::memory_type(type);
   LOCKSTEP_CHECK_HDF5(H5Dwrite(dataset, memory_type.get(), memory_space.get(), file_space.get(),
                                H5P_DEFAULT, data));
+  memory_type.close();
+  memory_space.close();
+  file_space.close();
 }
 
 }  // namespace
@@ -106,19 +97,21 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
   temp_path_ = path_;
   temp_path_ += ".tmp";
   Hdf5Lock lock;
+  if (remove_temporary(temp_path_))
+    core::log_warn("removed the leftover temporary {} (an earlier write was cut short)",
+                   quoted(temp_path_));
   handles_ = std::make_unique<Handles>();
   try {
-    handles_->file = Hdf5Id(LOCKSTEP_CHECK_HDF5(
-        H5Fcreate(temp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
+    handles_->file = create_hdf5_file(temp_path_);
     handles_->inputs = create_contiguous(handles_->file.get(), kInputsName, format.input_dtype,
                                          dims_of(rows, format.sample_shape));
     if (format.has_labels)
       handles_->labels =
           create_contiguous(handles_->file.get(), kLabelsName, format.label_dtype, {hsize_t(rows)});
-  } catch (const LibraryError& e) {
+  } catch (const Error& e) {
+    const bool created = static_cast<bool>(handles_->file);
     handles_.reset();
-    std::error_code ignored;
-    fs::remove(temp_path_, ignored);
+    if (created) remove_temporary(temp_path_);
     throw IoError("cannot create shard " + quoted(temp_path_) + " (" + format.str() + ", " +
                   std::to_string(rows) + " rows): " + e.what() +
                   " (check that the directory exists and is writable)");
@@ -128,8 +121,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
 ShardWriter::~ShardWriter() {
   if (!handles_) return;
   handles_.reset();
-  std::error_code ignored;
-  fs::remove(temp_path_, ignored);
+  remove_temporary(temp_path_);
 }
 
 void ShardWriter::append(const void* inputs, const void* labels, std::int64_t count) {
@@ -163,25 +155,18 @@ void ShardWriter::close() {
     throw InvalidArgument(
         fmt::format("shard {}: closed after {} of its {} rows (append the rest before close())",
                     quoted(path_), written_, rows_));
-  {
+  try {
     Hdf5Lock lock;
-    handles_->inputs.reset();
-    handles_->labels.reset();
-    try {
-      LOCKSTEP_CHECK_HDF5(H5Fclose(handles_->file.release()));
-    } catch (const LibraryError& e) {
-      throw IoError("closing shard " + quoted(temp_path_) + ": " + e.what() +
-                    " (check the disk and its free space)");
-    }
+    handles_->inputs.close();
+    handles_->labels.close();
+    handles_->file.close();
+  } catch (const LibraryError& e) {
+    throw IoError("closing shard " + quoted(temp_path_) + ": " + e.what() +
+                  " (check the disk and its free space)");
   }
   fsync_path(temp_path_, false);
-  std::error_code error;
-  fs::rename(temp_path_, path_, error);
-  if (error)
-    throw IoError("cannot rename " + quoted(temp_path_) + " to " + quoted(path_) + ": " +
-                  error.message());
+  commit_rename(temp_path_, path_);
   handles_.reset();
-  fsync_path(path_.has_parent_path() ? path_.parent_path() : fs::path("."), true);
 }
 
 DatasetWriter::DatasetWriter(fs::path directory, const ShardFormat& format, std::int64_t total_rows,

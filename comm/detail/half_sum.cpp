@@ -7,6 +7,7 @@
 #include "kernels/half.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -69,10 +70,17 @@ __attribute__((target("avx2"))) void sum_bf16_avx2(const std::uint16_t* in, std:
   sum_bf16_portable(in + i, inout + i, n - i);
 }
 
+// F16C is CPUID.1:ECX bit 29; clang 14's __builtin_cpu_supports does not know
+// "f16c" (the fuzzing build compiles this file with clang).
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
 }  // namespace
 
 void sum_f16(const std::uint16_t* in, std::uint16_t* inout, std::int64_t n) {
-  static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool f16c = __builtin_cpu_supports("avx") && cpu_has_f16c();
   f16c ? sum_f16_f16c(in, inout, n) : sum_f16_portable(in, inout, n);
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/core/ops.h"
+#include "kernels/checked_math.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "kernels/cuda/check.h"
@@ -15,7 +16,10 @@ namespace lockstep::core {
 
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
+  for (std::int64_t d : shape) {
+    if (d < 0) throw InvalidArgument("tensor shape " + shape_str(shape) + " has a negative size");
+    n = checked_mul(n, d, "element count of a tensor shape");
+  }
   return n;
 }
 
@@ -35,8 +39,6 @@ void throw_element_type_mismatch(DType dtype, std::size_t element_bytes) {
 }  // namespace detail
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Stream& stream) {
-  for (std::int64_t d : shape)
-    if (d < 0) throw InvalidArgument("tensor shape " + shape_str(shape) + " has a negative size");
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -78,9 +80,10 @@ std::int64_t Tensor::dim(int i) const {
 Tensor Tensor::view(std::int64_t element_offset, const Shape& shape) const {
   const std::size_t element = dtype_size(dtype_);
   const std::int64_t count = shape_numel(shape);
-  if (element_offset < 0 || count < 0 ||
-      (element_offset + count) * static_cast<std::int64_t>(element) >
-          static_cast<std::int64_t>(nbytes()))
+  if (element_offset < 0 ||
+      static_cast<std::size_t>(checked_mul(checked_add(element_offset, count, "tensor view end"),
+                                           static_cast<std::int64_t>(element),
+                                           "tensor view bytes")) > nbytes())
     throw InvalidArgument("view of " + shape_str(shape) + " at element " +
                           std::to_string(element_offset) + " does not fit in a tensor of shape " +
                           shape_str(shape_));

@@ -12,6 +12,7 @@
 #include "engine/core/device.h"
 #include "engine/core/memory.h"
 #include "engine/core/stream.h"
+#include "kernels/checked_math.h"
 #include "kernels/dtype.h"
 #include "kernels/error.h"
 
@@ -19,6 +20,8 @@ namespace lockstep::core {
 
 using Shape = std::vector<std::int64_t>;
 
+// The element count; throws InvalidArgument on a negative size or when the
+// product overflows (kernels/checked_math.h).
 std::int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
@@ -41,7 +44,10 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   std::int64_t dim(int i) const;
   std::int64_t numel() const { return shape_numel(shape_); }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  std::size_t nbytes() const {
+    return static_cast<std::size_t>(
+        checked_mul(numel(), static_cast<std::int64_t>(dtype_size(dtype_)), "tensor bytes"));
+  }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
   const std::shared_ptr<Storage>& storage() const { return storage_; }

@@ -173,7 +173,18 @@ int run(Flags& f, comm::World& world) {
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
-  if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
+  if (!f.checkpoint_dir.empty()) {
+    try {
+      checkpoints.emplace(f.checkpoint_dir, f.keep,
+                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume);
+    } catch (const CheckpointDirectoryInUse& e) {
+      throw InvalidArgument(fmt::format(
+          "--checkpoint-dir {} already holds checkpoints of a run (the newest {}): pass "
+          "--resume auto to continue it, another --checkpoint-dir to start a new one, or remove "
+          "them",
+          f.checkpoint_dir, e.newest().filename().string()));
+    }
+  }
   if (f.resume == "auto" && !checkpoints)
     throw InvalidArgument("--resume auto needs --checkpoint-dir");
   const std::string newest = newest_checkpoint_name_of_rank0(

@@ -13,31 +13,13 @@
 #include <cstring>
 #include <string_view>
 
-#include "io/check_hdf5.h"
+#include "io/hdf5.h"
+#include "kernels/checked_math.h"
 
 namespace lockstep::io::detail {
 namespace {
 
 constexpr std::size_t kMaxIovecs = IOV_MAX;
-
-struct Extent {
-  std::vector<hsize_t> dims;
-};
-
-Extent extent_of(hid_t dataset) {
-  const Hdf5Id space(LOCKSTEP_CHECK_HDF5(H5Dget_space(dataset)));
-  if (LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_type(space.get())) != H5S_SIMPLE) return {};
-  const int rank = LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.get()));
-  Extent extent{std::vector<hsize_t>(static_cast<std::size_t>(rank))};
-  LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), extent.dims.data(), nullptr));
-  return extent;
-}
-
-std::string dims_str(const std::vector<hsize_t>& dims) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-  return text + "]";
-}
 
 }  // namespace
 
@@ -74,14 +56,9 @@ void ShardFile::inspect(bool force_hdf5) {
   Hdf5Lock lock;
   const char* current = nullptr;  // the dataset being looked at, for messages
   try {
-    const htri_t is_hdf5 = H5Fis_hdf5(path_.c_str());
-    if (is_hdf5 == 0)
-      fail(nullptr, fmt::format("not an HDF5 file ({} bytes, no HDF5 signature; it is not a "
-                                "shard, or its first bytes are damaged: re-create it)",
-                                file_bytes_));
-    file_ = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)));
+    file_ = open_hdf5_file(path_, "shard");
     Hdf5Id labels;
-    Extent inputs_extent, labels_extent;
+    core::Shape inputs_extent, labels_extent;
     format_.has_labels = LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kLabelsName, H5P_DEFAULT)) > 0;
     for (const char* name : {kInputsName, kLabelsName}) {
       current = name;
@@ -117,26 +94,41 @@ void ShardFile::inspect(bool force_hdf5) {
                                              : "i32 or u16 tokens in a shard without 'labels'") +
                        " (convert the dataset, e.g. with lockstep-shard)");
       (is_inputs ? format_.input_dtype : format_.label_dtype) = *dtype;
-      (is_inputs ? inputs_extent : labels_extent) = extent_of(dataset.get());
+      const std::string object = "shard '" + path_.string() + "', dataset '" + name + "'";
+      (is_inputs ? inputs_extent : labels_extent) = extent_of(dataset.get(), object);
+      check_storage(dataset.get(), object);
       (is_inputs ? inputs_ : labels) = std::move(dataset);
     }
     current = nullptr;
-    if (inputs_extent.dims.empty())
+    if (inputs_extent.empty())
       fail(kInputsName, "is a scalar; inputs are [N, ...] with one row per sample");
-    if (!format_.has_labels && (inputs_extent.dims.size() != 2 || inputs_extent.dims[1] < 2))
-      fail(kInputsName, "has shape " + dims_str(inputs_extent.dims) +
+    if (!format_.has_labels && (inputs_extent.size() != 2 || inputs_extent[1] < 2))
+      fail(kInputsName, "has shape " + core::shape_str(inputs_extent) +
                             "; a token shard (no 'labels') holds windows [N, T+1] with T >= 1");
-    if (format_.has_labels && labels_extent.dims.size() != 1)
-      fail(kLabelsName, "has shape " + dims_str(labels_extent.dims) + "; labels are [N]");
-    if (format_.has_labels && inputs_extent.dims[0] != labels_extent.dims[0])
+    if (format_.has_labels && labels_extent.size() != 1)
+      fail(kLabelsName, "has shape " + core::shape_str(labels_extent) + "; labels are [N]");
+    if (format_.has_labels && inputs_extent[0] != labels_extent[0])
       fail(nullptr, fmt::format("'inputs' has {} rows but 'labels' has {} (every sample needs "
                                 "exactly one label; re-create the shard)",
-                                inputs_extent.dims[0], labels_extent.dims[0]));
-    rows_ = static_cast<std::int64_t>(inputs_extent.dims[0]);
-    for (std::size_t i = 1; i < inputs_extent.dims.size(); ++i)
-      format_.sample_shape.push_back(static_cast<std::int64_t>(inputs_extent.dims[i]));
-    if (format_.sample_bytes() == 0)
-      fail(kInputsName, "has shape " + dims_str(inputs_extent.dims) + ": samples of zero bytes");
+                                inputs_extent[0], labels_extent[0]));
+    rows_ = inputs_extent[0];
+    format_.sample_shape.assign(inputs_extent.begin() + 1, inputs_extent.end());
+    // Everything is sized from these extents: bound them by the file before
+    // any buffer is (Note [hostile files] in io/hdf5.h).
+    const std::uint64_t limit = checked_mul(kMaxExpansion, file_bytes_, "shard size bound");
+    std::uint64_t sample_bytes = dtype_size(format_.input_dtype), labels_bytes = 0;
+    for (std::int64_t d : format_.sample_shape)
+      if (__builtin_mul_overflow(sample_bytes, static_cast<std::uint64_t>(d), &sample_bytes))
+        sample_bytes = limit + 1;
+    if (sample_bytes == 0)
+      fail(kInputsName, "has shape " + core::shape_str(inputs_extent) + ": samples of zero bytes");
+    if (__builtin_mul_overflow(sample_bytes, static_cast<std::uint64_t>(rows_), &inputs_bytes_) ||
+        __builtin_mul_overflow(sizeof(std::int64_t),  // labels are read as i64
+                               static_cast<std::uint64_t>(rows_), &labels_bytes) ||
+        inputs_bytes_ > limit || labels_bytes > limit)
+      fail(nullptr, fmt::format("inputs {} and labels [{}] hold more bytes than a file of {} "
+                                "bytes can (the shard is damaged: re-create it)",
+                                core::shape_str(inputs_extent), rows_, file_bytes_));
 
     current = kLabelsName;
     if (format_.has_labels) {
@@ -172,8 +164,6 @@ void ShardFile::choose_layout(bool force_hdf5) {
     layout_reason_ = filters > 0 ? "chunked with filters" : "chunked";
   } else if (layout != H5D_CONTIGUOUS) {
     layout_reason_ = layout == H5D_COMPACT ? "compact" : "virtual";
-  } else if (LOCKSTEP_CHECK_HDF5(H5Pget_external_count(dcpl.get())) > 0) {
-    layout_reason_ = "external";
   } else if (!native_order(type.get())) {
     layout_reason_ = "big-endian";
   } else if (rows_ > 0) {
@@ -182,12 +172,11 @@ void ShardFile::choose_layout(bool force_hdf5) {
     if (offset == HADDR_UNDEF) {
       layout_reason_ = "not allocated";
     } else {
-      const std::uint64_t bytes = static_cast<std::uint64_t>(rows_) * format_.sample_bytes();
-      if (offset + bytes > file_bytes_)
+      if (offset > file_bytes_ || inputs_bytes_ > file_bytes_ - offset)
         fail(kInputsName,
-             fmt::format("truncated: its {} rows need bytes {}..{}, but the file has {} bytes "
-                         "(re-create the shard)",
-                         rows_, offset, offset + bytes, file_bytes_));
+             fmt::format("truncated: its {} rows need {} bytes from byte {}, but the file has {} "
+                         "bytes (re-create the shard)",
+                         rows_, inputs_bytes_, offset, file_bytes_));
       inputs_offset_ = offset;
     }
   }

@@ -5,12 +5,12 @@
 //
 // Note [contiguous reads]: a contiguous dataset's rows lie back to back at the
 // file offset H5Dget_offset reports (absolute: it includes any user block).
-// When the dataset is contiguous, not external, stored in this machine's byte
+// When the dataset is contiguous, stored in this machine's byte
 // order and allocated, rows are read with preadv on a file descriptor of our
 // own: no HDF5 call, no HDF5 lock, so T threads read in parallel. A run of
 // consecutive rows is one preadv scattering each row to its destination.
-// Everything else (chunked, compressed, compact, external, big-endian) goes
-// through H5Dread under the HDF5 lock (Note [HDF5 lock], io/check_hdf5.h),
+// Everything else (chunked, compressed, compact, big-endian) goes
+// through H5Dread under the HDF5 lock (Note [HDF5 lock], io/hdf5.h),
 // which converts byte order and runs the filters.
 #pragma once
 
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "io/detail/hdf5_types.h"
+#include "io/hdf5.h"
 #include "io/shard_format.h"
 
 namespace lockstep::io::detail {
@@ -64,6 +64,7 @@ class ShardFile {
   int fd_ = -1;
   std::uint64_t file_bytes_ = 0;
   std::uint64_t inputs_offset_ = 0;          // contiguous: where row 0 starts
+  std::uint64_t inputs_bytes_ = 0;           // rows x sample bytes, checked against the file
   std::vector<std::int64_t> labels_values_;  // empty for a token shard
   bool widened_u16_ = false;                 // Note [u16 tokens] in shard_file.cpp
   Hdf5Id file_, inputs_;                     // kept open for the hdf5 layout only

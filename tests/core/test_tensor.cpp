@@ -1,7 +1,8 @@
-// Tensor, memory accounting, device parsing, the version check and the
-// Generator, on the CPU.
+// Tensor and its overflow-checked sizes, memory accounting, device parsing, the version check and
+// the Generator, on the CPU.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <vector>
 
 #include "engine/core/device.h"
@@ -105,4 +106,27 @@ TEST_CASE("a generator's state is all it takes to continue its stream", "[core][
   Tensor mask = Tensor::empty({5}, DType::u8);
   CHECK_THROWS_WITH(g.bernoulli_mask(mask, 1.5f), Catch::Contains("1.5"));
   CHECK_THROWS_WITH(g.uniform(mask), Catch::Contains("u8"));
+}
+
+TEST_CASE("size arithmetic from shapes refuses to overflow", "[core][tensor]") {
+  constexpr std::int64_t big = std::int64_t{1} << 32;
+  CHECK_THROWS_AS(checked_mul<std::int64_t>(big - 1, big + 1, "x"), InvalidArgument);  // 2^64 - 1
+  CHECK_THROWS_WITH(checked_mul<std::int64_t>(big, big / 2, "element count"),
+                    Catch::Contains("element count") && Catch::Contains("4294967296 * 2147483648"));
+  CHECK(checked_mul<std::int64_t>(big / 2, big / 2 - 1, "x") == (big / 2) * (big / 2 - 1));
+  CHECK_THROWS_AS(checked_mul<std::int64_t>(-1, 2, "x"), InvalidArgument);
+  CHECK_THROWS_AS(checked_add<std::uint64_t>(~std::uint64_t{0}, 1, "offset"), InvalidArgument);
+  CHECK(checked_add<std::uint64_t>(~std::uint64_t{0} - 1, 1, "offset") == ~std::uint64_t{0});
+
+  // 2^21 x 2^21 x 2^21 elements is 2^63: one past the largest count.
+  const Shape huge{1 << 21, 1 << 21, 1 << 21};
+  CHECK_THROWS_WITH(shape_numel(huge), Catch::Contains("element count"));
+  CHECK_THROWS_AS(Tensor::empty(huge, DType::f32), InvalidArgument);
+  // 2^61 elements fit an i64 count, but not as f32 bytes.
+  CHECK_THROWS_WITH(Tensor::empty({std::int64_t{1} << 61}, DType::f32),
+                    Catch::Contains("tensor bytes"));
+  CHECK_THROWS_WITH(shape_numel({4, -1}), Catch::Contains("negative"));
+  Tensor t = Tensor::zeros({8}, DType::f32);
+  CHECK_THROWS_AS(t.view(std::numeric_limits<std::int64_t>::max() - 2, {4}), InvalidArgument);
+  CHECK_THROWS_AS(t.view(std::int64_t{1} << 62, {1}), InvalidArgument);
 }

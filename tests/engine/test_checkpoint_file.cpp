@@ -50,7 +50,7 @@ void flip_byte(const fs::path& file, std::uintmax_t at) {
 
 TEST_CASE("a checkpoint reads back what was written", "[engine][checkpoint]") {
   const fs::path dir = fresh_dir("roundtrip");
-  const fs::path file = CheckpointDirectory(dir, 3).save(12, sample(1.0f));
+  const fs::path file = CheckpointDirectory(dir, 3, CheckpointStart::fresh).save(12, sample(1.0f));
   CHECK(file.filename() == "ckpt-12.h5");
   const CheckpointContents back = read_checkpoint(file);
   REQUIRE(back.tensors.size() == 3);
@@ -70,7 +70,7 @@ TEST_CASE("a checkpoint reads back what was written", "[engine][checkpoint]") {
 TEST_CASE("only the last K checkpoints are kept and no temporaries remain",
           "[engine][checkpoint]") {
   const fs::path dir = fresh_dir("keep");
-  CheckpointDirectory ckpts(dir, 2);
+  CheckpointDirectory ckpts(dir, 2, CheckpointStart::fresh);
   for (int step : {10, 20, 30}) ckpts.save(step, sample(static_cast<float>(step)));
   const auto all = ckpts.list();
   REQUIRE(all.size() == 2);
@@ -88,7 +88,7 @@ TEST_CASE("only the last K checkpoints are kept and no temporaries remain",
 TEST_CASE("a damaged checkpoint is refused by name and the previous one is used",
           "[engine][checkpoint]") {
   const fs::path dir = fresh_dir("damage");
-  CheckpointDirectory ckpts(dir, 5);
+  CheckpointDirectory ckpts(dir, 5, CheckpointStart::fresh);
   ckpts.save(1, sample(1));
   const fs::path second = ckpts.save(2, sample(2));
   const fs::path third = ckpts.save(3, sample(3));
@@ -112,7 +112,7 @@ TEST_CASE("h5py reads a checkpoint by parameter name", "[engine][checkpoint]") {
     return;
   }
   const fs::path dir = fresh_dir("h5py");
-  const fs::path file = CheckpointDirectory(dir, 1).save(5, sample(0.5f));
+  const fs::path file = CheckpointDirectory(dir, 1, CheckpointStart::fresh).save(5, sample(0.5f));
   const std::string cmd =
       "/usr/bin/python3 -c \"import h5py; f = h5py.File('" + file.string() +
       "', 'r'); w = f['model']['fc1.weight'][()]; "

@@ -6,8 +6,8 @@
 
 #include <fstream>
 
-#include "io/check_hdf5.h"
 #include "io/dataset.h"
+#include "io/hdf5.h"
 #include "io/shard_fixtures.h"
 
 using namespace lockstep;
@@ -95,6 +95,69 @@ TEST_CASE("a file that is not HDF5, truncated or corrupt names itself", "[io][er
                          {"header.h5", "dataset 'inputs'", "H5Dopen2", "object header"});
 }
 
+TEST_CASE("a damaged superblock is refused before HDF5 opens the file", "[io][errors]") {
+  TempDir dir;
+  test::write_shard(dir / "good.h5", 0, 20, {4}, DType::u8);  // superblock version 0
+  const auto size = fs::file_size(dir / "good.h5");
+  const auto patched = [&](const char* name, std::uint64_t at, std::vector<unsigned char> bytes) {
+    fs::copy_file(dir / "good.h5", dir / name);
+    std::fstream file(dir / name, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(at));
+    file.write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return dir / name;
+  };
+  // Version 0: version at byte 8, address and length sizes at 13 and 14, the
+  // end-of-file address at 40, the root group's object header address at 64.
+  const auto le64 = [](std::uint64_t v) {
+    std::vector<unsigned char> b(8);
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    return b;
+  };
+  require_error<IoError>(patched("version.h5", 8, {9}), {"version.h5", "superblock version 9"});
+  require_error<IoError>(patched("offsets.h5", 13, {4}), {"4-byte addresses"});
+  require_error<IoError>(patched("eof.h5", 40, le64(size + 4096)), {"eof.h5", "truncated"});
+  require_error<IoError>(patched("root.h5", 64, le64(size * 2)), {"root group at address"});
+  require_error<IoError>(patched("before.h5", 40, le64(0)), {"before its superblock"});
+  // The root group's local heap (its address at byte 88): a data segment of
+  // 96 GB, which HDF5 1.10 would allocate before reading (found by fuzzing).
+  std::uint64_t heap = 0;
+  {
+    std::ifstream file(dir / "good.h5", std::ios::binary);
+    file.seekg(88);
+    file.read(reinterpret_cast<char*>(&heap), 8);
+  }
+  require_error<IoError>(patched("heap.h5", heap + 8, le64(std::uint64_t{96} << 30)),
+                         {"heap.h5", "root group heap"});
+  require_error<IoError>(patched("heap_sig.h5", heap, {'H', 'E', 'A', 'X'}), {"local heap"});
+  fs::copy_file(dir / "good.h5", dir / "short.h5");
+  fs::resize_file(dir / "short.h5", 30);
+  require_error<IoError>(dir / "short.h5", {"short.h5", "ends inside its superblock"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
+TEST_CASE("a dataset whose data lives in another file is refused", "[io][errors]") {
+  TempDir dir;
+  std::ofstream(dir / "secret.bin") << std::string(64, 's');
+  const hid_t file = H5Fcreate((dir / "ext.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t input_dims[2] = {4, 16}, label_dims[1] = {4};
+  const hid_t input_space = H5Screate_simple(2, input_dims, nullptr);
+  const hid_t label_space = H5Screate_simple(1, label_dims, nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  REQUIRE(H5Pset_external(dcpl, (dir / "secret.bin").c_str(), 0, 64) >= 0);
+  const hid_t inputs =
+      H5Dcreate2(file, "inputs", H5T_STD_U8LE, input_space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  const hid_t labels =
+      H5Dcreate2(file, "labels", H5T_STD_I64LE, label_space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  const std::int64_t values[4] = {0, 1, 2, 3};
+  H5Dwrite(labels, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+  for (hid_t id : {inputs, labels}) H5Dclose(id);
+  for (hid_t id : {input_space, label_space}) H5Sclose(id);
+  H5Pclose(dcpl);
+  H5Fclose(file);
+  require_error<IoError>(dir / "ext.h5", {"ext.h5", "dataset 'inputs'", "external files"});
+}
+
 TEST_CASE("a missing dataset or rows that do not match is an IoError", "[io][errors]") {
   TempDir dir;
   write_parts(dir / "no_labels.h5", {{"inputs", DType::u8, {4, 2}}});
@@ -160,5 +223,5 @@ TEST_CASE("LOCKSTEP_CHECK_HDF5 names the call, the place and HDF5's error stack"
     CHECK_THAT(e.what(), Catch::Contains("test_dataset_errors.cpp:" + std::to_string(line)));
     CHECK_THAT(e.what(), Catch::Contains("unable to open file"));
   }
-  CHECK(io::detail::hdf5_error_stack() == "no HDF5 error stack");  // the throw cleared it
+  CHECK(io::hdf5_error_stack() == "no HDF5 error stack");  // the throw cleared it
 }

@@ -94,7 +94,7 @@ TEST_CASE("every rank resumes from the checkpoint rank 0 chose, or all report th
   };
   const fs::path dir = dir_of(comm.rank());
   fs::remove_all(dir);
-  const engine::CheckpointDirectory checkpoints(dir, 10);
+  const engine::CheckpointDirectory checkpoints(dir, 10, engine::CheckpointStart::resume);
   auto save = [&](std::int64_t step, float value) {
     engine::CheckpointContents c;
     c.tensors["/model/w"] = core::Tensor::from_vector<float>({value}, {1}, DType::f32);

@@ -10,6 +10,9 @@
 #                order, parameters within 1e-5
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
+#   ownership    a fresh run refuses a --checkpoint-dir that holds checkpoints;
+#                a run resumed from an early checkpoint into a directory with
+#                a later one keeps the checkpoint it writes (--keep 1)
 set -euo pipefail
 build=$1
 mode=$2
@@ -98,6 +101,23 @@ case $mode in
     done
     [ "$checked" -ge 15 ] || { echo "only $checked of 20 kills left a checkpoint to resume"; exit 1; }
     echo "crash safety: 20 kills, $checked resumes, each from a good checkpoint"
+    ;;
+  ownership)
+    launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-every 2 --keep 5 --checkpoint-dir "$work/a" >/dev/null
+    if launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-dir "$work/a" >"$work/fresh.log" 2>&1; then
+      echo "a fresh run accepted a directory holding checkpoints"; exit 1
+    fi
+    grep -q -- "--resume auto" "$work/fresh.log" || { echo "no advice in:"; cat "$work/fresh.log"; exit 1; }
+    grep -q "ckpt-4.h5" "$work/fresh.log" || { echo "the newest checkpoint is not named:"; cat "$work/fresh.log"; exit 1; }
+    # Directory b holds a later checkpoint (step 100); resuming from step 2 with
+    # --keep 1 writes step 4 and must keep it.
+    mkdir -p "$work/b"
+    cp "$work/a/ckpt-4.h5" "$work/b/ckpt-100.h5" && cp "$work/a/ckpt-4.h5.crc32" "$work/b/ckpt-100.h5.crc32"
+    launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-every 2 --keep 1 --checkpoint-dir "$work/b" \
+      --resume "$work/a/ckpt-2.h5" >/dev/null 2>&1
+    [ -f "$work/b/ckpt-4.h5" ] || { echo "the checkpoint just written was deleted:"; ls "$work/b"; exit 1; }
+    [ -f "$work/b/ckpt-100.h5" ] || { echo "a newer checkpoint was deleted:"; ls "$work/b"; exit 1; }
+    echo "ownership: fresh run refused, new checkpoint kept beside a newer one"
     ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

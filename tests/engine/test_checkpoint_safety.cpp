@@ -1,0 +1,191 @@
+// Checkpoint saving under faults (Note [checkpoint retention], Note
+// [checkpoint commit]): a fresh run refuses a directory that holds
+// checkpoints, retention never deletes the checkpoint just written or a newer
+// one, a full disk (a small tmpfs, mounted here as root) leaves earlier
+// checkpoints and no temporaries, and temporaries are never written through
+// a symlink planted at their name.
+#include <sys/mount.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "engine/checkpoint_file.h"
+#include "io/durable_file.h"
+#include "io/hdf5.h"
+#include "io/shard_fixtures.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+using test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+CheckpointContents contents_of(std::int64_t elements, float value) {
+  CheckpointContents c;
+  c.tensors["/model/w"] = core::Tensor::zeros({elements}, DType::f32);
+  c.tensors["/model/w"].fill_(value);
+  c.attributes["step"] = std::int64_t{1};
+  return c;
+}
+
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A tmpfs of `size` mounted at a fresh directory, unmounted when the test ends
+// (also when it fails). mounted() is false where mounting is not allowed.
+class SmallTmpfs {
+ public:
+  explicit SmallTmpfs(const std::string& size) {
+    const std::string options = "size=" + size + ",mode=0700";
+    if (::mount("lockstep-test", dir_.path().c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
+                options.c_str()) == 0)
+      mounted_ = true;
+    else
+      reason_ = std::strerror(errno);
+  }
+  ~SmallTmpfs() {
+    if (mounted_ && ::umount(dir_.path().c_str()) != 0) ::umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& reason() const { return reason_; }
+  const fs::path& path() const { return dir_.path(); }
+  // Unmounts now; false when something still holds a file open there.
+  bool unmount() {
+    if (!mounted_) return true;
+    mounted_ = ::umount(dir_.path().c_str()) != 0;
+    return !mounted_;
+  }
+
+ private:
+  TempDir dir_;
+  bool mounted_ = false;
+  std::string reason_;
+};
+
+}  // namespace
+
+TEST_CASE("a fresh run refuses a directory that already holds checkpoints",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  CheckpointDirectory(dir.path(), 2, CheckpointStart::fresh).save(100, contents_of(4, 1));
+  try {
+    CheckpointDirectory(dir.path(), 2, CheckpointStart::fresh);
+    FAIL("a fresh run accepted a directory holding ckpt-100.h5");
+  } catch (const CheckpointDirectoryInUse& e) {
+    CHECK(e.newest().filename() == "ckpt-100.h5");
+    CHECK_THAT(e.what(), Catch::Contains(dir.path().string()) && Catch::Contains("ckpt-100.h5") &&
+                             Catch::Contains("resume") && Catch::Contains("another directory"));
+  }
+  CHECK_NOTHROW(CheckpointDirectory(dir.path(), 2, CheckpointStart::resume));
+  // Other files do not count as checkpoints.
+  TempDir other;
+  std::ofstream(other / "notes.txt") << "x";
+  std::ofstream(other / "ckpt-007.h5") << "not a name save() writes";
+  CHECK_NOTHROW(CheckpointDirectory(other.path(), 2, CheckpointStart::fresh));
+}
+
+TEST_CASE("retention never deletes the checkpoint just written nor a newer one",
+          "[engine][checkpoint]") {
+  // The bug this guards against: a run resumed from an early checkpoint into
+  // a directory holding later ones pruned by count, and with keep_last 1
+  // deleted the checkpoint it had just written.
+  TempDir dir;
+  CheckpointDirectory first(dir.path(), 5, CheckpointStart::fresh);
+  for (int step : {10, 20, 100}) first.save(step, contents_of(4, static_cast<float>(step)));
+  CheckpointDirectory resumed(dir.path(), 1, CheckpointStart::resume);
+  const fs::path written = resumed.save(21, contents_of(4, 21));
+  CHECK(fs::exists(written));
+  CHECK_NOTHROW(verify_checkpoint(written));
+  // keep_last 1 = only the new one among steps <= 21; step 100 is left alone.
+  CHECK(names_in(dir.path()) == std::vector<std::string>{"ckpt-100.h5", "ckpt-100.h5.crc32",
+                                                         "ckpt-21.h5", "ckpt-21.h5.crc32"});
+  CHECK(resumed.latest_good()->filename() == "ckpt-100.h5");
+  // keep_last 3 keeps the new one and two older ones.
+  CheckpointDirectory three(dir.path(), 3, CheckpointStart::resume);
+  for (int step : {22, 23, 24}) three.save(step, contents_of(4, static_cast<float>(step)));
+  std::vector<std::string> steps;
+  for (const fs::path& p : three.list()) steps.push_back(p.filename().string());
+  CHECK(steps == std::vector<std::string>{"ckpt-22.h5", "ckpt-23.h5", "ckpt-24.h5", "ckpt-100.h5"});
+}
+
+TEST_CASE("a symlink planted at a temporary name is never written through",
+          "[engine][checkpoint]") {
+  TempDir dir, elsewhere;
+  const fs::path victim = elsewhere / "victim.txt";
+  std::ofstream(victim) << "precious";
+  // The exclusive creators refuse the name and leave the target alone.
+  fs::create_symlink(victim, dir / "link");
+  CHECK_THROWS_WITH(io::create_exclusive(dir / "link"), Catch::Contains("already there"));
+  {
+    io::Hdf5Lock lock;
+    CHECK_THROWS_WITH(io::create_hdf5_file(dir / "link"), Catch::Contains("already there"));
+  }
+  fs::create_symlink(elsewhere / "absent.h5", dir / "dangling");
+  CHECK_THROWS_AS(io::create_exclusive(dir / "dangling"), IoError);
+  CHECK_FALSE(fs::exists(elsewhere / "absent.h5"));
+  CHECK(file_text(victim) == "precious");
+
+  // save() removes whatever is at its temporary names (the links, not their
+  // targets) before creating them exclusively.
+  CheckpointDirectory ckpts(dir.path(), 3, CheckpointStart::fresh);
+  fs::create_symlink(victim, dir / ".ckpt-7.h5.tmp");
+  fs::create_symlink(victim, dir / ".ckpt-7.h5.crc32.tmp");
+  const fs::path file = ckpts.save(7, contents_of(8, 7));
+  CHECK(file_text(victim) == "precious");
+  CHECK(fs::is_regular_file(fs::symlink_status(file)));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir / ".ckpt-7.h5.tmp")));
+  CHECK(read_checkpoint(file).tensors.at("/model/w").to_vector<float>() ==
+        std::vector<float>(8, 7.0f));
+}
+
+TEST_CASE("a full disk fails the save and keeps earlier checkpoints, with no temporaries",
+          "[engine][checkpoint]") {
+  SmallTmpfs disk("256k");
+  if (!disk.mounted()) {
+    WARN("cannot mount a tmpfs (" << disk.reason()
+                                  << "; needs root): the full-disk test did not run");
+    return;
+  }
+  {
+    CheckpointDirectory ckpts(disk.path() / "ckpts", 3, CheckpointStart::fresh);
+    const fs::path good = ckpts.save(1, contents_of(1024, 1.5f));  // 4 KiB of weights
+    // 1 MiB of weights cannot fit in 256 KiB.
+    CHECK_THROWS_WITH(ckpts.save(2, contents_of(256 * 1024, 2.5f)),
+                      Catch::Contains("ckpt-2.h5") && Catch::Contains("earlier checkpoints") &&
+                          Catch::Contains("No space left on device"));
+    CHECK(names_in(disk.path() / "ckpts") ==
+          std::vector<std::string>{"ckpt-1.h5", "ckpt-1.h5.crc32"});
+    CHECK(read_checkpoint(good).tensors.at("/model/w").to_vector<float>() ==
+          std::vector<float>(1024, 1.5f));
+    // A disk already full to the last block: the save fails at its first write.
+    {
+      std::ofstream filler(disk.path() / "filler", std::ios::binary);
+      const std::string block(1024, 'x');
+      while (filler.write(block.data(), block.size()) && filler.flush()) {
+      }
+    }
+    CHECK_THROWS_AS(ckpts.save(3, contents_of(16, 3)), IoError);
+    fs::remove(disk.path() / "filler");
+    CHECK(names_in(disk.path() / "ckpts") ==
+          std::vector<std::string>{"ckpt-1.h5", "ckpt-1.h5.crc32"});
+    CHECK(ckpts.latest_good()->filename() == "ckpt-1.h5");
+  }
+  // Nothing holds a file open on the full disk: HDF5 closed the failed file.
+  CHECK(disk.unmount());
+}

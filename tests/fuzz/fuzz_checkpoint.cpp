@@ -1,0 +1,7 @@
+// libFuzzer harness: the checkpoint reader, checksum recomputed per input
+// (tests/fuzz/fuzz_targets.h).
+#include "tests/fuzz/fuzz_targets.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  return lockstep::fuzz::checkpoint_input(data, size);
+}

@@ -1,0 +1,96 @@
+// The fuzzing entry points (tests/fuzz/fuzz_targets.h). Each input is written
+// to one file in a directory of this process's own; any exception other than
+// lockstep::Error escapes, and libFuzzer (or the replay test) reports it.
+#include "tests/fuzz/fuzz_targets.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint_file.h"
+#include "io/dataset.h"
+
+namespace lockstep::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path& scratch_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("lockstep-fuzz-" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    std::atexit([] {
+      std::error_code ignored;
+      fs::remove_all(scratch_dir(), ignored);
+    });
+    return d;
+  }();
+  return dir;
+}
+
+void write_file(const fs::path& path, const void* data, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error("fuzz: cannot write " + path.string());
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error("fuzz: cannot write " + path.string());
+    }
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
+void read_some_rows(const io::Dataset& data) {
+  const std::int64_t n = data.size();
+  if (n == 0) return;
+  const std::vector<std::int64_t> rows = {0, n / 2, n - 1, 0};
+  std::vector<std::byte> out(rows.size() * data.sample_bytes());
+  data.read_inputs(rows, out.data());
+  data.check_labels(10);
+}
+
+}  // namespace
+
+int shard_input(const std::uint8_t* data, std::size_t size) {
+  const fs::path file = scratch_dir() / "input.h5";
+  write_file(file, data, size);
+  for (bool force_hdf5 : {false, true}) {
+    try {
+      read_some_rows(io::Dataset::open(file, {.force_hdf5 = force_hdf5}));
+    } catch (const Error&) {
+    }
+  }
+  return 0;
+}
+
+int checkpoint_input(const std::uint8_t* data, std::size_t size) {
+  const fs::path file = scratch_dir() / "ckpt-1.h5";
+  write_file(file, data, size);
+  const auto crc = crc32(crc32(0L, Z_NULL, 0), data, static_cast<uInt>(size));
+  char line[64];
+  const int length = std::snprintf(line, sizeof line, "crc32 %08lx size %zu\n", crc, size);
+  write_file(file.string() + ".crc32", line, static_cast<std::size_t>(length));
+  try {
+    engine::read_checkpoint(file);
+  } catch (const Error&) {
+  }
+  try {
+    engine::read_group(file, "/model", false);
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+}  // namespace lockstep::fuzz
