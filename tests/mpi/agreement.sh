@@ -81,7 +81,7 @@ mkdir -p "$work/empty"
 pair missing --data "$work/data" --steps 4 --checkpoint-dir "$work/a" --resume auto \
   -- --data "$work/data" --steps 4 --checkpoint-dir "$work/empty" --resume auto
 expect_failure missing "ranks disagree on 'checkpoint': rank 0 has 'ckpt-2.h5 \(crc32 " \
-  "rank 1 has 'checkpoint [^']*/empty/ckpt-2.h5 has no valid checksum file"
+  "rank 1 has 'checkpoint '[^']*/empty/ckpt-2.h5' has no valid checksum file"
 
 # Non-finite values: an lr of 1e30 overflows the weights after the first
 # step; every later step is skipped on both ranks, and the second skip in a

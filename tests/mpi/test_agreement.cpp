@@ -112,7 +112,7 @@ TEST_CASE("every rank resumes from the checkpoint rank 0 chose, or all report th
   if (comm.size() > 1) {
     require_disagreement({engine::checkpoint_agreement_field(chosen)},
                          {"ranks disagree on 'checkpoint'", "rank 0 has 'ckpt-6.h5 (crc32 ",
-                          "rank 1 has 'checkpoint ", "ckpt-6.h5 has no valid checksum"});
+                          "rank 1 has 'checkpoint ", "ckpt-6.h5' has no valid checksum"});
     // The same step, other bytes on the other ranks.
     if (comm.rank() != 0) save(6, 3.0f);
     std::string message;
