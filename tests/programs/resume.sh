@@ -28,19 +28,7 @@ launch() {  # launch RANKS ARGS...
 common=(--data "$work/data" --model mlp --seed 7 --log-every 1000 --device cpu)
 
 same_checkpoints() {  # same_checkpoints A B TOLERANCE: every dataset of A equals B's
-  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
-import sys, h5py, numpy as np
-a, b, tol = h5py.File(sys.argv[1]), h5py.File(sys.argv[2]), float(sys.argv[3])
-names = []
-a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)
-assert names, "no datasets"
-for n in names:
-    x, y = a[n][()], b[n][()]
-    ok = np.array_equal(x, y) if tol == 0 else np.allclose(x, y, rtol=0, atol=tol)
-    if not ok:
-        sys.exit(f"{n} differs: largest difference {np.max(np.abs(x.astype(float) - y.astype(float)))}")
-print(f"{len(names)} datasets match (tolerance {tol})")
-PY
+  /usr/bin/python3 "$(dirname "$0")/same_checkpoints.py" "$@"
 }
 
 case $mode in

@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""Checks that two checkpoint files hold the same datasets: every dataset of A
+equals B's, bit for bit (TOLERANCE 0) or within an absolute TOLERANCE. Used by
+the tests that compare a resumed run with an uninterrupted one.
+Usage: same_checkpoints.py A B TOLERANCE"""
+import sys
+
+import h5py
+import numpy as np
+
+a, b, tol = h5py.File(sys.argv[1]), h5py.File(sys.argv[2]), float(sys.argv[3])
+names = []
+a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)
+assert names, "no datasets"
+for n in names:
+    x, y = a[n][()], b[n][()]
+    ok = np.array_equal(x, y) if tol == 0 else np.allclose(x, y, rtol=0, atol=tol)
+    if not ok:
+        sys.exit(f"{n} differs: largest difference {np.max(np.abs(x.astype(float) - y.astype(float)))}")
+print(f"{len(names)} datasets match (tolerance {tol})")
