@@ -55,8 +55,9 @@ chmod 400 "$work/munge.key"
 munged --key-file="$work/munge.key" --socket="$work/munge.sock" --pid-file="$work/munged.pid" \
   --log-file="$work/log/munged.log" --seed-file="$work/munge.seed"
 
-# cred_expire: how long a requeued job waits before it may start again
-# (default 120 s); 10 s keeps the test short.
+# cred_expire (how long a requeued job waits before it may start again,
+# default 120 s) and the schedulers' intervals (default 60 s and 30 s) are
+# short, so that the requeued job starts again within seconds.
 cat >"$SLURM_CONF" <<CONF
 ClusterName=lockstep-test
 SlurmctldHost=$(hostname -s)(127.0.0.1)
@@ -77,6 +78,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
+SchedulerParameters=sched_interval=5,bf_interval=5
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
