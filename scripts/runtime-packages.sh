@@ -18,7 +18,9 @@ owner() {
       sub(/:.*/, "", $1); found = $1 } END { print found }'
 }
 
-ldd "${objects[@]}" | awk '$2 == "=>" { print $1, $3 }' | sort -u |
+# lockstep's own libraries resolve to PREFIX/lib, rpath or not, and are skipped.
+LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "${objects[@]}" |
+  awk '$2 == "=>" { print $1, $3 }' | sort -u |
   while read -r soname path; do
     case $path in
       "$prefix"/*) continue ;;

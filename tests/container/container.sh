@@ -18,11 +18,11 @@ fashion=/usr/share/datasets/fashion-mnist
 
 work=$(mktemp -d)
 # Note [podman here]: this machine kind refuses crun, systemd cgroups and the
-# default rlimits in a container; runc, cgroupfs and explicit limits work. The
-# vfs driver keeps a private store in $work that needs no kernel overlay
-# support. These flags are the test's, not the image's: docs/container.md
-# builds with a plain `podman build` or `docker build`.
-podman=(podman --root "$work/storage" --runroot "$work/run" --storage-driver vfs
+# default rlimits in a container; runc, cgroupfs and explicit limits work.
+# Images, layers and containers live in a private store under $work. These
+# flags are the test's, not the image's: docs/container.md builds with a
+# plain `podman build` or `docker build`.
+podman=(podman --root "$work/storage" --runroot "$work/run" --storage-driver overlay
         --runtime runc --cgroup-manager cgroupfs)
 limits=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
 cleanup() {

@@ -92,12 +92,13 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 [ "$(sinfo -h -o %t)" = idle ] || { echo "slurm.sh: the node did not come up"; exit 1; }
+echo "slurm.sh: cluster up ($SECONDS s)"
 
 "$build/examples/shard/lockstep-shard" synthetic --out "$work/data" --count 2048 --shape 1,28,28 \
   --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
 # The batch script as a user submits it, with this cluster's shape (one node,
 # two CPU ranks, no GPUs) given on the command line instead of its #SBATCH lines.
-export PATH=$build/examples/train:$PATH OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PATH=$build/examples/train:$PATH
 submit() {  # submit NAME EXTRA_SBATCH_ARGS...: prints the job id
   local name=$1
   shift
@@ -112,6 +113,7 @@ job_state() { scontrol show job "$1" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2;
 straight=$(submit straight --wait)
 jobs_submitted+=("$straight")
 [ "$(job_state "$straight")" = COMPLETED ] || { echo "uninterrupted job: $(job_state "$straight")"; exit 1; }
+echo "slurm.sh: uninterrupted job done ($SECONDS s)"
 
 preempted=$(submit preempted)
 jobs_submitted+=("$preempted")
@@ -121,12 +123,14 @@ for _ in $(seq 1 600); do
   sleep 0.5
 done
 scancel --batch --signal=USR1 "$preempted"
+echo "slurm.sh: USR1 sent ($SECONDS s)"
 for _ in $(seq 1 600); do
   state=$(job_state "$preempted")
   [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
   sleep 1
 done
 [ "$state" = COMPLETED ] || { echo "preempted job: $state"; exit 1; }
+echo "slurm.sh: preempted job done ($SECONDS s)"
 
 # The job stopped early, was requeued, and the requeued run resumed.
 out=$work/job-preempted.out
