@@ -1,5 +1,5 @@
-# Install rules and the CMake package config, so that a user's project can do
-# find_package(lockstep) and link lockstep::lockstep.
+# Install rules, the CMake package config (so that a user's project can do
+# find_package(lockstep) and link lockstep::lockstep) and the Python tools.
 include(CMakePackageConfigHelpers)
 
 set(lockstep_config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/lockstep)
@@ -11,3 +11,9 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/lockstepConfigVersion.cma
 install(FILES ${PROJECT_BINARY_DIR}/lockstepConfig.cmake
               ${PROJECT_BINARY_DIR}/lockstepConfigVersion.cmake
         DESTINATION ${lockstep_config_dir})
+
+# The Python tools (metrics and benchmark plots, the JSON-lines reader they
+# share, the scaling model), beside each other as plot.py imports jsonl.py.
+install(PROGRAMS tools/plot.py tools/scaling_model.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/lockstep/tools)
+install(FILES tools/jsonl.py DESTINATION ${CMAKE_INSTALL_DATADIR}/lockstep/tools)

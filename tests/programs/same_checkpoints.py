@@ -1,6 +1,6 @@
 """same_checkpoints.py A B TOLERANCE: every dataset of checkpoint A equals B's
 (bit for bit when TOLERANCE is 0, else within it). Used by the program tests
-(resume.sh) and the multi-host tests (tests/multihost)."""
+(resume.sh), the multi-host tests (tests/multihost) and the Slurm test."""
 import sys
 
 import h5py
