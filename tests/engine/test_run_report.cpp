@@ -12,6 +12,7 @@
 #include "engine/run_report.h"
 #include "io/shard_writer.h"
 #include "kernels/conv.h"
+#include "support/world_of_one.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -19,16 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-comm::World& world() {
-  static std::unique_ptr<comm::World> w = [] {
-    int argc = 1;
-    char name[] = "test";
-    char* args[] = {name, nullptr};
-    char** argv = args;
-    return comm::init(argc, argv, {.use_gpu = false});
-  }();
-  return *w;
-}
+comm::World& world() { return test::world_of_one(); }
 
 bool has_line(const std::vector<std::string>& lines, const std::string& text) {
   for (const std::string& l : lines)

@@ -20,6 +20,7 @@
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
 #include "io/shard_writer.h"
+#include "support/world_of_one.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -27,16 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-comm::World& world() {
-  static std::unique_ptr<comm::World> w = [] {
-    int argc = 1;
-    char name[] = "test";
-    char* args[] = {name, nullptr};
-    char** argv = args;
-    return comm::init(argc, argv, {.use_gpu = false});
-  }();
-  return *w;
-}
+comm::World& world() { return test::world_of_one(); }
 
 // 512 samples of 8 features; the label is the argmax of a fixed linear map,
 // which a small MLP learns quickly.
