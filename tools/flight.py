@@ -29,7 +29,7 @@ def load(path):
             dump = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: not a readable flight dump: {e}")
-    for key in ("rank", "size", "step", "now_ns"):
+    for key in ("rank", "size", "step", "now_ns", "epoch_unix_ns"):
         if not isinstance(dump.get(key), int):
             raise InputError(f"{path}: field '{key}' is missing or not an integer")
     if not isinstance(dump.get("collectives"), list):
@@ -59,6 +59,24 @@ def what(record):
 def ranks_text(ranks):
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def wall_ns(dump, ns):
+    return dump["epoch_unix_ns"] + ns
+
+
+def late_ranks(dumps, records):
+    """{rank: seconds late} for the ranks in `records` (one collective) that issued it only after
+    a rank still waiting in it had written its dump: a stalled rank that the job's end woke up
+    (mpirun continues stopped ranks before ending them) and whose dump came last. The ranks'
+    clocks are compared, which assumes they agree to well under the watchdog's timeout."""
+    waiting = [r for r, rec in records.items() if rec["state"] != "completed"]
+    if not waiting:
+        return {}
+    gave_up = min(wall_ns(dumps[r], dumps[r]["now_ns"]) for r in waiting)
+    first = min(wall_ns(dumps[r], rec["enqueue_ns"]) for r, rec in records.items())
+    return {r: (wall_ns(dumps[r], rec["enqueue_ns"]) - first) / 1e9 for r, rec in records.items()
+            if wall_ns(dumps[r], rec["enqueue_ns"]) > gave_up}
 
 
 def analyse(dumps):
@@ -94,6 +112,8 @@ def analyse(dumps):
             continue
         seq = unfinished[0]
         records = by_key[(comm, seq)]
+        late = late_ranks(dumps, records)
+        records = {r: rec for r, rec in records.items() if r not in late}
         issued = sorted(records)
         first = records[issued[0]]
         desynced = len({(r["kind"], r["count"], r["dtype"]) for r in records.values()}) > 1
@@ -107,6 +127,11 @@ def analyse(dumps):
                   and all(r["state"] == "completed" for r in recs.values())]
         for rank in range(size):
             if rank in records:
+                continue
+            if rank in late:
+                lines.append(f"  rank {rank} never reached {comm}#{seq} in time: it issued it "
+                             f"{late[rank]:.1f} s after rank {issued[0]}, when the other ranks had "
+                             "already given up on it (the job's end woke it; it was stalled before)")
                 continue
             if rank not in dumps:
                 text = f"  rank {rank} never reached {comm}#{seq}; it left no dump"
