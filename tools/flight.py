@@ -51,8 +51,8 @@ def what(record):
     """'allreduce 1024 f32 (4096 bytes) at step 3, bucket 0'"""
     text = f"{record['kind']} {record['count']} {record['dtype']} ({record['bytes']} bytes)"
     text += f" at step {record['step']}" if record["step"] >= 0 else " before the first step"
-    if record["bucket"] >= 0:
-        text += f", bucket {record['bucket']}"
+    if record["bucket"] >= 0:  # 0-based in the dump; counted from 1 as in the watchdog's messages
+        text += f", gradient bucket {record['bucket'] + 1}"
     return text
 
 

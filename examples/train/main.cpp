@@ -174,6 +174,7 @@ int run(Flags& f, comm::World& world) {
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
   if (!f.checkpoint_dir.empty()) checkpoints.emplace(f.checkpoint_dir, f.keep);
+  if (!f.checkpoint_dir.empty()) comm::set_flight_directory(f.checkpoint_dir);  // the dumps' home
   if (f.resume == "auto" && !checkpoints)
     throw InvalidArgument("--resume auto needs --checkpoint-dir");
   const std::string newest = newest_checkpoint_name_of_rank0(
