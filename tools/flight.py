@@ -32,6 +32,8 @@ def load(path):
     for key in ("rank", "size", "step", "now_ns", "epoch_unix_ns"):
         if not isinstance(dump.get(key), int):
             raise InputError(f"{path}: field '{key}' is missing or not an integer")
+    if not 0 <= dump["rank"] < dump["size"]:
+        raise InputError(f"{path}: rank {dump['rank']} is not a rank of a job of {dump['size']}")
     if not isinstance(dump.get("collectives"), list):
         raise InputError(f"{path}: field 'collectives' is missing or not a list")
     for i, record in enumerate(dump["collectives"]):
@@ -179,6 +181,10 @@ def main(argv=None):
             if not match or int(match.group(1)) != dump["rank"]:
                 raise InputError(f"{path}: holds rank {dump['rank']}'s dump")
             dumps[dump["rank"]] = dump
+        sizes = sorted({d["size"] for d in dumps.values()})
+        if len(sizes) > 1:
+            raise InputError(f"the dumps in {args.dir} come from jobs of {sizes} ranks: clear the "
+                             "directory of older runs' dumps")
     except InputError as e:
         print(f"flight.py: {e}", file=sys.stderr)
         return 2
