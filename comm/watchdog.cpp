@@ -223,7 +223,12 @@ std::filesystem::path Watchdog::dump_flight(std::string_view reason) {
 }
 
 std::string Watchdog::answer_peer() {
-  dump_flight("another rank asked after a failed or overdue collective");  // Note [flight dumps]
+  // Note [flight dumps]; once per timeout, as all the failing ranks may ask at once.
+  const Clock::time_point now = Clock::now();
+  if (!last_peer_dump_ || now - *last_peer_dump_ > timeout_) {
+    last_peer_dump_ = now;
+    dump_flight("another rank asked after a failed or overdue collective");
+  }
   return status();
 }
 

@@ -207,7 +207,8 @@ class Watchdog {
   const int rank_;
   const int size_;
   std::atomic<std::int64_t> step_{-1};
-  std::uint64_t seen_flight_signals_;  // watchdog thread only
+  std::uint64_t seen_flight_signals_;                // watchdog thread only
+  std::optional<Clock::time_point> last_peer_dump_;  // watchdog thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
