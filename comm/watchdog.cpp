@@ -199,6 +199,7 @@ std::filesystem::path Watchdog::dump_flight(std::string_view reason) {
   const std::filesystem::path directory = flight_directory();
   const std::filesystem::path path = directory / flight_file_name(rank_);
   const std::filesystem::path partial = path.string() + ".partial";
+  std::lock_guard writing(dump_mutex_);  // abort's dump may meet the watchdog thread's
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   {

@@ -218,6 +218,7 @@ class Watchdog {
   std::optional<std::pair<std::string, Clock::time_point>> busy_;  // Busy's what, since
   std::uint64_t next_item_id_ = 0;
   FlightRecorder flight_;
+  std::mutex dump_mutex_;  // one dump_flight writes at a time
   std::vector<std::pair<int, ErrorSource>> sources_;
   int next_source_id_ = 0;
   std::thread thread_;
