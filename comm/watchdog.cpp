@@ -282,11 +282,7 @@ void Watchdog::run() {
     wake_.wait_for(lock, poll);
     if (stopping_) break;
     lock.unlock();
-    if (const std::uint64_t signals = flight_signal_count(); signals != seen_flight_signals_) {
-      seen_flight_signals_ = signals;  // Note [flight signal], flight_recorder.cpp
-      const std::filesystem::path path = dump_flight("SIGUSR2");
-      if (!path.empty()) core::log_info("flight recorder: SIGUSR2: wrote {}", path.string());
-    }
+    dump_on_signal();
     const std::optional<Failure> failure = find_failure();
     if (peers_) {
       try {
@@ -298,6 +294,16 @@ void Watchdog::run() {
     if (failure) handle(*failure);
     lock.lock();
   }
+  lock.unlock();
+  dump_on_signal();  // a signal that came in the last poll
+}
+
+void Watchdog::dump_on_signal() {
+  const std::uint64_t signals = flight_signal_count();
+  if (signals == seen_flight_signals_) return;
+  seen_flight_signals_ = signals;  // Note [flight signal], flight_recorder.cpp
+  const std::filesystem::path path = dump_flight("SIGUSR2");
+  if (!path.empty()) core::log_info("flight recorder: SIGUSR2: wrote {}", path.string());
 }
 
 std::optional<Watchdog::Failure> Watchdog::find_failure() {

@@ -194,6 +194,7 @@ class Watchdog {
   std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done, bool enqueue_only);
   void finish(std::list<Item>::iterator item, bool failed);
   std::string answer_peer();
+  void dump_on_signal();  // watchdog thread
   void run();
   std::optional<Failure> find_failure();
   void handle(const Failure& failure);
