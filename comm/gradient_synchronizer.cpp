@@ -258,7 +258,7 @@ void GradientSynchronizer::finish() {
 // f16 gradients could overflow 65504 where their mean does not.
 void GradientSynchronizer::reduce_bucket(std::size_t b, const core::Stream& stream) {
   const Bucket& bucket = buckets_[b];
-  OperationContext context(bucket_names_[b]);
+  OperationContext context(bucket_names_[b], static_cast<std::int64_t>(b));
   Communicator& comm = thread_comm_ ? *thread_comm_ : comm_;
   core::Tensor slice = model_.gradients.view(bucket.offset, {bucket.numel});
   if (options_.wire_dtype == DType::f32) {

@@ -12,6 +12,12 @@
 // still ends the job at the first timeout. A busy rank's own work is not
 // timed: a save that never ends keeps the others waiting, one log line per
 // timeout, until the job's time limit.
+//
+// Note [flight dumps]: every rank that can writes its flight recorder when a
+// collective fails: the failing rank before it reports, and every rank it
+// asks before answering (a question comes only after a failure or a timeout),
+// so the dumps are on disk before the report's handler ends the job. A rank
+// that cannot answer (stopped, dead) leaves none; tools/flight.py says so.
 #include "comm/watchdog.h"
 
 #include <fmt/core.h>
@@ -21,6 +27,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <sstream>
 
 #include "engine/core/log.h"
@@ -90,7 +97,8 @@ std::string OperationInfo::describe() const {
   return what;
 }
 
-OperationContext::OperationContext(std::string what) : what_(std::move(what)), outer_(t_context) {
+OperationContext::OperationContext(std::string what, std::int64_t bucket)
+    : what_(std::move(what)), bucket_(bucket), outer_(t_context) {
   t_context = this;
 }
 
@@ -101,8 +109,15 @@ const std::string& OperationContext::current() {
   return t_context ? t_context->what_ : empty;
 }
 
+std::int64_t OperationContext::current_bucket() { return t_context ? t_context->bucket_ : -1; }
+
 Watchdog::Watchdog(Seconds timeout, Handler handler, std::unique_ptr<PeerChannel> peers)
-    : timeout_(timeout), handler_(std::move(handler)), peers_(std::move(peers)) {
+    : timeout_(timeout),
+      handler_(std::move(handler)),
+      peers_(std::move(peers)),
+      rank_(peers_ ? peers_->rank() : 0),
+      size_(peers_ ? peers_->size() : 1),
+      seen_flight_signals_(flight_signal_count()) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -119,12 +134,13 @@ void Watchdog::stop() {
   peers_.reset();
 }
 
-Watchdog::Scope::Scope(Watchdog* watchdog, OperationInfo info) : watchdog_(watchdog) {
-  if (watchdog_) item_ = watchdog_->add(std::move(info), {});
+Watchdog::Scope::Scope(Watchdog* watchdog, OperationInfo info, bool enqueue_only)
+    : watchdog_(watchdog), uncaught_(std::uncaught_exceptions()) {
+  if (watchdog_) item_ = watchdog_->add(std::move(info), {}, enqueue_only);
 }
 
 Watchdog::Scope::~Scope() {
-  if (watchdog_) watchdog_->finish(item_);
+  if (watchdog_) watchdog_->finish(item_, std::uncaught_exceptions() > uncaught_);
 }
 
 Watchdog::Busy::Busy(Watchdog* watchdog, std::string what) : watchdog_(watchdog) {
@@ -141,22 +157,80 @@ Watchdog::Busy::~Busy() {
   watchdog_->busy_ = std::move(outer_);
 }
 
-std::list<Watchdog::Item>::iterator Watchdog::add(OperationInfo info, std::function<bool()> done) {
+std::list<Watchdog::Item>::iterator Watchdog::add(OperationInfo info, std::function<bool()> done,
+                                                  bool enqueue_only) {
   info.step = step_;
   if (info.context.empty()) info.context = OperationContext::current();
+  if (info.bucket < 0) info.bucket = OperationContext::current_bucket();
   std::lock_guard lock(mutex_);
-  in_flight_.push_back({std::move(info), Clock::now(), std::move(done), false, next_item_id_++});
+  // An asynchronous collective's record was made when it was enqueued.
+  FlightRecorder::Ticket ticket = 0;
+  if (!done || !flight_.find(info, ticket)) ticket = flight_.record(info, !enqueue_only && !done);
+  in_flight_.push_back({std::move(info), Clock::now(), std::move(done), false, next_item_id_++,
+                        ticket, enqueue_only});
   return std::prev(in_flight_.end());
 }
 
-void Watchdog::finish(std::list<Item>::iterator item) {
+void Watchdog::finish(std::list<Item>::iterator item, bool failed) {
   std::lock_guard lock(mutex_);
+  if (failed)
+    flight_.fail(item->flight);
+  else if (!item->enqueue_only)
+    flight_.complete(item->flight);
   last_finished_.emplace(std::move(item->info), Clock::now());
   in_flight_.erase(item);
 }
 
 void Watchdog::watch_async(OperationInfo info, std::function<bool()> done) {
-  add(std::move(info), std::move(done));
+  add(std::move(info), std::move(done), false);
+}
+
+std::vector<FlightRecord> Watchdog::flight_records() const {
+  std::lock_guard lock(mutex_);
+  return flight_.records();
+}
+
+std::filesystem::path Watchdog::dump_flight(std::string_view reason) {
+  std::string text;
+  {
+    std::lock_guard lock(mutex_);
+    text = flight_.json(rank_, size_, step_, reason);
+  }
+  const std::filesystem::path directory = flight_directory();
+  const std::filesystem::path path = directory / flight_file_name(rank_);
+  const std::filesystem::path partial = path.string() + ".partial";
+  std::lock_guard writing(dump_mutex_);  // abort's dump may meet the watchdog thread's
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      core::log_warn(
+          "flight recorder: cannot write {} (set LOCKSTEP_FLIGHT_DIR to a writable "
+          "directory)",
+          partial.string());
+      return {};
+    }
+  }
+  std::filesystem::rename(partial, path, error);
+  if (error) {
+    core::log_warn("flight recorder: cannot rename {} to {}: {}", partial.string(), path.string(),
+                   error.message());
+    return {};
+  }
+  return path;
+}
+
+std::string Watchdog::answer_peer() {
+  // Note [flight dumps]; once per timeout, as all the failing ranks may ask at once.
+  const Clock::time_point now = Clock::now();
+  if (!last_peer_dump_ || now - *last_peer_dump_ > timeout_) {
+    last_peer_dump_ = now;
+    dump_flight("another rank asked after a failed or overdue collective");
+  }
+  return status();
 }
 
 int Watchdog::add_error_source(ErrorSource source) {
@@ -208,10 +282,11 @@ void Watchdog::run() {
     wake_.wait_for(lock, poll);
     if (stopping_) break;
     lock.unlock();
+    dump_on_signal();
     const std::optional<Failure> failure = find_failure();
     if (peers_) {
       try {
-        peers_->serve([this] { return status(); });
+        peers_->serve([this] { return answer_peer(); });
       } catch (const std::exception& e) {
         core::log_warn("watchdog: answering other ranks failed: {}", e.what());
       }
@@ -219,6 +294,16 @@ void Watchdog::run() {
     if (failure) handle(*failure);
     lock.lock();
   }
+  lock.unlock();
+  dump_on_signal();  // a signal that came in the last poll
+}
+
+void Watchdog::dump_on_signal() {
+  const std::uint64_t signals = flight_signal_count();
+  if (signals == seen_flight_signals_) return;
+  seen_flight_signals_ = signals;  // Note [flight signal], flight_recorder.cpp
+  const std::filesystem::path path = dump_flight("SIGUSR2");
+  if (!path.empty()) core::log_info("flight recorder: SIGUSR2: wrote {}", path.string());
 }
 
 std::optional<Watchdog::Failure> Watchdog::find_failure() {
@@ -232,12 +317,14 @@ std::optional<Watchdog::Failure> Watchdog::find_failure() {
     if (item.done) {
       try {
         if (item.done()) {
+          flight_.complete(item.flight);
           last_finished_.emplace(std::move(item.info), Clock::now());
           it = in_flight_.erase(it);
           continue;
         }
       } catch (const std::exception& e) {
         item.reported = true;
+        flight_.fail(item.flight);
         return Failure{item.info.describe() + " failed: " + e.what(), ""};
       }
     }
@@ -274,7 +361,7 @@ void Watchdog::handle(const Failure& failure) {
   std::string ask_error;
   if (peers_) {
     try {
-      answers = peers_->ask_all(std::min(timeout_, Seconds(2.0)), [this] { return status(); });
+      answers = peers_->ask_all(std::min(timeout_, Seconds(2.0)), [this] { return answer_peer(); });
     } catch (const std::exception& e) {
       ask_error = e.what();
     }
@@ -328,6 +415,12 @@ void Watchdog::report(const Failure& failure, const Answers& answers,
       message += fmt::format("\n  rank {}: {}", r, peer.sentence);
   }
   if (!silent.empty()) message += fmt::format("\n  ranks that did not answer: {}", silent);
+  const std::filesystem::path dump = dump_flight(message);  // Note [flight dumps]
+  if (!dump.empty())
+    message += fmt::format(
+        "\n  flight recorder: this rank wrote {}, and so did each rank that answered; "
+        "to see which rank stopped where, run: python3 tools/flight.py {}",
+        dump.string(), dump.parent_path().string());
   handler_(message);
 }
 

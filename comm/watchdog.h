@@ -6,6 +6,7 @@
 // the message names the operation, the step and the ranks that did not arrive.
 // A rank that is busy on purpose outside the collectives (rank 0 saving a
 // checkpoint) says so, and the others wait for it (Note [busy ranks]).
+// It also keeps the flight recorder (comm/flight_recorder.h) of what it watched.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "kernels/dtype.h"
 
 namespace lockstep::comm {
@@ -42,8 +44,9 @@ struct OperationInfo {
   std::uint64_t sequence = 0;  // how many collectives that communicator ran before this one
   std::int64_t count = 0;      // elements
   DType dtype = DType::f32;
-  std::string context;     // what it is for (OperationContext); may be empty
-  std::int64_t step = -1;  // the training step (Watchdog::set_step); -1 before the first
+  std::string context;       // what it is for (OperationContext); may be empty
+  std::int64_t step = -1;    // the training step (Watchdog::set_step); -1 before the first
+  std::int64_t bucket = -1;  // the gradient bucket (OperationContext); -1 for other collectives
 
   // "world#57": equal on every rank that is in this collective.
   std::string key() const;
@@ -52,19 +55,23 @@ struct OperationInfo {
 };
 
 // Names what the collectives issued by this thread are for while it lives,
-// e.g. "gradient bucket 2 of 5 (fc2.weight .. fc1.bias)". The innermost wins.
+// e.g. "gradient bucket 2 of 5 (fc2.weight .. fc1.bias)", and which gradient
+// bucket (0-based) when it is one. The innermost wins.
 class OperationContext {
  public:
-  explicit OperationContext(std::string what);
+  explicit OperationContext(std::string what, std::int64_t bucket = -1);
   ~OperationContext();
   OperationContext(const OperationContext&) = delete;
   OperationContext& operator=(const OperationContext&) = delete;
 
   // This thread's innermost context, or an empty string.
   static const std::string& current();
+  // This thread's innermost context's bucket, or -1.
+  static std::int64_t current_bucket();
 
  private:
   std::string what_;
+  std::int64_t bucket_;
   const OperationContext* outer_;
 };
 
@@ -101,6 +108,8 @@ class Watchdog {
     std::function<bool()> done;  // asynchronous collectives only
     bool reported = false;
     std::uint64_t id = 0;
+    FlightRecorder::Ticket flight = 0;
+    bool enqueue_only = false;
   };
 
  public:
@@ -114,10 +123,14 @@ class Watchdog {
   std::int64_t step() const { return step_; }
 
   // Watches a blocking collective from construction to destruction; fills in
-  // the step and the thread's OperationContext. A null watchdog watches nothing.
+  // the step and the thread's OperationContext, and records it in the flight
+  // recorder: started now, completed at the end (failed when an exception
+  // ends it). With `enqueue_only` it watches the enqueueing of an
+  // asynchronous collective, which stays enqueued in the recorder until its
+  // watch_async completes it. A null watchdog watches nothing.
   class Scope {
    public:
-    Scope(Watchdog* watchdog, OperationInfo info);
+    Scope(Watchdog* watchdog, OperationInfo info, bool enqueue_only = false);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -125,6 +138,7 @@ class Watchdog {
    private:
     Watchdog* watchdog_;
     std::list<Item>::iterator item_;
+    int uncaught_;
   };
 
   // Says, while it lives, that this rank is outside every collective on
@@ -157,6 +171,14 @@ class Watchdog {
   // second (Busy; maybe empty), then one sentence.
   std::string status() const;
 
+  // Writes the flight recorder to flight_directory() / flight_file_name(rank)
+  // with `reason`, and returns that path; logs and returns an empty path when
+  // it cannot. Called on a failure, when a peer asks after one, on SIGUSR2
+  // (install_flight_signal) and by World::abort.
+  std::filesystem::path dump_flight(std::string_view reason);
+  // A copy of the flight recorder's records, oldest first.
+  std::vector<FlightRecord> flight_records() const;
+
   // Ends the thread and releases the peer channel; later collectives go
   // unwatched. Called before MPI_Finalize; idempotent.
   void stop();
@@ -169,8 +191,10 @@ class Watchdog {
   };
   using Answers = std::vector<std::optional<std::string>>;
 
-  std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done);
-  void finish(std::list<Item>::iterator item);
+  std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done, bool enqueue_only);
+  void finish(std::list<Item>::iterator item, bool failed);
+  std::string answer_peer();
+  void dump_on_signal();  // watchdog thread
   void run();
   std::optional<Failure> find_failure();
   void handle(const Failure& failure);
@@ -181,7 +205,11 @@ class Watchdog {
   const Seconds timeout_;
   const Handler handler_;
   std::unique_ptr<PeerChannel> peers_;
+  const int rank_;
+  const int size_;
   std::atomic<std::int64_t> step_{-1};
+  std::uint64_t seen_flight_signals_;                // watchdog thread only
+  std::optional<Clock::time_point> last_peer_dump_;  // watchdog thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
@@ -190,6 +218,8 @@ class Watchdog {
   std::optional<std::pair<OperationInfo, Clock::time_point>> last_finished_;
   std::optional<std::pair<std::string, Clock::time_point>> busy_;  // Busy's what, since
   std::uint64_t next_item_id_ = 0;
+  FlightRecorder flight_;
+  std::mutex dump_mutex_;  // one dump_flight writes at a time
   std::vector<std::pair<int, ErrorSource>> sources_;
   int next_source_id_ = 0;
   std::thread thread_;

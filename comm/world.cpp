@@ -90,6 +90,7 @@ std::unique_ptr<World> init(int& argc, char**& argv, const InitOptions& options)
   // The handler runs on the watchdog thread, which World::shutdown stops
   // before the World goes away.
   auto on_failure = [w](const std::string& message) { w->abort(message); };
+  install_flight_signal();
 
   if (detect_launcher()) {
     start_mpi(argc, argv, w->owns_mpi_);
@@ -157,7 +158,10 @@ World::~World() {
 #if LOCKSTEP_WITH_CUDA
     detail::NcclCommunicator::abort_all();
 #endif
-    if (watchdog_) watchdog_->stop();
+    if (watchdog_) {
+      watchdog_->dump_flight("an exception left the World's scope");
+      watchdog_->stop();
+    }
     shut_down_ = true;
     return;
   }
@@ -183,6 +187,7 @@ void World::abort(const std::string& message, int exit_code) {
                                               "\nending the job: aborting communicators, then " +
                                               (uses_mpi_ ? "MPI_Abort" : "exit") + " with code " +
                                               std::to_string(exit_code));
+  if (watchdog_) watchdog_->dump_flight(message);
 #if LOCKSTEP_WITH_CUDA
   detail::NcclCommunicator::abort_all();
 #endif

@@ -94,7 +94,7 @@ void NcclCommunicator::run(OperationInfo info, const core::Stream& stream, Enque
   const core::Stream& s = stream.device().is_cuda() ? stream : stream_;
   core::set_current_device(device());
   {
-    Watchdog::Scope enqueueing(watchdog().get(), info);
+    Watchdog::Scope enqueueing(watchdog().get(), info, /*enqueue_only=*/true);
     LOCKSTEP_CHECK_NCCL(enqueue(s.handle()));
   }
   core::Event done;

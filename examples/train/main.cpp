@@ -184,6 +184,7 @@ int run(Flags& f, comm::World& world) {
           "them",
           f.checkpoint_dir, e.newest().filename().string()));
     }
+    comm::set_flight_directory(f.checkpoint_dir);  // where flight-rank-<r>.json dumps go
   }
   if (f.resume == "auto" && !checkpoints)
     throw InvalidArgument("--resume auto needs --checkpoint-dir");

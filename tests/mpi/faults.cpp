@@ -5,7 +5,9 @@
 //   mismatch  the last rank builds a different model: every rank reports it and exits 1
 //   disagree  the last rank has another lr: every rank reports it and exits 1
 //   die       rank 1 is killed (SIGKILL) in step 3: the launcher ends the job
-//   stall     rank 1 stops before step 3's backward: the others' watchdogs end the job
+//   stall     rank 1 sleeps before step 3's backward: the others' watchdogs end the job
+//   stop      rank 1 is stopped (SIGSTOP) there instead: it cannot answer nor dump
+//   desync    in step 3 the last rank issues a barrier where the others allreduce
 #include <unistd.h>
 
 #include <csignal>
@@ -47,6 +49,14 @@ int main(int argc, char** argv) {
       sync.begin_step(step);
       if (step == 3 && rank == 1 && mode == "die") std::raise(SIGKILL);
       if (step == 3 && rank == 1 && mode == "stall") sleep(3600);
+      if (step == 3 && rank == 1 && mode == "stop") std::raise(SIGSTOP);
+      if (step == 3 && mode == "desync") {
+        float x[4] = {};
+        if (rank == world->size() - 1)
+          world->host().barrier();
+        else
+          world->host().allreduce(x, 4, DType::f32, comm::ReduceOp::sum);
+      }
       grads.fill_(0.01 * (rank + 1));
       for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
       sync.finish();

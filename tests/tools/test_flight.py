@@ -1,0 +1,98 @@
+"""tools/flight.py on dumps written here: a size desync, a rank that never reached a collective,
+a rank without a dump, and bad input named by file. The end-to-end runs on real dumps are the
+mpi_flight_* tests (tests/mpi/CMakeLists.txt). Run by ctest (tools_python)."""
+import contextlib
+import io
+import json
+import os
+import tempfile
+import unittest
+
+import flight
+
+
+def record(seq, kind="allreduce", count=256, state="completed", step=0, bucket=-1, t=0):
+    return {"sequence": seq, "communicator": "gradients", "kind": kind, "count": count,
+            "bytes": count * 4, "dtype": "f32", "step": step, "bucket": bucket,
+            "enqueue_ns": t, "start_ns": t, "end_ns": t + 10 if state == "completed" else -1,
+            "state": state}
+
+
+def dump(rank, size, collectives, step=1):
+    return {"rank": rank, "size": size, "reason": "test", "step": step, "capacity": 8,
+            "recorded": len(collectives), "epoch_unix_ns": 0, "now_ns": 5_000_000_000,
+            "collectives": collectives}
+
+
+class FlightTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, rank, content):
+        with open(os.path.join(self.dir.name, f"flight-rank-{rank}.json"), "w") as f:
+            f.write(content if isinstance(content, str) else json.dumps(content))
+
+    def run_tool(self):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = flight.main([self.dir.name])
+        return status, out.getvalue(), err.getvalue()
+
+    def test_size_desync_and_a_rank_that_never_reached(self):
+        self.write(0, dump(0, 4, [record(0), record(1, count=256, state="started", step=1, bucket=0)]))
+        self.write(1, dump(1, 4, [record(0), record(1, count=512, state="started", step=1, bucket=0)]))
+        self.write(2, dump(2, 4, [record(0)]))
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "3 of 4 ranks left a dump; rank 3 left none "
+                                   "(stopped, dead or cut off before it could write)")
+        self.assertIn("DESYNC at gradients#1: the ranks issued different collectives there:", lines)
+        self.assertIn("  rank 0 issued allreduce 256 f32 (1024 bytes) at step 1, gradient bucket 1",
+                      lines)
+        self.assertIn("  rank 1 issued allreduce 512 f32 (2048 bytes) at step 1, gradient bucket 1",
+                      lines)
+        self.assertTrue(any(l.startswith("  rank 2 never reached gradients#1; it is in step 1 "
+                                         "(the last step it completed is 0)") for l in lines), out)
+        self.assertTrue(any(l.startswith("  rank 3 never reached gradients#1; it left no dump; "
+                                         "it had joined gradients#0") for l in lines), out)
+
+    def test_all_completed(self):
+        for r in range(2):
+            self.write(r, dump(r, 2, [record(0), record(1)]))
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        self.assertIn("every collective in the dumps completed", out)
+
+    def test_bad_input_names_the_file(self):
+        self.write(0, "{not json")
+        status, _, err = self.run_tool()
+        self.assertEqual(status, 2)
+        self.assertIn("flight-rank-0.json: not a readable flight dump", err)
+        self.write(0, dump(1, 2, []))
+        status, _, err = self.run_tool()
+        self.assertEqual(status, 2)
+        self.assertIn("flight-rank-0.json: holds rank 1's dump", err)
+        broken = record(0)
+        del broken["state"]
+        self.write(0, dump(0, 2, [broken]))
+        status, _, err = self.run_tool()
+        self.assertEqual(status, 2)
+        self.assertIn("collective 0: field 'state' is missing", err)
+        self.write(0, dump(0, 2, []))
+        self.write(1, dump(1, 3, []))
+        status, _, err = self.run_tool()
+        self.assertEqual(status, 2)
+        self.assertIn("come from jobs of [2, 3] ranks", err)
+
+    def test_no_dumps(self):
+        status, _, err = self.run_tool()
+        self.assertEqual(status, 2)
+        self.assertIn("no flight-rank-<r>.json in", err)
+
+
+if __name__ == "__main__":
+    unittest.main()

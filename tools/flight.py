@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Reads the flight-recorder dumps (flight-rank-<r>.json, written by every rank that could on a
+watchdog failure, an abort or SIGUSR2) in DIR and says what happened: which collective the job
+was stuck in, which ranks never reached it and where each of them was, and which ranks issued a
+different collective (kind, size or dtype) at the same sequence number (a desync).
+
+    python3 tools/flight.py DIR
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+RECORD_FIELDS = {"sequence": int, "communicator": str, "kind": str, "count": int, "bytes": int,
+                 "dtype": str, "step": int, "bucket": int, "enqueue_ns": int, "start_ns": int,
+                 "end_ns": int, "state": str}
+STATES = {"enqueued", "started", "completed", "failed"}
+
+
+class InputError(Exception):
+    """A dump that cannot be read; the message names the file and what is wrong."""
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            dump = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a readable flight dump: {e}")
+    for key in ("rank", "size", "step", "now_ns", "epoch_unix_ns"):
+        if not isinstance(dump.get(key), int):
+            raise InputError(f"{path}: field '{key}' is missing or not an integer")
+    if not 0 <= dump["rank"] < dump["size"]:
+        raise InputError(f"{path}: rank {dump['rank']} is not a rank of a job of {dump['size']}")
+    if not isinstance(dump.get("collectives"), list):
+        raise InputError(f"{path}: field 'collectives' is missing or not a list")
+    for i, record in enumerate(dump["collectives"]):
+        for key, kind in RECORD_FIELDS.items():
+            if not isinstance(record.get(key), kind):
+                raise InputError(f"{path}: collective {i}: field '{key}' is missing or not {kind.__name__}")
+        if record["state"] not in STATES:
+            raise InputError(f"{path}: collective {i}: unknown state '{record['state']}'")
+    return dump
+
+
+def key(record):
+    return f"{record['communicator']}#{record['sequence']}"
+
+
+def what(record):
+    """'allreduce 1024 f32 (4096 bytes) at step 3, bucket 0'"""
+    text = f"{record['kind']} {record['count']} {record['dtype']} ({record['bytes']} bytes)"
+    text += f" at step {record['step']}" if record["step"] >= 0 else " before the first step"
+    if record["bucket"] >= 0:  # 0-based in the dump; counted from 1 as in the watchdog's messages
+        text += f", gradient bucket {record['bucket'] + 1}"
+    return text
+
+
+def ranks_text(ranks):
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def wall_ns(dump, ns):
+    return dump["epoch_unix_ns"] + ns
+
+
+def late_ranks(dumps, records):
+    """{rank: seconds late} for the ranks in `records` (one collective) that issued it only after
+    a rank still waiting in it had written its dump: a stalled rank that the job's end woke up
+    (mpirun continues stopped ranks before ending them) and whose dump came last. The ranks'
+    clocks are compared, which assumes they agree to well under the watchdog's timeout."""
+    waiting = [r for r, rec in records.items() if rec["state"] != "completed"]
+    if not waiting:
+        return {}
+    gave_up = min(wall_ns(dumps[r], dumps[r]["now_ns"]) for r in waiting)
+    first = min(wall_ns(dumps[r], rec["enqueue_ns"]) for r, rec in records.items())
+    return {r: (wall_ns(dumps[r], rec["enqueue_ns"]) - first) / 1e9 for r, rec in records.items()
+            if wall_ns(dumps[r], rec["enqueue_ns"]) > gave_up}
+
+
+def analyse(dumps):
+    """The report's lines, given {rank: dump}."""
+    lines = []
+    size = max(d["size"] for d in dumps.values())
+    missing = [r for r in range(size) if r not in dumps]
+    head = f"{len(dumps)} of {size} ranks left a dump"
+    if missing:
+        head += f"; {ranks_text(missing)} left none (stopped, dead or cut off before it could write)"
+    lines.append(head)
+
+    by_key = {}  # (communicator, sequence) -> {rank: record}
+    for rank, dump in dumps.items():
+        for record in dump["collectives"]:
+            by_key.setdefault((record["communicator"], record["sequence"]), {})[rank] = record
+
+    # A desync: ranks issued different collectives at the same sequence number.
+    for (comm, seq), records in sorted(by_key.items()):
+        variants = {}
+        for rank, record in records.items():
+            variants.setdefault((record["kind"], record["count"], record["dtype"]), []).append(rank)
+        if len(variants) > 1:
+            lines.append(f"DESYNC at {comm}#{seq}: the ranks issued different collectives there:")
+            for ranks in sorted(variants.values()):
+                lines.append(f"  {ranks_text(ranks)} issued {what(records[ranks[0]])}")
+
+    # The stuck collective of each communicator: the first that some rank issued and did not complete.
+    for comm in sorted({c for c, _ in by_key}):
+        unfinished = sorted(s for (c, s), records in by_key.items() if c == comm and any(
+            r["state"] != "completed" for r in records.values()))
+        if not unfinished:
+            continue
+        seq = unfinished[0]
+        records = by_key[(comm, seq)]
+        late = late_ranks(dumps, records)
+        records = {r: rec for r, rec in records.items() if r not in late}
+        issued = sorted(records)
+        first = records[issued[0]]
+        desynced = len({(r["kind"], r["count"], r["dtype"]) for r in records.values()}) > 1
+        waits = [(dumps[r]["now_ns"] - rec["enqueue_ns"]) / 1e9 for r, rec in records.items()]
+        lines.append(f"STUCK at {comm}#{seq}: "
+                     f"{'the desynced collective above' if desynced else what(first)}, "
+                     f"issued by {ranks_text(issued)} "
+                     f"({', '.join(sorted({r['state'] for r in records.values()}))}; "
+                     f"waiting up to {max(waits):.1f} s)")
+        before = [(s, recs) for (c, s), recs in by_key.items() if c == comm and s < seq
+                  and all(r["state"] == "completed" for r in recs.values())]
+        for rank in range(size):
+            if rank in records:
+                continue
+            if rank in late:
+                lines.append(f"  rank {rank} never reached {comm}#{seq} in time: it issued it "
+                             f"{late[rank]:.1f} s after rank {issued[0]}, when the other ranks had "
+                             "already given up on it (the job's end woke it; it was stalled before)")
+                continue
+            if rank not in dumps:
+                text = f"  rank {rank} never reached {comm}#{seq}; it left no dump"
+                if before:
+                    s, recs = max(before, key=lambda b: b[0])
+                    text += (f"; it had joined {comm}#{s} ({what(next(iter(recs.values())))}), "
+                             f"which the other ranks completed")
+                lines.append(text)
+                continue
+            dump = dumps[rank]
+            own = [r for r in dump["collectives"] if r["communicator"] == comm]
+            text = f"  rank {rank} never reached {comm}#{seq}; it is in step {dump['step']}"
+            completed = [r for r in dump["collectives"] if r["state"] == "completed"]
+            if dump["step"] >= 1:
+                text += f" (the last step it completed is {dump['step'] - 1})"
+            if own:
+                text += f"; its last collective on '{comm}' was #{own[-1]['sequence']}, {what(own[-1])}, {own[-1]['state']}"
+            in_flight = [r for r in dump["collectives"] if r["state"] != "completed"]
+            if in_flight:
+                text += "; it waits in " + ", ".join(f"{key(r)} ({what(r)})" for r in in_flight)
+            elif completed:
+                idle = (dump["now_ns"] - completed[-1]["end_ns"]) / 1e9
+                text += f"; it is in no collective (the last one ended {idle:.1f} s before the dump)"
+            lines.append(text)
+    if len(lines) == 1:
+        lines.append("every collective in the dumps completed on every rank that issued it, "
+                     "and no two ranks issued different ones at the same sequence number")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", help="the directory holding flight-rank-<r>.json")
+    args = parser.parse_args(argv)
+    paths = glob.glob(os.path.join(args.dir, "flight-rank-*.json"))
+    if not paths:
+        print(f"flight.py: no flight-rank-<r>.json in {args.dir} (LOCKSTEP_FLIGHT_DIR, else the "
+              "checkpoint directory, else the working directory of the ranks)", file=sys.stderr)
+        return 2
+    try:
+        dumps = {}
+        for path in sorted(paths):
+            dump = load(path)
+            match = re.search(r"flight-rank-(\d+)\.json$", path)
+            if not match or int(match.group(1)) != dump["rank"]:
+                raise InputError(f"{path}: holds rank {dump['rank']}'s dump")
+            dumps[dump["rank"]] = dump
+        sizes = sorted({d["size"] for d in dumps.values()})
+        if len(sizes) > 1:
+            raise InputError(f"the dumps in {args.dir} come from jobs of {sizes} ranks: clear the "
+                             "directory of older runs' dumps")
+    except InputError as e:
+        print(f"flight.py: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(analyse(dumps)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
