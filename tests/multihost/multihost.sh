@@ -37,7 +37,7 @@ make_data() {
 common=(--model cnn --batch-size 16 --device cpu --seed 5 --log-every 1000)
 
 # The metrics lines without the throughput, which differs from run to run.
-losses() { sed 's/, "samples_per_s.*//' "$1"; }
+losses() { grep '"loss":' "$1" | sed 's/, "samples_per_s.*//'; }  # the step records
 
 # The bytes that host namespace $1 received on eth0.
 rx_bytes() { ip netns exec "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
@@ -49,6 +49,7 @@ wait_for_lines() {
     [ -f "$2" ] && [ "$(wc -l <"$2")" -ge "$1" ] && return 0
     sleep 0.2
   done
+  [ -f "$work/out" ] && cat "$work/out"  # the job's output, when it has one
   fail "no $1 lines in $2 after 120 s"
 }
 
