@@ -47,7 +47,11 @@ core::Tensor as_f32(const core::Tensor& t, const core::Stream& stream) {
 
 core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core::Tensor& labels_in,
                                        Context& ctx) {
-  const auto [logits, labels] = as_rows(logits_in, labels_in);
+  // Named tensors, not a structured binding: lambdas below capture them, which
+  // clang 14 (the fuzz build) does not allow for bindings.
+  const auto rows = as_rows(logits_in, labels_in);
+  const core::Tensor& logits = rows.first;
+  const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
   const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
   const core::Tensor x = as_f32(logits, ctx.stream);
@@ -119,7 +123,11 @@ core::Tensor MSELoss::backward(float dloss, Context& ctx) {
 
 core::Tensor count_correct(const core::Tensor& logits_in, const core::Tensor& labels_in,
                            const core::Stream& stream, std::int64_t ignore_index) {
-  const auto [logits, labels] = as_rows(logits_in, labels_in);
+  // Named tensors, not a structured binding: lambdas below capture them, which
+  // clang 14 (the fuzz build) does not allow for bindings.
+  const auto rows = as_rows(logits_in, labels_in);
+  const core::Tensor& logits = rows.first;
+  const core::Tensor& labels = rows.second;
   const auto s = classification_shape("count_correct", logits, labels, ignore_index);
   const core::Tensor x = as_f32(logits, stream);
   core::Tensor correct = core::Tensor::empty({1}, DType::f32, x.device(), stream);
