@@ -133,7 +133,7 @@ void check_local_heap(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
                      at, bytes));
 }
 
-// The attribute messages of the root group's object header (format
+// The attribute and symbol table messages of the root group's object header (format
 // specification IV.A.1.a, version 1 headers, continuation chunks followed):
 // each must hold its name, datatype and dataspace. HDF5 1.10 decodes a
 // dataspace size larger than its message by reading freed memory (found by
@@ -163,6 +163,11 @@ void check_root_attributes(int fd, std::uint64_t base, std::uint64_t bytes, std:
         fail(fmt::format("has a root group header message of {} bytes past its chunk", length));
       if (type == 0x10 && length >= 16)
         chunks.emplace_back(little_endian_u64(m), little_endian_u64(m + 8));
+      // The symbol table message names the heap HDF5 reads the group's link
+      // names from, which need not be the superblock's cached one (the shard
+      // fuzzer: a NULL read in H5HL_protect).
+      if (type == 0x11 && length >= 16)
+        check_local_heap(fd, base, bytes, little_endian_u64(m + 8), fail);
       if (type == 0x0c && !shared) {
         const auto pad = [&](std::uint64_t n) { return m[0] == 1 ? (n + 7) / 8 * 8 : n; };
         const std::uint64_t header = m[0] == 1 ? 8 : m[0] == 2 ? 8 : 9;
