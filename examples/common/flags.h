@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/trace.h"
 #include "engine/models.h"
 
 namespace lockstep::examples {
@@ -64,6 +65,20 @@ inline CLI::Validator one_of(std::vector<std::string> names) {
         return fmt::format("'{}' is not allowed (allowed: {})", text, list);
       },
       "one of " + list);
+}
+
+// A window of steps, FIRST:LAST (core::trace::parse_step_window).
+inline CLI::Validator step_window() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          core::trace::parse_step_window(text, "window");
+          return {};
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      },
+      "FIRST:LAST");
 }
 
 // The flags several programs share.
