@@ -4,7 +4,7 @@
 # tools/trace.py: every event has name, ph, ts, pid, tid; ph in the allowed
 # set; complete events have dur >= 0; metadata names the threads), holds the
 # expected spans within the window only, and tools/trace.py merge and summary
-# read it. Bad window flags are refused. Usage: trace.sh BUILD_DIR SOURCE_DIR
+# read it, and bench_scaling's trace. Bad window flags are refused. Usage: trace.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 src=$2
@@ -89,4 +89,12 @@ if "$train" --data "$work/train" --device cpu --trace-steps 1:2 >/dev/null 2>"$w
   fail "--trace-steps without --trace was accepted"
 fi
 grep -qF -- "--trace" "$work/err" || { cat "$work/err" >&2; fail "message for a lone --trace-steps"; }
+# bench_scaling traces its steps with the same names, where the benchmarks are built.
+if [ -x "$build/bench/bench_scaling" ]; then
+  mpirun -np 2 --oversubscribe "$build/bench/bench_scaling" --model mlp --batch 16 --steps 3 \
+    --trials 1 --link false --mode weak --trace "$work/bs" --trace-steps 2:4 >"$work/bs.out"
+  /usr/bin/python3 "$src/tools/trace.py" summary "$work/bs" >"$work/bs.summary"
+  grep -qF "rank 1: 3 steps (2..4)" "$work/bs.summary" || { cat "$work/bs.summary" >&2; fail "bench_scaling trace"; }
+  grep -qF "  step 2: rank" "$work/bs.summary" || { cat "$work/bs.summary" >&2; fail "bench_scaling straggler"; }
+fi
 echo "trace.sh: ok"
