@@ -381,11 +381,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
   const bool rank0 = world.rank() == 0;
   const int n = world.size();
   const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
-  if (!o.trace.empty()) {
-    world.host().barrier();  // every rank's clock_sync is the same moment
-    core::trace::enable(o.trace, world.rank(),
-                        core::trace::parse_step_window(o.trace_steps, "--trace-steps"));
-  }
+  if (!o.trace.empty()) examples::start_trace(world.host(), world.rank(), o.trace, o.trace_steps);
   std::optional<DType> autocast;
   if (o.precision == "fp16")
     autocast = DType::f16;

@@ -139,7 +139,7 @@ std::int64_t parse_step(std::string_view text, std::string_view what, std::int64
   std::int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < 1)
-    throw InvalidArgument(fmt::format("{}: '{}' is not a step number (1 or more)", what, text));
+    throw InvalidArgument(fmt::format("{} '{}' is not a step number (1 or more)", what, text));
   return v;
 }
 
@@ -149,13 +149,13 @@ StepWindow parse_step_window(std::string_view text, std::string_view what) {
   const std::size_t colon = text.find(':');
   if (colon == std::string_view::npos)
     throw InvalidArgument(fmt::format(
-        "{}: '{}' is not a window of steps; give FIRST:LAST, e.g. 10:20 (either may be empty)",
-        what, text));
+        "{} '{}' is not a window of steps; give FIRST:LAST, e.g. 10:20 (either may be empty)", what,
+        text));
   StepWindow w{parse_step(text.substr(0, colon), what, 1),
                parse_step(text.substr(colon + 1), what, INT64_MAX)};
   if (w.first > w.last)
     throw InvalidArgument(fmt::format(
-        "{}: '{}' ends before it begins; give FIRST:LAST with FIRST <= LAST", what, text));
+        "{} '{}' ends before it begins; give FIRST:LAST with FIRST <= LAST", what, text));
   return w;
 }
 

@@ -17,6 +17,7 @@
 
 #include "engine/core/trace.h"
 #include "engine/models.h"
+#include "kernels/error.h"
 
 namespace lockstep::examples {
 
@@ -79,6 +80,20 @@ inline CLI::Validator step_window() {
         }
       },
       "FIRST:LAST");
+}
+
+// Starts the trace of --trace DIR --trace-steps WINDOW after a barrier of
+// `host` (a comm::Communicator), so that every rank's clock_sync is the same
+// moment; errors name the flags.
+template <typename Communicator>
+void start_trace(Communicator& host, int rank, const std::string& dir, const std::string& steps) {
+  const core::trace::StepWindow window = core::trace::parse_step_window(steps, "--trace-steps");
+  host.barrier();
+  try {
+    core::trace::enable(dir, rank, window);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(fmt::format("--trace {}: {}", dir, e.what()));
+  }
 }
 
 // The flags several programs share.

@@ -104,6 +104,7 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
 
 int run(Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
+  if (!f.trace.empty()) start_trace(world.host(), world.rank(), f.trace, f.trace_steps);
   core::set_log_level(core::parse_log_level(f.log_level));
   kernels::cpu::set_gemm_threads(f.threads);
   set_deterministic_run(f.deterministic);
@@ -284,11 +285,6 @@ int run(Flags& f, comm::World& world) {
   report.emplace(world, std::move(header), metrics);
   EtaClock eta;
   eta.start(trainer.steps());
-  if (!f.trace.empty()) {
-    world.host().barrier();  // every rank's clock_sync is the same moment
-    core::trace::enable(f.trace, world.rank(),
-                        core::trace::parse_step_window(f.trace_steps, "--trace-steps"));
-  }
 
   // Where the next step would start: saved with every checkpoint.
   std::int64_t next_epoch = epoch, next_position = position;
