@@ -381,7 +381,10 @@ int run(comm::World& world, const Options& o, const Config& config) {
   const bool rank0 = world.rank() == 0;
   const int n = world.size();
   const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
-  if (!o.trace.empty()) examples::start_trace(world.host(), world.rank(), o.trace, o.trace_steps);
+  if (!o.trace.empty()) {
+    world.host().barrier();
+    examples::start_trace(world.rank(), o.trace, o.trace_steps);
+  }
   std::optional<DType> autocast;
   if (o.precision == "fp16")
     autocast = DType::f16;

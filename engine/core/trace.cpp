@@ -134,12 +134,14 @@ std::string escaped(std::string_view text) {
   return out;
 }
 
-std::int64_t parse_step(std::string_view text, std::string_view what, std::int64_t fallback) {
+std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
+                        std::int64_t fallback) {
   if (text.empty()) return fallback;
   std::int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < 1)
-    throw InvalidArgument(fmt::format("{} '{}' is not a step number (1 or more)", what, text));
+    throw InvalidArgument(
+        fmt::format("{} '{}': '{}' is not a step number (1 or more)", what, window, text));
   return v;
 }
 
@@ -151,8 +153,8 @@ StepWindow parse_step_window(std::string_view text, std::string_view what) {
     throw InvalidArgument(fmt::format(
         "{} '{}' is not a window of steps; give FIRST:LAST, e.g. 10:20 (either may be empty)", what,
         text));
-  StepWindow w{parse_step(text.substr(0, colon), what, 1),
-               parse_step(text.substr(colon + 1), what, INT64_MAX)};
+  StepWindow w{parse_step(text.substr(0, colon), text, what, 1),
+               parse_step(text.substr(colon + 1), text, what, INT64_MAX)};
   if (w.first > w.last)
     throw InvalidArgument(fmt::format(
         "{} '{}' ends before it begins; give FIRST:LAST with FIRST <= LAST", what, text));

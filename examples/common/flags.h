@@ -82,13 +82,11 @@ inline CLI::Validator step_window() {
       "FIRST:LAST");
 }
 
-// Starts the trace of --trace DIR --trace-steps WINDOW after a barrier of
-// `host` (a comm::Communicator), so that every rank's clock_sync is the same
-// moment; errors name the flags.
-template <typename Communicator>
-void start_trace(Communicator& host, int rank, const std::string& dir, const std::string& steps) {
+// Starts the trace of --trace DIR --trace-steps WINDOW; errors name the
+// flags. Programs of several ranks call it right after a barrier, so that
+// every rank's clock_sync is the same moment.
+inline void start_trace(int rank, const std::string& dir, const std::string& steps) {
   const core::trace::StepWindow window = core::trace::parse_step_window(steps, "--trace-steps");
-  host.barrier();
   try {
     core::trace::enable(dir, rank, window);
   } catch (const std::exception& e) {

@@ -104,7 +104,10 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
 
 int run(Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
-  if (!f.trace.empty()) start_trace(world.host(), world.rank(), f.trace, f.trace_steps);
+  if (!f.trace.empty()) {
+    world.host().barrier();
+    start_trace(world.rank(), f.trace, f.trace_steps);
+  }
   core::set_log_level(core::parse_log_level(f.log_level));
   kernels::cpu::set_gemm_threads(f.threads);
   set_deterministic_run(f.deterministic);

@@ -113,6 +113,7 @@ if [ "$bench" = with-bench ]; then
   refuses "$bs" --steps 0 -1 nan 1e9 EMPTY
   refuses "$bs --steps 1" --threads 0 -1 1e6 EMPTY
   refuses "$bs --steps 1" --model EMPTY nonsense
+  refuses "$bs --steps 1" --trace EMPTY "$work/file"
   refuses "$bs --steps 1" --precision EMPTY fp8
   refuses "$bs --steps 1" --python EMPTY
   sc="$b/bench_scaling --steps 1"
