@@ -4,7 +4,8 @@
 # tools/trace.py: every event has name, ph, ts, pid, tid; ph in the allowed
 # set; complete events have dur >= 0; metadata names the threads), holds the
 # expected spans within the window only, and tools/trace.py merge and summary
-# read it, and bench_scaling's trace. Bad window flags are refused. Usage: trace.sh BUILD_DIR SOURCE_DIR
+# read it; so is bench_scaling's trace. Bad window flags are refused.
+# Usage: trace.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 src=$2
