@@ -35,6 +35,7 @@
 #include "comm/world.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
+#include "engine/core/trace.h"
 #include "engine/nn/loss.h"
 #include "engine/parameter_store.h"
 #include "engine/trainer.h"
@@ -92,20 +93,41 @@ class StepRunner {
 
   // The training step; with `synchronise`, gradients are averaged over the
   // ranks as backward produces them and the ranks agree on the loss.
+  // Traced with the Trainer's span names (tools/trace.py summary reads them).
+  // Synchronised steps are numbered alone, so that the numbers agree across
+  // ranks; a step without sync takes the number of the last synchronised one.
   void step(bool synchronise) {
+    if (synchronise) core::trace::set_step(++synced_steps_);
+    core::trace::Span step_span(synchronise ? "step" : "step without sync", "step");
     t_.store->zero_grad(t_.stream);
     Context ctx = context();
     if (synchronise) {
       sync_->begin_step(steps_);
       ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(t_.store->index_of(p)); };
     }
-    const core::Tensor loss = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
-    t_.model->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
-    t_.model->report_ready(ctx);  // the root's own parameters, as the Trainer does
-    if (synchronise) sync_->finish();
-    t_.sgd->step(t_.stream);
-    if (synchronise)
-      comm::agree_on_step(world_->host(), loss.to_vector<float>(t_.stream)[0], t_.x.dim(0));
+    core::Tensor loss;
+    {
+      core::trace::Span forward("forward", "compute");
+      loss = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
+    }
+    {
+      core::trace::Span backward("backward", "compute");
+      t_.model->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
+      t_.model->report_ready(ctx);  // the root's own parameters, as the Trainer does
+    }
+    if (synchronise) {
+      core::trace::Span wait("gradient sync wait", "comm");
+      sync_->finish();
+    }
+    {
+      core::trace::Span optimizer("optimizer", "optimizer");
+      t_.sgd->step(t_.stream);
+    }
+    if (synchronise) {
+      const float local = loss.to_vector<float>(t_.stream)[0];
+      core::trace::Span agreement("agreement", "comm");
+      comm::agree_on_step(world_->host(), local, t_.x.dim(0));
+    }
     ++steps_;
   }
 
@@ -183,6 +205,7 @@ class StepRunner {
   std::unique_ptr<comm::GradientSynchronizer> sync_;
   CrossEntropyLoss loss_;
   std::int64_t steps_ = 0;
+  std::int64_t synced_steps_ = 0;  // the trace's step numbers
   float loss_seed_ = 1.0f;
 };
 
@@ -351,12 +374,17 @@ struct Options {
   double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
   std::string host_overlap = "auto";
   bool link = true;
+  std::string trace, trace_steps = "1:";
 };
 
 int run(comm::World& world, const Options& o, const Config& config) {
   const bool rank0 = world.rank() == 0;
   const int n = world.size();
   const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
+  if (!o.trace.empty()) {
+    world.host().barrier();
+    examples::start_trace(world.rank(), o.trace, o.trace_steps);
+  }
   std::optional<DType> autocast;
   if (o.precision == "fp16")
     autocast = DType::f16;
@@ -487,6 +515,8 @@ int run(comm::World& world, const Options& o, const Config& config) {
                   {"allreduce_ms", ms + "]"}});
     }
   }
+  if (const auto file = core::trace::finish(); !file.empty() && rank0)
+    fmt::print("trace: {} (and the other ranks' files beside it)\n", file.string());
   return 0;
 }
 
@@ -525,6 +555,12 @@ int main(int argc, char** argv) {
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
   app.add_option("--json", o.json, "write JSON lines here (rank 0)");
+  auto* trace = app.add_option("--trace", o.trace,
+                               "write a timeline of each rank to DIR/rank-<r>.json (Perfetto; "
+                               "tools/trace.py)");
+  app.add_option("--trace-steps", o.trace_steps,
+                 "trace only steps FIRST:LAST of each configuration measured (e.g. 10:20)")
+      ->needs(trace);
   // What the other flags accept (examples/common/flags.h), checked while parsing.
   app.get_option("--model")->check(examples::model_name());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
@@ -535,6 +571,8 @@ int main(int argc, char** argv) {
   app.get_option("--steps")->check(examples::within(1, 1e6));
   app.get_option("--trials")->check(examples::within(1, 1000));
   app.get_option("--json")->check(examples::non_empty());
+  app.get_option("--trace")->check(examples::non_empty());
+  app.get_option("--trace-steps")->check(examples::step_window());
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<comm::World> world;
   try {

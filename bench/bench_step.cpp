@@ -19,6 +19,7 @@
 #include "bench/report.h"
 #include "bench/synthetic_training.h"
 #include "engine/core/memory.h"
+#include "engine/core/trace.h"
 #include "engine/nn/loss.h"
 #include "engine/optim/loss_scaler.h"
 #include "examples/common/flags.h"
@@ -47,10 +48,20 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
   Context ctx;
   ctx.stream = stream;
   ctx.autocast = autocast;
-  auto step = [&] {
+  std::int64_t steps_done = 0;
+  auto step = [&] {  // with the Trainer's spans, for --trace's cost
+    core::trace::set_step(++steps_done);
+    core::trace::Span step_span("step", "step");
     t.store->zero_grad(stream);
-    loss.forward(t.model->forward(t.x, ctx), t.y, ctx);
-    t.model->backward(loss.backward(scaler.scale(), ctx), ctx);
+    {
+      core::trace::Span forward("forward", "compute");
+      loss.forward(t.model->forward(t.x, ctx), t.y, ctx);
+    }
+    {
+      core::trace::Span backward("backward", "compute");
+      t.model->backward(loss.backward(scaler.scale(), ctx), ctx);
+    }
+    core::trace::Span optimizer("optimizer", "optimizer");
     scaler.unscale(t.store->grads(), stream);
     if (scaler.update(stream)) t.sgd->step(stream);
   };
@@ -161,6 +172,8 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "python with torch, for the baseline")->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
+  std::string trace_dir;
+  app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--model")->check(examples::model_name());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
@@ -170,8 +183,10 @@ int main(int argc, char** argv) {
   app.get_option("--threads")->check(examples::threads_per_rank());
   app.get_option("--python")->check(examples::non_empty());
   app.get_option("--json")->check(examples::non_empty());
+  app.get_option("--trace")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!trace_dir.empty()) examples::start_trace(0, trace_dir, "1:");
     const core::Device device = core::parse_device(device_text);
     core::require_usable(device);
     kernels::cpu::set_gemm_threads(threads);
@@ -186,6 +201,8 @@ int main(int argc, char** argv) {
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
     const Measure ours = run_lockstep(model, batch, autocast, device, steps,
                                       gemm_floor ? mlp_gemms(batch) : nullptr);
+    if (const auto file = core::trace::finish(); !file.empty())
+      fmt::print("trace: {}\n", file.string());
     TorchResult torch_result{std::nullopt, "not run (--baseline false)"};
     if (baseline) torch_result = run_torch(python, model, batch, precision, device, steps, threads);
     const std::optional<Measure>& torch = torch_result.measure;

@@ -11,6 +11,7 @@
 #include "comm/host_buffer.h"
 #include "comm/model_check.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "kernels/error.h"
 
 namespace lockstep::comm {
@@ -217,8 +218,11 @@ void GradientSynchronizer::mark_ready(std::size_t segment) {
 // order may differ between ranks (or from the plan); a complete bucket whose
 // predecessors are still waiting starts right after them.
 void GradientSynchronizer::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0)
+  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
+    if (core::trace::active())
+      core::trace::instant(fmt::format("bucket {} ready", next_launch_), "comm");
     runner_->launch(next_launch_++);
+  }
 }
 
 // Note [missing readiness]: when a segment was never reported, this rank still

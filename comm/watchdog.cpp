@@ -136,6 +136,11 @@ void Watchdog::stop() {
 
 Watchdog::Scope::Scope(Watchdog* watchdog, OperationInfo info, bool enqueue_only)
     : watchdog_(watchdog), uncaught_(std::uncaught_exceptions()) {
+  if (core::trace::active()) {
+    const std::int64_t bucket = OperationContext::current_bucket();
+    span_.open(enqueue_only ? fmt::format("enqueue {}", info.name) : std::string(info.name),
+               bucket >= 0 ? fmt::format("bucket {}", bucket) : std::string(), "comm");
+  }
   if (watchdog_) item_ = watchdog_->add(std::move(info), {}, enqueue_only);
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "comm/flight_recorder.h"
+#include "engine/core/trace.h"
 #include "kernels/dtype.h"
 
 namespace lockstep::comm {
@@ -139,6 +140,7 @@ class Watchdog {
     Watchdog* watchdog_;
     std::list<Item>::iterator item_;
     int uncaught_;
+    core::trace::Span span_;  // "allreduce bucket 2" in the timeline trace
   };
 
   // Says, while it lives, that this rank is outside every collective on

@@ -9,6 +9,7 @@
 
 #include "comm/step_agreement.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "engine/optim/clip.h"
 
 namespace lockstep::engine {
@@ -106,9 +107,12 @@ Context Trainer::make_context(std::int64_t micro_batch, std::int64_t rows) {
 
 std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   const auto start = std::chrono::steady_clock::now();
+  core::trace::set_step(steps_ + 1);
+  core::trace::Span step_span("step", "step");
   const int k_total = options_.accumulation;
   std::vector<io::Batch> batches;
   for (int k = 0; k < k_total; ++k) {
+    core::trace::Span wait("data wait", "data");
     std::optional<io::Batch> b = loader.next();
     if (!b) return std::nullopt;
     batches.push_back(std::move(*b));
@@ -124,39 +128,55 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
     const io::Batch& batch = batches[k];
     Context ctx = make_context(k, batch.inputs.dim(0));
     ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
-    const core::Tensor logits = model_.forward(batch.inputs, ctx);
-    const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
-    core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
-    core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
-    core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
+    {
+      core::trace::Span forward("forward", "compute");
+      const core::Tensor logits = model_.forward(batch.inputs, ctx);
+      const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
+      core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
+      core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
+      core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
+    }
+    core::trace::Span backward("backward", "compute");
     model_.backward(loss_.backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
-  sync_->finish();
+  {
+    core::trace::Span wait("gradient sync wait", "comm");
+    sync_->finish();
+  }
 
   // Note [non-finite steps]: the scaler's flag (f16; the step's host
   // synchronisation) or the norm (fp32, bf16) says whether every gradient is
   // finite; the agreement gives the global loss; then the decision.
   StepResult r;
-  scaler_.unscale(store_.grads(), stream_);
-  r.loss_scale = scaler_.scale();
-  bool scaler_clean = true;
-  try {
-    scaler_clean = scaler_.update(stream_);
-  } catch (const NumericalError& e) {
-    throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
+  {
+    core::trace::Span unscale("unscale and clip", "optimizer");
+    scaler_.unscale(store_.grads(), stream_);
+    r.loss_scale = scaler_.scale();
+    bool scaler_clean = true;
+    try {
+      scaler_clean = scaler_.update(stream_);
+    } catch (const NumericalError& e) {
+      throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
+    }
+    r.grad_norm = !scaler_clean ? NAN
+                  : options_.max_grad_norm > 0
+                      ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
+                      : grad_norm(store_.grads(), stream_);
+    scheduler_.apply(optimizer_, steps_);
+    r.lr = optimizer_.lr(0);
   }
-  r.grad_norm = !scaler_clean ? NAN
-                : options_.max_grad_norm > 0
-                    ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
-                    : grad_norm(store_.grads(), stream_);
-  scheduler_.apply(optimizer_, steps_);
-  r.lr = optimizer_.lr(0);
-  const auto local = step_totals_.to_vector<float>(stream_);
-  const comm::StepTotals totals =
-      comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
+  const auto local = step_totals_.to_vector<float>(stream_);  // waits for the device
+  comm::StepTotals totals;
+  {
+    core::trace::Span agreement("agreement", "comm");
+    totals = comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
+  }
   r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
-  if (!r.skipped) optimizer_.step(stream_);
+  if (!r.skipped) {
+    core::trace::Span optimizer("optimizer", "optimizer");
+    optimizer_.step(stream_);
+  }
 
   r.step = ++steps_;
   r.loss = totals.mean_loss();
@@ -196,6 +216,7 @@ void Trainer::throw_nonfinite(std::int64_t step, double mean_loss) {
 }
 
 EvalResult Trainer::evaluate(io::DataLoader& loader) {
+  core::trace::Span span("evaluate", "eval");
   model_.eval();
   loader.start_epoch(0);
   // loss * rows, correct rows, rows, samples; a token batch counts each

@@ -16,6 +16,7 @@
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "kernels/error.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -87,7 +88,7 @@ struct DataLoader::State {
   State(Dataset d, LoaderOptions o)
       : dataset(std::move(d)), options(std::move(o)), sampler(dataset.size(), options.sampler) {}
 
-  void worker_loop();
+  void worker_loop(int worker);
   void assemble(std::int64_t batch, Slot& slot);
   void split_windows(Slot& slot) const;
   void stop_workers();
@@ -99,7 +100,8 @@ struct DataLoader::State {
   void drain_device();
 };
 
-void DataLoader::State::worker_loop() {
+void DataLoader::State::worker_loop(int worker) {
+  core::trace::set_thread_name(fmt::format("loader {}", worker));
   std::unique_lock lock(mutex);
   while (true) {
     work_cv.wait(lock, [&] { return stop || (next_assign < end_assign && !free.empty()); });
@@ -122,6 +124,7 @@ void DataLoader::State::worker_loop() {
     Slot& slot = slots[index];
     slot.error = nullptr;
     try {
+      core::trace::Span span("load batch", "data");
       assemble(batch, slot);
     } catch (...) {
       slot.error = std::current_exception();
@@ -463,7 +466,7 @@ void DataLoader::start_epoch(std::int64_t epoch, std::int64_t position) {
   s.failure = nullptr;
   s.started = true;
   for (int t = 0; t < s.options.threads && s.next_assign < s.end_assign; ++t)
-    s.workers.emplace_back([&s] { s.worker_loop(); });
+    s.workers.emplace_back([&s, t] { s.worker_loop(t); });
 }
 
 std::optional<Batch> DataLoader::next() {

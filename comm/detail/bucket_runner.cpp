@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/trace.h"
+
 namespace lockstep::comm::detail {
 namespace {
 
@@ -45,6 +47,7 @@ class ThreadRunner final : public BucketRunner {
 
  private:
   void loop() {
+    core::trace::set_thread_name("comm");
     std::unique_lock lock(mutex_);
     while (true) {
       work_.wait(lock, [this] { return stopping_ || !queue_.empty(); });

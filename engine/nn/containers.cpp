@@ -3,6 +3,7 @@
 
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "kernels/activation.h"
 
 namespace lockstep::engine {
@@ -29,16 +30,28 @@ void Sequential::set_input_grad(bool on) {
   }
 }
 
+// Note [module spans]: a root Sequential's children are the model's
+// top-level modules, so their forward and backward are timeline spans
+// ("forward fc1"); deeper modules are not, to keep traces small. On a GPU the
+// spans time the host's launches, not the kernels.
 core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor h = x;
-  for (Module* child : children()) h = child->forward(h, ctx);
+  const bool root = path().empty();  // the trace shows the root's children (Note [module spans])
+  for (Module* child : children()) {
+    core::trace::Span span;
+    if (root) span.open("forward", child->path(), "module");
+    h = child->forward(h, ctx);
+  }
   return h;
 }
 
 core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   const std::vector<Module*> chain = children();
+  const bool root = path().empty();
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    core::trace::Span span;
+    if (root) span.open("backward", (*it)->path(), "module");
     g = (*it)->backward(g, ctx);
     (*it)->report_ready(ctx);
     if (!g.defined()) break;  // the children before need no gradient (set_input_grad)

@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/trace.h"
 #include "engine/models.h"
+#include "kernels/error.h"
 
 namespace lockstep::examples {
 
@@ -64,6 +66,32 @@ inline CLI::Validator one_of(std::vector<std::string> names) {
         return fmt::format("'{}' is not allowed (allowed: {})", text, list);
       },
       "one of " + list);
+}
+
+// A window of steps, FIRST:LAST (core::trace::parse_step_window).
+inline CLI::Validator step_window() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          core::trace::parse_step_window(text, "window");
+          return {};
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      },
+      "FIRST:LAST");
+}
+
+// Starts the trace of --trace DIR --trace-steps WINDOW; errors name the
+// flags. Programs of several ranks call it right after a barrier, so that
+// every rank's clock_sync is the same moment.
+inline void start_trace(int rank, const std::string& dir, const std::string& steps) {
+  const core::trace::StepWindow window = core::trace::parse_step_window(steps, "--trace-steps");
+  try {
+    core::trace::enable(dir, rank, window);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(fmt::format("--trace {}: {}", dir, e.what()));
+  }
 }
 
 // The flags several programs share.

@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_choice.h"
 #include "engine/core/log.h"
+#include "engine/core/trace.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
@@ -35,7 +36,7 @@ namespace {
 struct Flags {
   std::string data, val_data, model = "mlp", optimizer = "sgd", schedule = "constant";
   std::string precision = "fp32", device, shuffle = "on", checkpoint_dir, resume, init_from;
-  std::string metrics, log_level = "info";
+  std::string metrics, log_level = "info", trace, trace_steps = "1:";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1,
@@ -103,6 +104,10 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
 
 int run(Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
+  if (!f.trace.empty()) {
+    world.host().barrier();
+    start_trace(world.rank(), f.trace, f.trace_steps);
+  }
   core::set_log_level(core::parse_log_level(f.log_level));
   kernels::cpu::set_gemm_threads(f.threads);
   set_deterministic_run(f.deterministic);
@@ -225,6 +230,7 @@ int run(Flags& f, comm::World& world) {
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
     if (!checkpoints || last_saved == trainer.steps()) return;
     last_saved = trainer.steps();
+    core::trace::Span span("checkpoint save", "checkpoint");
     // Rank 0 writes while the others wait for it in the next step, past
     // their timeout if need be; every rank copies the state first.
     comm::Watchdog::Busy saving(&world.watchdog(),
@@ -355,6 +361,8 @@ int run(Flags& f, comm::World& world) {
     for (std::int32_t t : text) bytes.push_back(static_cast<char>(t));
     fmt::print("sample (greedy, {} tokens after the prompt):\n{}\n", f.sample_tokens, bytes);
   }
+  if (const auto file = core::trace::finish(); !file.empty() && lead)
+    fmt::print("trace: {} (and the other ranks' files beside it)\n", file.string());
   report->finish();
   return 0;
 }
@@ -421,6 +429,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
+  auto* trace = app.add_option("--trace", f.trace,
+                               "write a timeline of each rank to DIR/rank-<r>.json (Perfetto; "
+                               "tools/trace.py)");
+  app.add_option("--trace-steps", f.trace_steps, "trace only steps FIRST:LAST (e.g. 10:20)")
+      ->needs(trace);
   app.add_flag("--deterministic", f.deterministic,
                "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
                "CPU is deterministic anyway)");
@@ -452,6 +465,8 @@ int main(int argc, char** argv) {
   app.get_option("--log-every")->check(within(1, kMaxSteps));
   app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
   app.get_option("--threads")->check(threads_per_rank());
+  app.get_option("--trace")->check(non_empty());
+  app.get_option("--trace-steps")->check(step_window());
   CLI11_PARSE(app, argc, argv);
   try {
     comm::InitOptions init;

@@ -67,6 +67,9 @@ for flag in --val-data --checkpoint-dir --resume --init-from --metrics; do
   refuses "$ts" "$flag" EMPTY
 done
 refuses "$train --device cpu --steps 1" --data EMPTY
+touch "$work/file"
+refuses "$ts" --trace EMPTY "$work/file"
+refuses "$ts --trace $work/t" --trace-steps EMPTY 0:1 5:2 x 3 nan
 
 s="$shard synthetic --out $work/s"
 refuses "$s" --count 0 -1 nan 1e15 EMPTY
@@ -87,6 +90,8 @@ if [ "$bench" = with-bench ]; then
     refuses "$program" --device EMPTY tpu
     refuses "$program" --json EMPTY
   done
+  refuses "$b/bench_scaling --steps 1" --trace EMPTY
+  refuses "$b/bench_scaling --steps 1 --trace $work/t" --trace-steps EMPTY 0:1 5:2 x
   refuses "$b/bench_gemm --trials 1" --sizes 0 -1 nan 1e9 EMPTY
   refuses "$b/bench_gemm --trials 1" --threads 0 -1 1e6 EMPTY
   refuses "$b/bench_gemm --sizes 64" --trials 0 -1 nan EMPTY
@@ -108,6 +113,7 @@ if [ "$bench" = with-bench ]; then
   refuses "$bs" --steps 0 -1 nan 1e9 EMPTY
   refuses "$bs --steps 1" --threads 0 -1 1e6 EMPTY
   refuses "$bs --steps 1" --model EMPTY nonsense
+  refuses "$bs --steps 1" --trace EMPTY "$work/file"
   refuses "$bs --steps 1" --precision EMPTY fp8
   refuses "$bs --steps 1" --python EMPTY
   sc="$b/bench_scaling --steps 1"

@@ -1,0 +1,280 @@
+// The timeline trace (engine/core/trace.h): per-thread span buffers of fixed
+// capacity, a registry of them, and the Chrome trace-event JSON writer.
+#include "engine/core/trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/error.h"
+
+#if LOCKSTEP_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace lockstep::core::trace {
+
+namespace detail {
+std::atomic<bool> recording{false};
+}
+
+namespace {
+
+constexpr std::size_t kEventsPerThread = std::size_t{1} << 16;
+
+struct Event {
+  char name[48];
+  const char* category;
+  std::int64_t start_ns;
+  std::int64_t duration_ns;  // -1: an instant
+  std::int64_t step;
+};
+
+// Note [lock-free buffers]: only the owning thread writes a buffer. It fills
+// slot `size` and then publishes it with a release store; finish() reads
+// `size` with an acquire load and never looks past it. The slots never move
+// (fixed capacity), so a reader and the writer never touch the same slot; a
+// full buffer counts what it drops instead of growing.
+struct Buffer {
+  std::unique_ptr<Event[]> events{new Event[kEventsPerThread]};
+  std::atomic<std::size_t> size{0};
+  std::atomic<std::uint64_t> dropped{0};
+  std::string thread_name;  // under State::mutex
+  int tid = 0;
+};
+
+struct State {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  std::filesystem::path directory;
+  int rank = 0;
+  StepWindow window;
+  std::atomic<std::int64_t> step{0};
+  Clock::time_point sync;
+  std::atomic<bool> enabled{false};
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+thread_local std::shared_ptr<Buffer> t_buffer;
+thread_local std::string t_name;
+
+std::int64_t ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+Buffer& buffer() {
+  if (!t_buffer) {
+    State& s = state();
+    auto b = std::make_shared<Buffer>();
+    std::lock_guard lock(s.mutex);
+    b->tid = static_cast<int>(s.buffers.size());
+    b->thread_name = t_name.empty() ? fmt::format("thread {}", b->tid) : t_name;
+    s.buffers.push_back(b);
+    t_buffer = std::move(b);
+  }
+  return *t_buffer;
+}
+
+void copy_name(char (&out)[48], std::string_view name, std::string_view detail) {
+  std::size_t n = std::min(name.size(), sizeof out - 1);
+  std::memcpy(out, name.data(), n);
+  if (!detail.empty() && n + 1 < sizeof out - 1) {
+    out[n++] = ' ';
+    const std::size_t m = std::min(detail.size(), sizeof out - 1 - n);
+    std::memcpy(out + n, detail.data(), m);
+    n += m;
+  }
+  out[n] = '\0';
+}
+
+void record(const char (&name)[48], const char* category, std::int64_t start_ns,
+            std::int64_t duration_ns) {
+  Buffer& b = buffer();
+  const std::size_t i = b.size.load(std::memory_order_relaxed);
+  if (i == kEventsPerThread) {
+    b.dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Event& e = b.events[i];
+  std::memcpy(e.name, name, sizeof e.name);
+  e.category = category;
+  e.start_ns = start_ns;
+  e.duration_ns = duration_ns;
+  e.step = state().step.load(std::memory_order_relaxed);
+  b.size.store(i + 1, std::memory_order_release);
+}
+
+void update_recording() {
+  State& s = state();
+  const std::int64_t step = s.step.load(std::memory_order_relaxed);
+  detail::recording.store(s.enabled && step >= s.window.first && step <= s.window.last,
+                          std::memory_order_relaxed);
+}
+
+std::string escaped(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\')
+      out += {'\\', c};
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
+                        std::int64_t fallback) {
+  if (text.empty()) return fallback;
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < 1)
+    throw InvalidArgument(
+        fmt::format("{} '{}': '{}' is not a step number (1 or more)", what, window, text));
+  return v;
+}
+
+}  // namespace
+
+StepWindow parse_step_window(std::string_view text, std::string_view what) {
+  const std::size_t colon = text.find(':');
+  if (colon == std::string_view::npos)
+    throw InvalidArgument(fmt::format(
+        "{} '{}' is not a window of steps; give FIRST:LAST, e.g. 10:20 (either may be empty)", what,
+        text));
+  StepWindow w{parse_step(text.substr(0, colon), text, what, 1),
+               parse_step(text.substr(colon + 1), text, what, INT64_MAX)};
+  if (w.first > w.last)
+    throw InvalidArgument(fmt::format(
+        "{} '{}' ends before it begins; give FIRST:LAST with FIRST <= LAST", what, text));
+  return w;
+}
+
+void enable(const std::filesystem::path& directory, int rank, StepWindow window) {
+  State& s = state();
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.enabled)
+      throw InvalidArgument(
+          fmt::format("trace::enable: tracing already writes to {}", s.directory.string()));
+    std::error_code ec;
+    std::filesystem::create_directories(directory, ec);
+    if (ec)
+      throw InvalidArgument(fmt::format("trace::enable: cannot create the trace directory {}: {}",
+                                        directory.string(), ec.message()));
+    s.directory = directory;
+    s.rank = rank;
+    s.window = window;
+    s.sync = Clock::now();
+    s.enabled = true;
+  }
+  set_thread_name("main");
+  update_recording();
+}
+
+bool enabled() { return state().enabled.load(); }
+
+void set_step(std::int64_t step) {
+  state().step.store(step, std::memory_order_relaxed);
+  update_recording();
+}
+
+void set_thread_name(std::string_view name) {
+  t_name = name;
+  if (t_buffer) {
+    std::lock_guard lock(state().mutex);
+    t_buffer->thread_name = name;
+  }
+}
+
+void instant(std::string_view name, const char* category) {
+  if (!active()) return;
+  char text[48];
+  copy_name(text, name, {});
+  record(text, category, ns(Clock::now()), -1);
+#if LOCKSTEP_WITH_CUDA
+  nvtxMarkA(text);
+#endif
+}
+
+void Span::begin(std::string_view name, std::string_view detail, const char* category) {
+  copy_name(name_, name, detail);
+  category_ = category;
+  open_ = true;
+#if LOCKSTEP_WITH_CUDA
+  nvtxRangePushA(name_);
+#endif
+  start_ = Clock::now();
+}
+
+void Span::end() {
+  const auto stop = Clock::now();
+#if LOCKSTEP_WITH_CUDA
+  nvtxRangePop();
+#endif
+  // A span that began in the window ends in the trace even if the window closed meanwhile.
+  if (state().enabled) record(name_, category_, ns(start_), ns(stop) - ns(start_));
+}
+
+std::filesystem::path finish() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.enabled) return {};
+  s.enabled = false;
+  detail::recording.store(false, std::memory_order_relaxed);
+  const auto us = [](std::int64_t t) {
+    return fmt::format("{:.3f}", static_cast<double>(t) / 1e3);
+  };
+  std::string out = "{\"traceEvents\": [\n";
+  out += fmt::format(
+      "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
+      "\"args\": {{\"name\": \"rank {0}\"}}}}",
+      s.rank);
+  std::uint64_t dropped = 0;
+  for (const auto& b : s.buffers) {
+    out += fmt::format(
+        ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, "
+        "\"args\": {{\"name\": \"{}\"}}}}",
+        s.rank, b->tid, escaped(b->thread_name));
+    dropped += b->dropped.load(std::memory_order_relaxed);
+    const std::size_t n = b->size.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Event& e = b->events[i];
+      out +=
+          fmt::format(",\n{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
+                      escaped(e.name), e.category, e.duration_ns < 0 ? "i" : "X", us(e.start_ns));
+      if (e.duration_ns >= 0)
+        out += fmt::format("\"dur\": {}, ", us(e.duration_ns));
+      else
+        out += "\"s\": \"t\", ";
+      out += fmt::format("\"pid\": {}, \"tid\": {}, \"args\": {{\"step\": {}}}}}", s.rank, b->tid,
+                         e.step);
+    }
+  }
+  out += fmt::format(
+      "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {{\"rank\": {}, \"clock_sync_us\": {}, "
+      "\"dropped_events\": {}}}}}\n",
+      s.rank, us(ns(s.sync)), dropped);
+  const std::filesystem::path file = s.directory / fmt::format("rank-{}.json", s.rank);
+  std::ofstream f(file, std::ios::binary | std::ios::trunc);
+  f << out;
+  f.close();
+  if (!f)
+    throw InvalidArgument(
+        fmt::format("trace::finish: cannot write the trace file {}", file.string()));
+  for (const auto& b : s.buffers) b->size.store(0, std::memory_order_relaxed);
+  return file;
+}
+
+}  // namespace lockstep::core::trace

@@ -1,0 +1,106 @@
+"""tools/trace.py on traces written here: clock alignment in merge and summary (rank 1's clock
+runs 1 s ahead; it arrives 2 ms late to every collective of step 2, so the straggler there is
+rank 1 and elsewhere rank 0), the per-step sums against hand-computed figures, and bad input
+named by file. The end-to-end run on a real trace is programs_trace. Run by ctest (tools_python)."""
+import contextlib
+import io
+import json
+import os
+import tempfile
+import unittest
+
+import trace as trace_tool
+
+
+def span(name, cat, ts, dur, rank, step, tid=0):
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": rank, "tid": tid,
+            "args": {"step": step}}
+
+
+def rank_trace(rank, clock, late_step):
+    events = [{"name": "thread_name", "ph": "M", "ts": 0, "pid": rank, "tid": 0,
+               "args": {"name": "main"}}]
+    for step in (1, 2, 3):
+        t = clock + step * 100_000.0
+        late = 2000.0 if step == late_step else 0.0
+        events += [span("data wait", "data", t, 10, rank, step),
+                   span("forward", "compute", t + 10, 300, rank, step),
+                   span("backward", "compute", t + 310, 600, rank, step),
+                   span("allreduce bucket 0", "comm", t + 950 + late + (rank == 0) * 5, 40, rank, step),
+                   span("gradient sync wait", "comm", t + 910, 80 + late, rank, step),
+                   span("optimizer", "optimizer", t + 1000 + late, 50, rank, step),
+                   span("allreduce", "comm", t + 1060 + late + (rank == 0) * 5, 5, rank, step),
+                   span("agreement", "comm", t + 1055 + late, 20, rank, step)]
+    return {"traceEvents": events, "otherData": {"rank": rank, "clock_sync_us": clock,
+                                                 "dropped_events": 0}}
+
+
+class TraceToolTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+        self.write(0, rank_trace(0, 5_000_000.0, None))
+        self.write(1, rank_trace(1, 6_000_000.0, 2))
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, rank, trace, name=None):
+        with open(os.path.join(self.dir, name or f"rank-{rank}.json"), "w") as f:
+            json.dump(trace, f)
+
+    def run_tool(self, *argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = trace_tool.main(list(argv))
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_merge_aligns_clocks(self):
+        out_path = os.path.join(self.dir, "..", os.path.basename(self.dir) + "-all.json")
+        rc, out, _ = self.run_tool("merge", self.dir, "-o", out_path)
+        self.assertEqual(rc, 0)
+        self.assertIn("rank 1 +1000.000 ms", out)
+        with open(out_path) as f:
+            merged = json.load(f)
+        os.remove(out_path)
+        data = {(e["pid"], e["args"]["step"]): e["ts"] for e in merged["traceEvents"]
+                if e["name"] == "data wait"}
+        self.assertEqual(data[(0, 1)], 5_100_000.0)
+        self.assertEqual(data[(1, 1)], 5_100_000.0)  # 6_100_000 less the 1 s offset
+
+    def test_summary_sums_and_straggler(self):
+        rc, out, _ = self.run_tool("summary", self.dir)
+        self.assertEqual(rc, 0)
+        # rank 1: compute 0.9 ms every step; exposed comm 0.1, 2.1, 0.1 ms -> mean 0.767, p50 0.1
+        self.assertIn("rank 1: 3 steps (1..3)", out)
+        self.assertRegex(out, r"rank 1:.*\n  compute +0\.900 +0\.900 +0\.900\n"
+                              r"  exposed comm +0\.767 +0\.100 +2\.100\n"
+                              r"  data wait +0\.010 +0\.010 +0\.010\n  optimizer +0\.050")
+        self.assertIn("step 1: rank 0, last to 2 of 2 collectives, up to 0.005 ms behind", out)
+        self.assertIn("step 2: rank 1, last to 2 of 2 collectives, up to 1.995 ms behind", out)
+        self.assertIn("rank 0 last at 2 of 3 steps, rank 1 last at 1 of 3 steps", out)
+
+    def test_bad_input_is_named(self):
+        self.write(2, {"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "pid": 2, "tid": 0,
+                                        "dur": -1}], "otherData": {"rank": 2, "clock_sync_us": 0}})
+        rc, _, err = self.run_tool("summary", self.dir)
+        self.assertEqual(rc, 1)
+        self.assertIn("rank-2.json: complete event 0 ('x') has no duration >= 0", err)
+        self.write(2, {"traceEvents": [{"name": "x", "ph": "Q", "ts": 1, "pid": 2, "tid": 0}],
+                       "otherData": {"rank": 2, "clock_sync_us": 0}})
+        self.assertIn("has phase 'Q'", self.run_tool("summary", self.dir)[2])
+        self.write(2, {"traceEvents": []})
+        self.assertIn("rank-2.json: otherData lacks rank", self.run_tool("summary", self.dir)[2])
+        self.write(2, rank_trace(1, 0.0, None))
+        self.assertIn("rank 1 appears twice", self.run_tool("summary", self.dir)[2])
+        with open(os.path.join(self.dir, "rank-2.json"), "w") as f:
+            f.write("{not json")
+        self.assertIn("rank-2.json: not a readable JSON trace", self.run_tool("summary", self.dir)[2])
+        with tempfile.TemporaryDirectory() as empty:
+            rc, _, err = self.run_tool("summary", empty)
+            self.assertEqual(rc, 1)
+            self.assertIn("no rank-<r>.json files", err)
+
+
+if __name__ == "__main__":
+    unittest.main()

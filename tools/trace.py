@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Reads the timeline traces (rank-<r>.json, written by lockstep-train --trace DIR or any program
+that calls core::trace::enable) in DIR.
+
+    python3 tools/trace.py merge DIR -o all.json   # one file, ranks' clocks aligned (Perfetto)
+    python3 tools/trace.py summary DIR             # per rank: where each step's time went, and
+                                                   # which rank the others waited for
+
+Clocks are aligned by each rank's clock_sync moment, taken right after a barrier when tracing
+started: a rank's offset is its clock_sync minus rank 0's.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+PHASES = {"X", "i", "I", "M", "B", "E", "C"}
+# What summary adds up per step, by span name (the spans of engine/trainer.cpp).
+KINDS = {"compute": ("forward", "backward"),
+         "exposed comm": ("gradient sync wait", "agreement"),
+         "data wait": ("data wait",),
+         "optimizer": ("unscale and clip", "optimizer")}
+
+
+class InputError(Exception):
+    """A trace that cannot be read; the message names the file and what is wrong."""
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a readable JSON trace ({e})")
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise InputError(f"{path}: no traceEvents list (is it a lockstep trace?)")
+    other = trace.get("otherData")
+    if not isinstance(other, dict) or not isinstance(other.get("clock_sync_us"), (int, float)) \
+            or not isinstance(other.get("rank"), int):
+        raise InputError(f"{path}: otherData lacks rank and clock_sync_us (is it a lockstep trace?)")
+    for n, e in enumerate(trace["traceEvents"]):
+        if not isinstance(e, dict):
+            raise InputError(f"{path}: event {n} is not an object")
+        for key, kind in (("name", str), ("ph", str), ("ts", (int, float)), ("pid", int),
+                          ("tid", int)):
+            if not isinstance(e.get(key), kind):
+                raise InputError(f"{path}: event {n} has no valid '{key}'")
+        if e["ph"] not in PHASES:
+            raise InputError(f"{path}: event {n} has phase '{e['ph']}', not one of {sorted(PHASES)}")
+        if e["ph"] == "X" and not (isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0):
+            raise InputError(f"{path}: complete event {n} ('{e['name']}') has no duration >= 0")
+    return trace
+
+
+def load_dir(directory):
+    paths = glob.glob(os.path.join(directory, "rank-*.json"))
+    paths = [p for p in paths if re.fullmatch(r"rank-\d+\.json", os.path.basename(p))]
+    if not paths:
+        raise InputError(f"{directory}: no rank-<r>.json files (write them with --trace {directory})")
+    traces = {}
+    for p in paths:
+        t = load(p)
+        rank = t["otherData"]["rank"]
+        if rank in traces:
+            raise InputError(f"{p}: rank {rank} appears twice in {directory}")
+        traces[rank] = t
+    base = traces[min(traces)]["otherData"]["clock_sync_us"]
+    offsets = {r: t["otherData"]["clock_sync_us"] - base for r, t in traces.items()}
+    return dict(sorted(traces.items())), offsets
+
+
+def merge(directory, out):
+    traces, offsets = load_dir(directory)
+    events = []
+    for rank, t in traces.items():
+        for e in t["traceEvents"]:
+            e = dict(e)
+            if e["ph"] != "M":
+                e["ts"] = round(e["ts"] - offsets[rank], 3)
+            events.append(e)
+    dropped = sum(t["otherData"].get("dropped_events", 0) for t in traces.values())
+    with open(out, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                   "otherData": {"ranks": sorted(traces), "offsets_us": offsets,
+                                 "dropped_events": dropped}}, f)
+    print(f"{out}: {len(events)} events of {len(traces)} ranks; clock offsets "
+          + ", ".join(f"rank {r} {o / 1e3:+.3f} ms" for r, o in offsets.items()))
+
+
+def percentile(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def step_of(e):
+    args = e.get("args")
+    return args.get("step") if isinstance(args, dict) else None
+
+
+def summary(directory):
+    traces, offsets = load_dir(directory)
+    print(f"{len(traces)} ranks; times per step in ms: mean / p50 / p99")
+    arrivals = {}  # (step, collective name, occurrence) -> {rank: aligned start}
+    for rank, t in traces.items():
+        per_step = {}
+        seen = {}
+        for e in t["traceEvents"]:
+            if e["ph"] != "X" or step_of(e) is None:
+                continue
+            step = step_of(e)
+            for kind, names in KINDS.items():
+                if e["name"] in names:
+                    per_step.setdefault(step, dict.fromkeys(KINDS, 0.0))[kind] += e["dur"] / 1e3
+            if e.get("cat") == "comm" and e["name"] not in KINDS["exposed comm"]:
+                n = seen.get((step, e["name"]), 0)
+                seen[(step, e["name"])] = n + 1
+                arrivals.setdefault((step, e["name"], n), {})[rank] = e["ts"] - offsets[rank]
+        steps = sorted(per_step)
+        print(f"rank {rank}: {len(steps)} steps ({steps[0]}..{steps[-1]})" if steps
+              else f"rank {rank}: no steps traced")
+        for kind in KINDS:
+            v = [per_step[s][kind] for s in steps]
+            if v:
+                print(f"  {kind:<13} {statistics.mean(v):9.3f} {percentile(v, 50):9.3f} "
+                      f"{percentile(v, 99):9.3f}")
+    last = {}  # step -> {rank: collectives it was last to}
+    lag = {}
+    for (step, name, n), starts in arrivals.items():
+        if len(starts) < 2:
+            continue
+        rank = max(starts, key=starts.get)
+        last.setdefault(step, {}).setdefault(rank, 0)
+        last[step][rank] += 1
+        lag[step] = max(lag.get(step, 0.0), (max(starts.values()) - min(starts.values())) / 1e3)
+    if not last:
+        print("straggler: no collective was traced on two or more ranks")
+        return
+    print("straggler (the rank last to most of a step's collectives; the largest wait it caused):")
+    counts = {}
+    for step in sorted(last):
+        rank = max(last[step], key=last[step].get)
+        counts[rank] = counts.get(rank, 0) + 1
+        print(f"  step {step}: rank {rank}, last to {last[step][rank]} of "
+              f"{sum(last[step].values())} collectives, up to {lag[step]:.3f} ms behind")
+    print("  " + ", ".join(f"rank {r} last at {c} of {len(last)} steps"
+                           for r, c in sorted(counts.items())))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="merge the ranks' traces into one file")
+    m.add_argument("dir", help="the directory holding rank-<r>.json")
+    m.add_argument("-o", "--output", required=True, help="the merged trace to write")
+    s = sub.add_parser("summary", help="per-rank step breakdown and stragglers")
+    s.add_argument("dir", help="the directory holding rank-<r>.json")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "merge":
+            merge(args.dir, args.output)
+        else:
+            summary(args.dir)
+    except InputError as e:
+        print(f"trace.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
