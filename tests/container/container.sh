@@ -70,7 +70,7 @@ chown "$user" "$work/out"
 "${run[@]}" -v "$fashion:/fashion:ro" -v "$work/out:/out" localhost/lockstep:test \
   lockstep-shard fashion-mnist --src /fashion --out /out/data --shards 4
 "${run[@]}" -v "$work/out:/out" localhost/lockstep:test \
-  mpirun -np 2 --bind-to none lockstep-train --data /out/data/train --val-data /out/data/test \
+  mpirun -np 2 --bind-to none lockstep-train --data /out/data/train --val-data /out/data/val \
   --model cnn --epochs 1 --batch-size 32 --optimizer sgd --lr 0.05 --momentum 0.9 \
   --schedule cosine --warmup 100 --threads 1 --log-every 200 --metrics /out/metrics.jsonl \
   --checkpoint-dir /out/checkpoints | tee "$work/train.log"
