@@ -8,10 +8,11 @@ different collective (kind, size or dtype) at the same sequence number (a desync
 """
 import argparse
 import glob
-import json
 import os
 import re
 import sys
+
+from jsonl import InputError, read_json  # tools/jsonl.py
 
 RECORD_FIELDS = {"sequence": int, "communicator": str, "kind": str, "count": int, "bytes": int,
                  "dtype": str, "step": int, "bucket": int, "enqueue_ns": int, "start_ns": int,
@@ -19,16 +20,9 @@ RECORD_FIELDS = {"sequence": int, "communicator": str, "kind": str, "count": int
 STATES = {"enqueued", "started", "completed", "failed"}
 
 
-class InputError(Exception):
-    """A dump that cannot be read; the message names the file and what is wrong."""
-
 
 def load(path):
-    try:
-        with open(path) as f:
-            dump = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not a readable flight dump: {e}")
+    dump = read_json(path, "flight dump")
     for key in ("rank", "size", "step", "now_ns", "epoch_unix_ns"):
         if not isinstance(dump.get(key), int):
             raise InputError(f"{path}: field '{key}' is missing or not an integer")

@@ -1,11 +1,21 @@
-"""Reading the JSON-lines files lockstep writes (bench --json, lockstep-train --metrics),
-shared by tools/plot.py, tools/scaling_model.py, tools/tensorboard.py and tools/bench_table.py
-so that all report bad input alike: the message names the file and line at fault."""
+"""Reading the JSON and JSON-lines files lockstep writes (bench --json, lockstep-train --metrics,
+flight dumps, traces), shared by tools/plot.py, tools/scaling_model.py, tools/to_tensorboard.py,
+tools/bench_table.py, tools/flight.py and tools/trace.py so that all report bad input alike: the
+message names the file (and line) at fault."""
 import json
 
 
 class InputError(Exception):
     """Malformed input; the message names the file and line (or record) at fault."""
+
+
+def read_json(path, what):
+    """One JSON document; `what` names the kind of file for the message ("flight dump")."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a readable {what}: {e}") from None
 
 
 def read_jsonl(path, allow_empty=False):

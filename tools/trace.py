@@ -17,6 +17,8 @@ import re
 import statistics
 import sys
 
+from jsonl import InputError, read_json  # tools/jsonl.py
+
 PHASES = {"X", "i", "I", "M", "B", "E", "C"}
 # What summary adds up per step, by span name (the spans of engine/trainer.cpp).
 KINDS = {"compute": ("forward", "backward"),
@@ -25,16 +27,9 @@ KINDS = {"compute": ("forward", "backward"),
          "optimizer": ("unscale and clip", "optimizer")}
 
 
-class InputError(Exception):
-    """A trace that cannot be read; the message names the file and what is wrong."""
-
 
 def load(path):
-    try:
-        with open(path) as f:
-            trace = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not a readable JSON trace ({e})")
+    trace = read_json(path, "JSON trace")
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise InputError(f"{path}: no traceEvents list (is it a lockstep trace?)")
     other = trace.get("otherData")
