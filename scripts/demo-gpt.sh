@@ -22,7 +22,9 @@ mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name 
 
 # OpenMPI refuses to run as root unless told that it is on purpose.
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-rm -f "$out/metrics.jsonl"
+# Each demo run trains afresh: the previous demo's metrics and checkpoints go
+# (lockstep-train refuses to start a fresh run over another run's checkpoints).
+rm -rf "$out/metrics.jsonl" "$out/checkpoints"
 # gpt-tiny's tokens are bytes, so its bits per token are bits per byte.
 mpirun -np 2 --bind-to none "$build"/examples/train/lockstep-train \
   --data "$out/data/train" --val-data "$out/data/val" --model gpt-tiny --steps "$steps" \
