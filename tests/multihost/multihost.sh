@@ -42,17 +42,6 @@ losses() { grep '"loss":' "$1" | sed 's/, "samples_per_s.*//'; }  # the step rec
 # The bytes that host namespace $1 received on eth0.
 rx_bytes() { ip netns exec "$1" cat /sys/class/net/eth0/statistics/rx_bytes; }
 
-# wait_for_lines N FILE: until FILE has N lines; fails after 120 s.
-wait_for_lines() {
-  local i
-  for ((i = 0; i < 600; i++)); do
-    [ -f "$2" ] && [ "$(wc -l <"$2")" -ge "$1" ] && return 0
-    sleep 0.2
-  done
-  [ -f "$work/out" ] && cat "$work/out"  # the job's output, when it has one
-  fail "no $1 lines in $2 after 120 s"
-}
-
 # The pid of the lockstep-train process in host $1.
 rank_pid() {
   local p
@@ -96,10 +85,29 @@ fault() {
   # (docs/faults.md).
   for ns in "${HOST_NS[@]}"; do ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5; done
   make_data
-  LOCKSTEP_COMM_TIMEOUT=$comm_timeout hosts_mpirun 3 -x LOCKSTEP_COMM_TIMEOUT "$train" "${common[@]}" \
-    --data "$work/data" --steps 100000 --metrics "$work/m.jsonl" >"$work/out" 2>&1 &
-  local job=$!
-  wait_for_lines 3 "$work/m.jsonl"
+  # Note [launch retry]: about one launch in five of a 3-host job here never
+  # reaches its first step (no rank prints, no watchdog fires: the processes
+  # wait in OpenMPI's start-up across the namespaces, before lockstep runs).
+  # That is the harness's launcher, not the fault under test, so a launch that
+  # shows no step within 60 s is killed and made once more, and says so.
+  local job attempt
+  for attempt in 1 2; do
+    LOCKSTEP_COMM_TIMEOUT=$comm_timeout hosts_mpirun 3 -x LOCKSTEP_COMM_TIMEOUT "$train" \
+      "${common[@]}" --data "$work/data" --steps 100000 --metrics "$work/m.jsonl" \
+      >"$work/out" 2>&1 &
+    job=$!
+    local i
+    for ((i = 0; i < 300; i++)); do
+      [ -f "$work/m.jsonl" ] && [ "$(grep -c '"loss":' "$work/m.jsonl")" -ge 3 ] && break 2
+      sleep 0.2
+    done
+    [ "$attempt" -eq 2 ] && { cat "$work/out"; fail "no 3 steps in $work/m.jsonl after 60 s, twice"; }
+    echo "launch $attempt showed no step in 60 s (Note [launch retry]); its output:"
+    cat "$work/out"
+    kill -KILL "$job" $(hosts_pids) 2>/dev/null || true
+    wait "$job" || true
+    rm -f "$work/m.jsonl"
+  done
   local victim
   victim=$(rank_pid 1)
   [ -n "$victim" ] || fail "no rank in host 1"
