@@ -23,6 +23,8 @@ STATES = {"enqueued", "started", "completed", "failed"}
 
 def load(path):
     dump = read_json(path, "flight dump")
+    if not isinstance(dump, dict):
+        raise InputError(f"{path}: not a flight dump (a JSON object is expected)")
     for key in ("rank", "size", "step", "now_ns", "epoch_unix_ns"):
         if not isinstance(dump.get(key), int):
             raise InputError(f"{path}: field '{key}' is missing or not an integer")
@@ -31,6 +33,8 @@ def load(path):
     if not isinstance(dump.get("collectives"), list):
         raise InputError(f"{path}: field 'collectives' is missing or not a list")
     for i, record in enumerate(dump["collectives"]):
+        if not isinstance(record, dict):
+            raise InputError(f"{path}: collective {i} is not a JSON object")
         for key, kind in RECORD_FIELDS.items():
             if not isinstance(record.get(key), kind):
                 raise InputError(f"{path}: collective {i}: field '{key}' is missing or not {kind.__name__}")
