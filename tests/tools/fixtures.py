@@ -1,5 +1,8 @@
 """A small --metrics file's records (a run of 4 steps over 2 epochs with two evaluations), shared
-by tests/tools/test_tools.py and tensorboard_roundtrip.py."""
+by tests/tools/test_tools.py and tensorboard_roundtrip.py; and run_main, a tool's main() with its
+output captured, shared by test_flight.py and test_trace.py."""
+import contextlib
+import io
 import json
 
 START = {"run": "start", "program": "lockstep-train", "model": "cnn", "ranks": 2,
@@ -17,3 +20,11 @@ def write_lines(path, records):
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
+
+
+def run_main(main, argv):
+    """(exit status, stdout, stderr) of a tool's main(argv)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()

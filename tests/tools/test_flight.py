@@ -1,14 +1,13 @@
 """tools/flight.py on dumps written here: a size desync, a rank that never reached a collective,
 a rank without a dump, and bad input named by file. The end-to-end runs on real dumps are the
 mpi_flight_* tests (tests/mpi/CMakeLists.txt). Run by ctest (tools_python)."""
-import contextlib
-import io
 import json
 import os
 import tempfile
 import unittest
 
 import flight
+from fixtures import run_main
 
 
 def record(seq, kind="allreduce", count=256, state="completed", step=0, bucket=-1, t=0):
@@ -36,10 +35,7 @@ class FlightTest(unittest.TestCase):
             f.write(content if isinstance(content, str) else json.dumps(content))
 
     def run_tool(self):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = flight.main([self.dir.name])
-        return status, out.getvalue(), err.getvalue()
+        return run_main(flight.main, [self.dir.name])
 
     def test_size_desync_and_a_rank_that_never_reached(self):
         self.write(0, dump(0, 4, [record(0), record(1, count=256, state="started", step=1, bucket=0)]))

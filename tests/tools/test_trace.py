@@ -2,14 +2,13 @@
 runs 1 s ahead; it arrives 2 ms late to every collective of step 2, so the straggler there is
 rank 1 and elsewhere rank 0), the per-step sums against hand-computed figures, and bad input
 named by file. The end-to-end run on a real trace is programs_trace. Run by ctest (tools_python)."""
-import contextlib
-import io
 import json
 import os
 import tempfile
 import unittest
 
 import trace as trace_tool
+from fixtures import run_main
 
 
 def span(name, cat, ts, dur, rank, step, tid=0):
@@ -50,10 +49,7 @@ class TraceToolTest(unittest.TestCase):
             json.dump(trace, f)
 
     def run_tool(self, *argv):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = trace_tool.main(list(argv))
-        return rc, out.getvalue(), err.getvalue()
+        return run_main(trace_tool.main, list(argv))
 
     def test_merge_aligns_clocks(self):
         out_path = os.path.join(self.dir, "..", os.path.basename(self.dir) + "-all.json")
