@@ -4,7 +4,7 @@
 # Each row of the table runs one program with one flag set to each of its
 # invalid values (zero, negative, NaN, huge, empty, not a number, too large
 # for the data) and requires: a non-zero exit below 128 (never a signal),
-# within 60 s (never a hang), and a message naming the flag and the value.
+# within 60 s (never a hang), and a message line naming the flag and the value.
 # Last, valid configurations the internal sizes once refused must train.
 set -uo pipefail
 build=$1
@@ -38,7 +38,9 @@ refuses() {
       failures+=("$what: ended by a signal (exit $rc)")
     elif ! grep -qF -- "$flag" "$work/out"; then
       failures+=("$what: the message does not name $flag: $(tail -n 3 "$work/out")")
-    elif [ -n "$value" ] && ! grep -qF -- "$value" "$work/out"; then
+    elif [ -n "$value" ] && ! grep -F -- "$flag" "$work/out" | grep -qwF -- "$value"; then
+      # The value as a word on a line naming the flag: "0" must not pass on
+      # the 0 of some other figure in the output.
       failures+=("$what: the message does not name the value: $(tail -n 3 "$work/out")")
     fi
   done
