@@ -89,7 +89,8 @@ done
 if "$train" --data "$work/train" --device cpu --trace-steps 1:2 >/dev/null 2>"$work/err"; then
   fail "--trace-steps without --trace was accepted"
 fi
-grep -qF -- "--trace" "$work/err" || { cat "$work/err" >&2; fail "message for a lone --trace-steps"; }
+# "--trace" itself, not only as the start of "--trace-steps".
+grep -qE -- '--trace([^-]|$)' "$work/err" || { cat "$work/err" >&2; fail "message for a lone --trace-steps"; }
 # bench_scaling traces its steps with the same names, where the benchmarks are built.
 if [ -x "$build/bench/bench_scaling" ]; then
   mpirun -np 2 --oversubscribe "$build/bench/bench_scaling" --model mlp --batch 16 --steps 3 \
