@@ -53,3 +53,14 @@ def metrics_kind(where, row):
         return "step"
     raise InputError(f"{where}: neither a run record ('run'), a step record ('loss') nor an "
                      "evaluation ('val_accuracy'); is this a lockstep-train --metrics file?")
+
+
+def number(where, row, key):
+    """row[key] as a float; a missing, null or non-numeric value (a bool included) is an
+    InputError naming the record and the key."""
+    value = row.get(key)
+    if value is None:
+        raise InputError(f"{where}: '{row.get('bench', 'metrics')}' record lacks '{key}'")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
+    return float(value)

@@ -22,17 +22,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from jsonl import InputError, metrics_kind, read_jsonl  # noqa: E402  (tools/jsonl.py)
+from jsonl import InputError, metrics_kind, number, read_jsonl  # noqa: E402  (tools/jsonl.py)
 
 
 def field(where, row, key, numeric=True, optional=False):
     value = row.get(key)
-    if value is None:
-        if optional:
-            return None
+    if value is None and optional:
+        return None
+    if numeric:
+        number(where, row, key)  # a missing or non-numeric value is an InputError
+    elif value is None:
         raise InputError(f"{where}: '{row.get('bench', 'metrics')}' record lacks '{key}'")
-    if numeric and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
     return value
 
 

@@ -18,20 +18,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from jsonl import InputError, metrics_kind, read_jsonl  # noqa: E402  (tools/jsonl.py)
+from jsonl import InputError, metrics_kind, number, read_jsonl  # noqa: E402  (tools/jsonl.py)
 
 STEP_TAGS = {"loss": "train/loss", "lr": "train/lr", "loss_scale": "train/loss_scale",
              "grad_norm": "train/grad_norm", "samples_per_s": "train/samples_per_s",
              "tokens_per_s": "train/tokens_per_s"}
 SUFFIX = ".lockstep"  # marks the event files this tool writes (and replaces)
 VAL_TAGS = {"val_loss": "val/loss", "val_accuracy": "val/accuracy"}
-
-
-def number(where, row, key):
-    value = row[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
-    return float(value)
 
 
 def events(path):
@@ -42,7 +35,8 @@ def events(path):
     for where, row in read_jsonl(path):
         kind = metrics_kind(where, row)
         if kind == "run":
-            step = row.get("step", row.get("start_step", last_step))
+            step = next((number(where, row, k) for k in ("step", "start_step") if k in row),
+                        last_step)
             body = ", ".join(f"{k}: {v}" for k, v in row.items() if k != "run")
             texts.append((f"run/{row['run']}", int(step), body))
             continue
