@@ -36,8 +36,7 @@ std::uint32_t crc32_of(const std::string& bytes) {
 
 // Rewrites `file`'s checksum file so that the checksum passes.
 void recompute_checksum(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = test::file_text(file);
   char line[64];
   std::snprintf(line, sizeof line, "crc32 %08x size %zu\n", crc32_of(bytes), bytes.size());
   std::ofstream(file.string() + ".crc32") << line;

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "engine/checkpoint_file.h"
 #include "io/durable_file.h"
@@ -31,13 +30,6 @@ CheckpointContents contents_of(std::int64_t elements, float value) {
   c.tensors["/model/w"].fill_(value);
   c.attributes["step"] = std::int64_t{1};
   return c;
-}
-
-std::string file_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 std::vector<std::string> names_in(const fs::path& dir) {
@@ -139,7 +131,7 @@ TEST_CASE("a symlink planted at a temporary name is never written through",
   fs::create_symlink(elsewhere / "absent.h5", dir / "dangling");
   CHECK_THROWS_AS(io::create_exclusive(dir / "dangling"), IoError);
   CHECK_FALSE(fs::exists(elsewhere / "absent.h5"));
-  CHECK(file_text(victim) == "precious");
+  CHECK(test::file_text(victim) == "precious");
 
   // save() removes whatever is at its temporary names (the links, not their
   // targets) before creating them exclusively.
@@ -147,7 +139,7 @@ TEST_CASE("a symlink planted at a temporary name is never written through",
   fs::create_symlink(victim, dir / ".ckpt-7.h5.tmp");
   fs::create_symlink(victim, dir / ".ckpt-7.h5.crc32.tmp");
   const fs::path file = ckpts.save(7, contents_of(8, 7));
-  CHECK(file_text(victim) == "precious");
+  CHECK(test::file_text(victim) == "precious");
   CHECK(fs::is_regular_file(fs::symlink_status(file)));
   CHECK_FALSE(fs::exists(fs::symlink_status(dir / ".ckpt-7.h5.tmp")));
   CHECK(read_checkpoint(file).tensors.at("/model/w").to_vector<float>() ==

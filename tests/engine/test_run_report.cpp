@@ -5,11 +5,10 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "comm/world.h"
 #include "engine/run_report.h"
+#include "io/shard_fixtures.h"
 #include "io/shard_writer.h"
 #include "kernels/conv.h"
 #include "support/world_of_one.h"
@@ -26,13 +25,6 @@ bool has_line(const std::vector<std::string>& lines, const std::string& text) {
   for (const std::string& l : lines)
     if (l.find(text) != std::string::npos) return true;
   return false;
-}
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 }  // namespace
@@ -146,7 +138,7 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
     CHECK(has_line(lines, "ck/ckpt-5.h5"));
     report.finish();
   }
-  const std::string text = read_file(metrics_path);
+  const std::string text = test::file_text(metrics_path);
   CHECK(text.find(R"({"run": "start")") == 0);
   CHECK(text.find(R"({"run": "end", "step": 5)") != std::string::npos);
   CHECK(text.find(R"("skipped_steps": 1)") != std::string::npos);

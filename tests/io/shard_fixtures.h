@@ -1,4 +1,4 @@
-// Test fixtures for the io tests: a temporary directory, the expected value
+// Test fixtures for the io tests: a temporary directory, a file's bytes, the expected value
 // of every sample (a formula, independent of the reader), and shards written
 // straight through the HDF5 C API in the layouts h5py produces (contiguous;
 // chunked with gzip; big-endian; with a user block; libver latest), so the
@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,6 +44,12 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+// The whole of `path`, byte for byte ("" when it cannot be read).
+inline std::string file_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 // Element j of global sample i, chosen so every dtype holds it exactly.
 inline double sample_value(std::int64_t i, std::int64_t j, DType type) {
