@@ -83,7 +83,7 @@ pair missing --data "$work/data" --steps 4 --checkpoint-dir "$work/a" --resume a
 expect_failure missing "ranks disagree on 'checkpoint': rank 0 has 'ckpt-2.h5 \(crc32 " \
   "rank 1 has 'checkpoint '[^']*/empty/ckpt-2.h5' has no valid checksum file"
 
-# Non-finite values: an lr of 1e30 overflows the weights after the first
+# Non-finite values: an lr of 1e6 overflows the weights after the first
 # step; every later step is skipped on both ranks, and the second skip in a
 # row stops the job with the step and the first parameter at fault.
 pair diverge --data "$work/data" --steps 20 --lr 1e6 --max-consecutive-skips 2 \
