@@ -117,13 +117,6 @@ FlightRecord* FlightRecorder::live(Ticket ticket) {
   return ticket < next_ && r.ticket == ticket ? &r : nullptr;
 }
 
-void FlightRecorder::start(Ticket ticket) {
-  if (FlightRecord* r = live(ticket); r && r->state == FlightState::enqueued) {
-    r->start_ns = now_ns();
-    r->state = FlightState::started;
-  }
-}
-
 void FlightRecorder::complete(Ticket ticket) {
   if (FlightRecord* r = live(ticket)) {
     r->end_ns = now_ns();

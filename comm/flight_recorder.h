@@ -51,7 +51,6 @@ class FlightRecorder {
   // The ticket of the newest record of `info`'s collective among the last few, if any.
   bool find(const OperationInfo& info, Ticket& ticket) const;
   // State changes; a ticket whose record the ring has overwritten is ignored.
-  void start(Ticket ticket);
   void complete(Ticket ticket);
   void fail(Ticket ticket);
 

@@ -64,7 +64,7 @@ void ShardFile::inspect(bool force_hdf5) {
       current = name;
       const bool is_inputs = std::string_view(name) == kInputsName;
       if (!is_inputs && !format_.has_labels) continue;  // a token shard
-      if (LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), name, H5P_DEFAULT)) == 0)
+      if (is_inputs && LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), name, H5P_DEFAULT)) == 0)
         fail(name,
              "missing (a shard holds 'inputs' [N, ...] and 'labels' [N]; see "
              "docs/data-format.md)");
@@ -82,16 +82,13 @@ void ShardFile::inspect(bool force_hdf5) {
              "missing (a shard holds 'inputs' [N, ...] and 'labels' [N], or only "
              "'inputs' of i32 or u16 tokens [N, T+1]; these inputs are " +
                  describe_type(type.get()) + "; see docs/data-format.md)");
-      const bool allowed =
-          dtype && (!is_inputs ? (*dtype == DType::i32 || *dtype == DType::i64)
-                    : format_.has_labels
-                        ? (*dtype == DType::u8 || *dtype == DType::f16 || *dtype == DType::f32)
-                        : *dtype == DType::i32);
+      // Token inputs are i32 here (checked just above).
+      const bool allowed = dtype && (!is_inputs ? (*dtype == DType::i32 || *dtype == DType::i64)
+                                                : !format_.has_labels || *dtype == DType::u8 ||
+                                                      *dtype == DType::f16 || *dtype == DType::f32);
       if (!allowed)
         fail(name, "stored as " + describe_type(type.get()) + "; lockstep reads " +
-                       (!is_inputs           ? "i32 or i64 labels"
-                        : format_.has_labels ? "u8, f16 or f32 inputs"
-                                             : "i32 or u16 tokens in a shard without 'labels'") +
+                       (is_inputs ? "u8, f16 or f32 inputs" : "i32 or i64 labels") +
                        " (convert the dataset, e.g. with lockstep-shard)");
       (is_inputs ? format_.input_dtype : format_.label_dtype) = *dtype;
       const std::string object = "shard '" + path_.string() + "', dataset '" + name + "'";
