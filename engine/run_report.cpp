@@ -10,6 +10,7 @@
 #include <map>
 
 #include "engine/core/device.h"
+#include "engine/core/json.h"
 #include "kernels/conv.h"
 
 namespace lockstep::engine {
@@ -111,15 +112,6 @@ std::string describe_dataset(const io::Dataset& dataset) {
 
 namespace {
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out + "\"";
-}
-
 std::int64_t global_batch(const RunHeader& h, int world_size) {
   return h.micro_batch * h.accumulation * world_size;
 }
@@ -163,9 +155,9 @@ std::string run_start_record(const RunHeader& h, int world_size) {
       R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
       R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
       R"("steps_per_epoch": {})",
-      json_string(h.program), json_string(h.model), world_size, h.micro_batch, h.accumulation,
-      global_batch(h, world_size), json_string(h.precision), h.loss_scaling, deterministic_run(),
-      h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
+      core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
+      h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
+      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
   if (h.tokens_per_sample > 0)
     record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
   return record;
@@ -300,7 +292,7 @@ void RunReport::finish() {
       s.skipped_steps, s.steps, number(s.last_epoch_train_loss), number(s.val_loss),
       number(s.val_accuracy), number(s.best_val_accuracy),
       s.best_val_accuracy ? std::to_string(s.best_val_step) : std::string("null"),
-      last_checkpoint_.empty() ? std::string("null") : json_string(last_checkpoint_));
+      last_checkpoint_.empty() ? std::string("null") : core::json_string(last_checkpoint_));
   if (header_.tokens_per_sample > 0 && s.step_s > 0)
     record += fmt::format(R"(, "tokens_per_s": {:.1f})",
                           static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
