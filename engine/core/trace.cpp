@@ -30,7 +30,7 @@ namespace {
 constexpr std::size_t kEventsPerThread = std::size_t{1} << 16;
 
 struct Event {
-  char name[48];
+  char name[kNameBytes];
   const char* category;
   std::int64_t start_ns;
   std::int64_t duration_ns;  // -1: an instant
@@ -86,7 +86,7 @@ Buffer& buffer() {
   return *t_buffer;
 }
 
-void copy_name(char (&out)[48], std::string_view name, std::string_view detail) {
+void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view detail) {
   std::size_t n = std::min(name.size(), sizeof out - 1);
   std::memcpy(out, name.data(), n);
   if (!detail.empty() && n + 1 < sizeof out - 1) {
@@ -98,7 +98,7 @@ void copy_name(char (&out)[48], std::string_view name, std::string_view detail) 
   out[n] = '\0';
 }
 
-void record(const char (&name)[48], const char* category, std::int64_t start_ns,
+void record(const char (&name)[kNameBytes], const char* category, std::int64_t start_ns,
             std::int64_t duration_ns) {
   Buffer& b = buffer();
   const std::size_t i = b.size.load(std::memory_order_relaxed);
@@ -188,7 +188,7 @@ void set_thread_name(std::string_view name) {
 
 void instant(std::string_view name, const char* category) {
   if (!active()) return;
-  char text[48];
+  char text[kNameBytes];
   copy_name(text, name, {});
   record(text, category, ns(Clock::now()), -1);
 #if LOCKSTEP_WITH_CUDA
