@@ -7,9 +7,10 @@
 // Note [checkpoint choice]: for --resume auto, only rank 0 lists and verifies
 // its checkpoint directory and broadcasts the newest good file's name; each
 // rank reads that name in its own directory (the same one on a shared file
-// system); a rank given a file reads that file. The agreement field is "ckpt-<step>.h5 (crc32 ...
-// size ...)" as verified on that rank, so equal fields mean the same bytes. A bad file becomes the
-// field's value rather than an exception, so that the rank with the bad copy still joins the
+// system); a rank given a file reads that file. The agreement field is
+// "ckpt-<step>.h5 (crc32 ... size ...)" as verified on that rank, so equal
+// fields mean the same bytes. A bad file becomes the field's value rather
+// than an exception, so that the rank with the bad copy still joins the
 // agreement and every rank reports it.
 #pragma once
 

@@ -3,10 +3,10 @@
 // Note [stop requests]: SIGINT (Ctrl-C) asks the run to finish the current
 // step and exit cleanly; a second SIGINT exits at once. SIGUSR1 (which mpirun
 // forwards to every rank) and SIGTERM (which mpirun sends every rank when it
-// aborts the job, SIGKILL following a second later) ask the same. A handler only sets
-// comm's stop flag, which the Trainer carries in the per-step loss allreduce
-// (comm::agree_on_step), so a request made on any rank stops every rank at
-// the same step, and with checkpointing on, the run saves there first.
+// aborts the job, SIGKILL following a second later) ask the same. A handler
+// only sets comm's stop flag, which the Trainer carries in the per-step loss
+// allreduce (comm::agree_on_step), so a request made on any rank stops every
+// rank at the same step, and with checkpointing on, the run saves there first.
 #pragma once
 
 #include <chrono>

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "engine/core/device.h"
+#include "engine/core/json.h"
 #include "kernels/conv.h"
 
 namespace lockstep::engine {
@@ -111,13 +112,10 @@ std::string describe_dataset(const io::Dataset& dataset) {
 
 namespace {
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out + "\"";
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
 }
 
 std::int64_t global_batch(const RunHeader& h, int world_size) {
@@ -163,9 +161,9 @@ std::string run_start_record(const RunHeader& h, int world_size) {
       R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
       R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
       R"("steps_per_epoch": {})",
-      json_string(h.program), json_string(h.model), world_size, h.micro_batch, h.accumulation,
-      global_batch(h, world_size), json_string(h.precision), h.loss_scaling, deterministic_run(),
-      h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
+      core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
+      h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
+      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
   if (h.tokens_per_sample > 0)
     record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
   return record;
@@ -180,38 +178,38 @@ RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metric
     std::fflush(stdout);
     metrics_.write(run_start_record(header_, world_.size()));
   }
-  last_step_ = header_.start_step;
+  figures_.last_step = header_.start_step;
   start_ = epoch_start_ = Clock::now();
 }
 
 void RunReport::record_step(std::int64_t step, double loss, std::int64_t samples, double seconds,
                             bool skipped) {
-  ++steps_;
-  samples_ += samples;
-  step_s_ += seconds;
-  last_step_ = step;
+  ++figures_.steps;
+  figures_.samples += samples;
+  figures_.step_s += seconds;
+  figures_.last_step = step;
   if (skipped) {
-    ++skipped_;
+    ++figures_.skipped_steps;
     return;  // its loss is not a figure of the model (inf/NaN gradients)
   }
-  last_loss_ = loss;
+  figures_.last_loss = loss;
   epoch_loss_sum_ += loss;
   ++epoch_steps_;
 }
 
 void RunReport::record_eval(std::int64_t step, std::int64_t epoch, double loss, double accuracy) {
-  val_loss_ = loss;
-  val_accuracy_ = accuracy;
-  if (!best_val_accuracy_ || accuracy > *best_val_accuracy_) {
-    best_val_accuracy_ = accuracy;
-    best_val_step_ = step;
-    best_val_epoch_ = epoch;
+  figures_.val_loss = loss;
+  figures_.val_accuracy = accuracy;
+  if (!figures_.best_val_accuracy || accuracy > *figures_.best_val_accuracy) {
+    figures_.best_val_accuracy = accuracy;
+    figures_.best_val_step = step;
+    figures_.best_val_epoch = epoch;
   }
 }
 
 void RunReport::end_epoch() {
   const Clock::time_point now = Clock::now();
-  epoch_wall_s_.push_back(std::chrono::duration<double>(now - epoch_start_).count());
+  figures_.epoch_wall_s.push_back(std::chrono::duration<double>(now - epoch_start_).count());
   epoch_start_ = now;
   last_epoch_loss_sum_ = epoch_loss_sum_;
   last_epoch_steps_ = epoch_steps_;
@@ -220,26 +218,14 @@ void RunReport::end_epoch() {
 }
 
 RunReport::Summary RunReport::summary() const {
-  Summary s;
+  Summary s = figures_;
   s.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
-  s.step_s = step_s_;
-  s.epoch_wall_s = epoch_wall_s_;
-  s.steps = steps_;
-  s.skipped_steps = skipped_;
-  s.samples = samples_;
   // The epoch in progress when it has steps, else the last one that ended.
   if (epoch_steps_ > 0) {
     s.last_epoch_train_loss = epoch_loss_sum_ / static_cast<double>(epoch_steps_);
   } else if (last_epoch_steps_ > 0) {
     s.last_epoch_train_loss = last_epoch_loss_sum_ / static_cast<double>(last_epoch_steps_);
   }
-  s.last_loss = last_loss_;
-  s.last_step = last_step_;
-  s.val_loss = val_loss_;
-  s.val_accuracy = val_accuracy_;
-  s.best_val_accuracy = best_val_accuracy_;
-  s.best_val_step = best_val_step_;
-  s.best_val_epoch = best_val_epoch_;
   return s;
 }
 
@@ -248,10 +234,7 @@ std::vector<std::string> RunReport::format_summary(const Summary& s) const {
   lines.push_back(fmt::format("{}: done at step {}", header_.program, s.last_step));
   std::string time = "  time         " + format_duration(s.wall_s) + " in all";
   if (!s.epoch_wall_s.empty()) {
-    double sum = 0;
-    for (double e : s.epoch_wall_s) sum += e;
-    time += fmt::format(", {} per epoch ({} epoch{} ended)",
-                        format_duration(sum / static_cast<double>(s.epoch_wall_s.size())),
+    time += fmt::format(", {} per epoch ({} epoch{} ended)", format_duration(mean(s.epoch_wall_s)),
                         s.epoch_wall_s.size(), s.epoch_wall_s.size() == 1 ? "" : "s");
   }
   lines.push_back(time);
@@ -286,21 +269,17 @@ void RunReport::finish() {
   auto number = [](const std::optional<double>& v) {
     return v ? fmt::format("{:.6g}", *v) : std::string("null");
   };
-  double epoch_sum = 0;
-  for (double e : s.epoch_wall_s) epoch_sum += e;
   std::string record = fmt::format(
       R"("run": "end", "step": {}, "wall_s": {:.3f}, "epoch_wall_s": {}, "samples_per_s": {}, )"
       R"("skipped_steps": {}, "steps": {}, "train_loss": {}, "val_loss": {}, "val_accuracy": {}, )"
       R"("best_val_accuracy": {}, "best_val_step": {}, "checkpoint": {})",
       s.last_step, s.wall_s,
-      s.epoch_wall_s.empty()
-          ? std::string("null")
-          : fmt::format("{:.3f}", epoch_sum / static_cast<double>(s.epoch_wall_s.size())),
+      s.epoch_wall_s.empty() ? std::string("null") : fmt::format("{:.3f}", mean(s.epoch_wall_s)),
       s.step_s > 0 ? fmt::format("{:.1f}", s.samples / s.step_s) : std::string("null"),
       s.skipped_steps, s.steps, number(s.last_epoch_train_loss), number(s.val_loss),
       number(s.val_accuracy), number(s.best_val_accuracy),
       s.best_val_accuracy ? std::to_string(s.best_val_step) : std::string("null"),
-      last_checkpoint_.empty() ? std::string("null") : json_string(last_checkpoint_));
+      last_checkpoint_.empty() ? std::string("null") : core::json_string(last_checkpoint_));
   if (header_.tokens_per_sample > 0 && s.step_s > 0)
     record += fmt::format(R"(, "tokens_per_s": {:.1f})",
                           static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);

@@ -121,12 +121,9 @@ class RunReport {
   RunHeader header_;
   MetricsWriter& metrics_;
   Clock::time_point start_, epoch_start_;
-  std::vector<double> epoch_wall_s_;
-  std::int64_t steps_ = 0, skipped_ = 0, samples_ = 0, last_step_ = 0;
-  double step_s_ = 0, epoch_loss_sum_ = 0, last_epoch_loss_sum_ = 0;
+  Summary figures_;  // kept as they come; summary() adds wall_s and last_epoch_train_loss
+  double epoch_loss_sum_ = 0, last_epoch_loss_sum_ = 0;
   std::int64_t epoch_steps_ = 0, last_epoch_steps_ = 0;
-  std::optional<double> last_loss_, val_loss_, val_accuracy_, best_val_accuracy_;
-  std::int64_t best_val_step_ = 0, best_val_epoch_ = 0;
   std::string last_checkpoint_;
 };
 

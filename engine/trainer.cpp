@@ -1,7 +1,7 @@
 // Trainer (engine/trainer.h).
 #include "engine/trainer.h"
 
-#include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cmath>
@@ -60,11 +60,6 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
 
 comm::NamedValues Trainer::agreement_fields() const {
   const ScheduleOptions& s = scheduler_.options();
-  std::string milestones;
-  for (std::int64_t m : s.milestones) {
-    if (!milestones.empty()) milestones += ',';
-    milestones += std::to_string(m);
-  }
   const LossScalerOptions& l = scaler_.options();
   // The caller's fields first: they are in the words of its configuration.
   comm::NamedValues fields = options_.agreement;
@@ -78,7 +73,7 @@ comm::NamedValues Trainer::agreement_fields() const {
        fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
                    "eta_min={}",
                    kind_name(scheduler_.kind()), s.warmup_steps, s.total_steps, s.step_size,
-                   milestones, s.gamma, s.eta_min)},
+                   fmt::join(s.milestones, ","), s.gamma, s.eta_min)},
       {"trainer.loss_scaler", l.enabled
                                   ? fmt::format("init_scale={} growth_factor={} backoff_factor={} "
                                                 "growth_interval={} min_scale={}",

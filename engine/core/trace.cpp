@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/core/json.h"
 #include "kernels/error.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -29,7 +30,7 @@ namespace {
 constexpr std::size_t kEventsPerThread = std::size_t{1} << 16;
 
 struct Event {
-  char name[48];
+  char name[kNameBytes];
   const char* category;
   std::int64_t start_ns;
   std::int64_t duration_ns;  // -1: an instant
@@ -85,7 +86,7 @@ Buffer& buffer() {
   return *t_buffer;
 }
 
-void copy_name(char (&out)[48], std::string_view name, std::string_view detail) {
+void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view detail) {
   std::size_t n = std::min(name.size(), sizeof out - 1);
   std::memcpy(out, name.data(), n);
   if (!detail.empty() && n + 1 < sizeof out - 1) {
@@ -97,7 +98,7 @@ void copy_name(char (&out)[48], std::string_view name, std::string_view detail) 
   out[n] = '\0';
 }
 
-void record(const char (&name)[48], const char* category, std::int64_t start_ns,
+void record(const char (&name)[kNameBytes], const char* category, std::int64_t start_ns,
             std::int64_t duration_ns) {
   Buffer& b = buffer();
   const std::size_t i = b.size.load(std::memory_order_relaxed);
@@ -119,19 +120,6 @@ void update_recording() {
   const std::int64_t step = s.step.load(std::memory_order_relaxed);
   detail::recording.store(s.enabled && step >= s.window.first && step <= s.window.last,
                           std::memory_order_relaxed);
-}
-
-std::string escaped(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\')
-      out += {'\\', c};
-    else if (static_cast<unsigned char>(c) < 0x20)
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    else
-      out += c;
-  }
-  return out;
 }
 
 std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
@@ -200,7 +188,7 @@ void set_thread_name(std::string_view name) {
 
 void instant(std::string_view name, const char* category) {
   if (!active()) return;
-  char text[48];
+  char text[kNameBytes];
   copy_name(text, name, {});
   record(text, category, ns(Clock::now()), -1);
 #if LOCKSTEP_WITH_CUDA
@@ -245,15 +233,15 @@ std::filesystem::path finish() {
   for (const auto& b : s.buffers) {
     out += fmt::format(
         ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, "
-        "\"args\": {{\"name\": \"{}\"}}}}",
-        s.rank, b->tid, escaped(b->thread_name));
+        "\"args\": {{\"name\": {}}}}}",
+        s.rank, b->tid, json_string(b->thread_name));
     dropped += b->dropped.load(std::memory_order_relaxed);
     const std::size_t n = b->size.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < n; ++i) {
       const Event& e = b->events[i];
-      out +=
-          fmt::format(",\n{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
-                      escaped(e.name), e.category, e.duration_ns < 0 ? "i" : "X", us(e.start_ns));
+      out += fmt::format(",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
+                         json_string(e.name), e.category, e.duration_ns < 0 ? "i" : "X",
+                         us(e.start_ns));
       if (e.duration_ns >= 0)
         out += fmt::format("\"dur\": {}, ", us(e.duration_ns));
       else

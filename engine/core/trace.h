@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -26,6 +27,9 @@ StepWindow parse_step_window(std::string_view text, std::string_view what);
 namespace detail {
 extern std::atomic<bool> recording;
 }
+
+// A span's or instant's name buffer, its NUL included.
+inline constexpr std::size_t kNameBytes = 48;
 
 // Whether spans are being recorded now (enabled and the step is in the window).
 inline bool active() { return detail::recording.load(std::memory_order_relaxed); }
@@ -52,7 +56,7 @@ void instant(std::string_view name, const char* category);
 
 // A span from construction (or open()) to destruction. Names are read only
 // when active; a name of two parts is joined by a space ("forward", "fc1").
-// Names longer than 47 bytes are cut.
+// Names longer than kNameBytes - 1 (47) bytes are cut.
 class Span {
  public:
   Span() = default;
@@ -79,7 +83,7 @@ class Span {
   bool open_ = false;
   const char* category_ = nullptr;
   Clock::time_point start_;
-  char name_[48];
+  char name_[kNameBytes];
 };
 
 }  // namespace lockstep::core::trace

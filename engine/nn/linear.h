@@ -1,8 +1,8 @@
 // Linear: y = x W^T + b for x [..., in_features], W [out, in] (PyTorch's
-// layout); leading dimensions are rows. Under autocast the GEMMs run in f16/bf16 with f32
-// accumulation on a low-precision copy of W made once per weight version (once per optimizer step,
-// not per micro-batch), and dW lands in the f32 gradient directly (GEMM with an f32 C and beta =
-// 1).
+// layout); leading dimensions are rows. Under autocast the GEMMs run in
+// f16/bf16 with f32 accumulation on a low-precision copy of W made once per
+// weight version (once per optimizer step, not per micro-batch), and dW lands
+// in the f32 gradient directly (GEMM with an f32 C and beta = 1).
 #pragma once
 
 #include <cstdint>

@@ -44,8 +44,8 @@ class MSELoss {
 };
 
 // Rows whose largest logit (the first on ties) is the label (shapes as for
-// CrossEntropyLoss), ignoring rows labelled ignore_index: a one-element f32 count on the logits'
-// device.
+// CrossEntropyLoss), ignoring rows labelled ignore_index: a one-element f32
+// count on the logits' device.
 core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,
                            const core::Stream& stream, std::int64_t ignore_index = -100);
 
