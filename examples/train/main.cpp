@@ -115,6 +115,10 @@ int run(Flags& f, comm::World& world) {
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
 
+  if (f.sample_tokens > 0 && !preset.language_model)
+    throw InvalidArgument(
+        fmt::format("--sample-tokens {}: --model {} generates no text (only the GPT presets do)",
+                    f.sample_tokens, f.model));
   io::Dataset train_data = io::Dataset::open(f.data);
   check_data_fits(preset, train_data, "--data", f.data);
   std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
@@ -353,7 +357,7 @@ int run(Flags& f, comm::World& world) {
     }
   }
   save(next_epoch, next_position);
-  if (lead && f.sample_tokens > 0 && preset.language_model) {
+  if (lead && f.sample_tokens > 0) {
     const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
     const std::vector<std::int32_t> text =
         generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
@@ -389,10 +393,12 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
   app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
       ->capture_default_str();
-  app.add_option("--sample-tokens", f.sample_tokens,
-                 "GPT presets: after training, print this many greedily generated tokens")
-      ->capture_default_str();
-  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues");
+  auto* sample_tokens =
+      app.add_option("--sample-tokens", f.sample_tokens,
+                     "GPT presets: after training, print this many greedily generated tokens")
+          ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues")
+      ->needs(sample_tokens);
   auto* epochs = app.add_option("--epochs", f.epochs,
                                 "epochs to train [default: 1 when --steps is not given either]");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
@@ -441,6 +447,8 @@ int main(int argc, char** argv) {
   app.get_option("--data")->check(non_empty());
   app.get_option("--val-data")->check(non_empty());
   app.get_option("--model")->check(model_name());
+  app.get_option("--sample-tokens")->check(within(0, 1e6));
+  app.get_option("--prompt")->check(non_empty());
   app.get_option("--epochs")->check(within(1, kMaxEpochs));
   app.get_option("--steps")->check(within(1, kMaxSteps));
   app.get_option("--batch-size")->check(within(1, kMaxRows));

@@ -60,6 +60,8 @@ refuses "$ts" --checkpoint-every -1 nan 1e15 EMPTY
 refuses "$ts" --seed -1 nan 1e30 EMPTY
 refuses "$t" --epochs 0 -1 nan 1e7 EMPTY
 refuses "$t" --steps 0 -1 nan 1e15 EMPTY
+refuses "$ts" --sample-tokens -1 nan 1e7 EMPTY 5  # 5: the default mlp generates no text
+refuses "$ts --sample-tokens 5 --model gpt-tiny" --prompt EMPTY
 for flag in --model --optimizer --schedule --precision --device --shuffle --log-level; do
   refuses "$ts" "$flag" EMPTY nonsense
 done
