@@ -304,16 +304,14 @@ int run(Flags& f, comm::World& world) {
       next_epoch = epoch;
       next_position = loader.position().position;
       report->record_step(r->step, r->loss, r->samples / tokens_per_window, r->seconds, r->skipped);
-      if (lead) {
+      if (lead && !f.metrics.empty())  // formatted only when written
         metrics.write(fmt::format(
             R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
             r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
             r->samples / r->seconds, r->skipped_steps));
-        if (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1)
-          fmt::print("{}\n",
-                     progress_line(r->step, total_steps, r->loss, r->lr, r->samples / r->seconds,
-                                   eta.eta_s(r->step, total_steps)));
-      }
+      if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
+        fmt::print("{}\n", progress_line(r->step, total_steps, r->loss, r->lr,
+                                         r->samples / r->seconds, eta.eta_s(r->step, total_steps)));
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
