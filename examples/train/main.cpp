@@ -171,10 +171,10 @@ int run(Flags& f, comm::World& world) {
   schedule.total_steps = total_steps;
   schedule.warmup_steps = f.warmup;
   schedule.step_size = std::max<std::int64_t>(1, total_steps / 3);  // --schedule step: 3 decays
-  LossScaler scaler = LossScaler::for_autocast(autocast_for(f.precision));
   TrainerOptions trainer_options;
   trainer_options.accumulation = f.accum;
   trainer_options.autocast = autocast_for(f.precision);
+  LossScaler scaler = LossScaler::for_autocast(trainer_options.autocast);
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
@@ -207,7 +207,10 @@ int run(Flags& f, comm::World& world) {
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
   std::optional<io::Dataset> val_data;
-  if (!f.val_data.empty()) val_data = io::Dataset::open(f.val_data);
+  if (!f.val_data.empty()) {
+    val_data = io::Dataset::open(f.val_data);
+    check_data_fits(preset, *val_data, "--val-data", f.val_data);
+  }
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);
   trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
@@ -259,11 +262,10 @@ int run(Flags& f, comm::World& world) {
   };
 
   std::optional<io::DataLoader> val_loader;
-  if (!f.val_data.empty()) {
+  if (val_data) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    check_data_fits(preset, *val_data, "--val-data", f.val_data);
     val_loader.emplace(*val_data, v);
   }
   RunHeader header{.program = "lockstep-train",
