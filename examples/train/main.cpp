@@ -408,7 +408,8 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", f.optimizer, "sgd or adamw")->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "weight decay, on every parameter")
+  app.add_option("--weight-decay", f.weight_decay,
+                 "weight decay (on every parameter unless --no-decay-bias-norm)")
       ->capture_default_str();
   app.add_flag("--no-decay-bias-norm", f.no_decay_bias_norm, "no weight decay on biases and norms");
   app.add_option("--schedule", f.schedule, "constant, step, cosine or linear")
@@ -476,6 +477,12 @@ int main(int argc, char** argv) {
   app.get_option("--trace")->check(non_empty());
   app.get_option("--trace-steps")->check(step_window());
   CLI11_PARSE(app, argc, argv);
+  if (app.count("--momentum") > 0 && f.optimizer != "sgd") {
+    fmt::print(stderr,
+               "lockstep-train: --momentum {} is SGD's: --optimizer {} has none (leave it out)\n",
+               f.momentum, f.optimizer);
+    return 1;
+  }
   try {
     comm::InitOptions init;
     init.use_gpu = f.device != "cpu";

@@ -50,6 +50,7 @@ refuses "$ts" --batch-size 0 -1 nan 1e12 1.5 abc EMPTY 4096
 refuses "$ts" --accum 0 -1 nan inf 99999999999 EMPTY 2048
 refuses "$ts" --lr -1 nan inf 1e300 EMPTY
 refuses "$ts" --momentum -0.5 nan 2 EMPTY
+refuses "$ts --optimizer adamw" --momentum 0.5  # AdamW has no momentum to set
 refuses "$ts" --weight-decay -1 nan inf EMPTY
 refuses "$ts" --clip -1 nan inf EMPTY
 refuses "$ts" --warmup -1 nan 1e15 EMPTY
