@@ -5,7 +5,6 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +101,7 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
-int run(Flags& f, comm::World& world) {
+int run(const Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
   if (!f.trace.empty()) {
     world.host().barrier();
