@@ -286,7 +286,7 @@ int run(const Flags& f, comm::World& world) {
                    .metrics_path = f.metrics};
   if (val_data) header.data.push_back({"val", f.val_data, &*val_data});
   // A language model's step counts target tokens (StepResult::samples); the
-  // report counts windows, and tokens/s from them.
+  // report, the metrics and the progress line count windows (tokens/s: the summary).
   const std::int64_t tokens_per_window =
       preset.language_model ? train_data.format().sample_shape[0] - 1 : 1;
   if (preset.language_model) header.tokens_per_sample = tokens_per_window;
@@ -304,15 +304,18 @@ int run(const Flags& f, comm::World& world) {
       if (!r) break;
       next_epoch = epoch;
       next_position = loader.position().position;
-      report->record_step(r->step, r->loss, r->samples / tokens_per_window, r->seconds, r->skipped);
+      // Samples (windows for a language model) per second, as the summary counts them.
+      const std::int64_t samples = r->samples / tokens_per_window;
+      const double samples_per_s = static_cast<double>(samples) / r->seconds;
+      report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
       if (lead && !f.metrics.empty())  // formatted only when written
         metrics.write(fmt::format(
             R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
             r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            r->samples / r->seconds, r->skipped_steps));
+            samples_per_s, r->skipped_steps));
       if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
-        fmt::print("{}\n", progress_line(r->step, total_steps, r->loss, r->lr,
-                                         r->samples / r->seconds, eta.eta_s(r->step, total_steps)));
+        fmt::print("{}\n", progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
+                                         eta.eta_s(r->step, total_steps)));
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
