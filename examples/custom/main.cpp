@@ -160,9 +160,10 @@ int main(int argc, char** argv) {
       last_loss = totals.mean_loss();
       report.record_step(step, last_loss, totals.samples, seconds, false);
       if (world->rank() == 0) {
-        metrics.write(
-            fmt::format(R"("step": {}, "epoch": {}, "loss": {:.6g}, "samples_per_s": {:.1f})", step,
-                        epoch + 1, last_loss, totals.samples / seconds));
+        if (!metrics_path.empty())  // formatted only when written
+          metrics.write(
+              fmt::format(R"("step": {}, "epoch": {}, "loss": {:.6g}, "samples_per_s": {:.1f})",
+                          step, epoch + 1, last_loss, totals.samples / seconds));
         if (step % header.steps_per_epoch == 0)
           std::printf("%s\n", engine::progress_line(step, header.total_steps, last_loss, 0.01,
                                                     totals.samples / seconds,

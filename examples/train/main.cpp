@@ -5,7 +5,6 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +101,7 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
-int run(Flags& f, comm::World& world) {
+int run(const Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
   if (!f.trace.empty()) {
     world.host().barrier();
@@ -115,6 +114,10 @@ int run(Flags& f, comm::World& world) {
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
 
+  if (f.sample_tokens > 0 && !preset.language_model)
+    throw InvalidArgument(
+        fmt::format("--sample-tokens {}: --model {} generates no text (only the GPT presets do)",
+                    f.sample_tokens, f.model));
   io::Dataset train_data = io::Dataset::open(f.data);
   check_data_fits(preset, train_data, "--data", f.data);
   std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
@@ -167,10 +170,10 @@ int run(Flags& f, comm::World& world) {
   schedule.total_steps = total_steps;
   schedule.warmup_steps = f.warmup;
   schedule.step_size = std::max<std::int64_t>(1, total_steps / 3);  // --schedule step: 3 decays
-  LossScaler scaler = LossScaler::for_autocast(autocast_for(f.precision));
   TrainerOptions trainer_options;
   trainer_options.accumulation = f.accum;
   trainer_options.autocast = autocast_for(f.precision);
+  LossScaler scaler = LossScaler::for_autocast(trainer_options.autocast);
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
@@ -203,7 +206,10 @@ int run(Flags& f, comm::World& world) {
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
   std::optional<io::Dataset> val_data;
-  if (!f.val_data.empty()) val_data = io::Dataset::open(f.val_data);
+  if (!f.val_data.empty()) {
+    val_data = io::Dataset::open(f.val_data);
+    check_data_fits(preset, *val_data, "--val-data", f.val_data);
+  }
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);
   trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
@@ -255,11 +261,10 @@ int run(Flags& f, comm::World& world) {
   };
 
   std::optional<io::DataLoader> val_loader;
-  if (!f.val_data.empty()) {
+  if (val_data) {
     io::LoaderOptions v = loader_options;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
-    check_data_fits(preset, *val_data, "--val-data", f.val_data);
     val_loader.emplace(*val_data, v);
   }
   RunHeader header{.program = "lockstep-train",
@@ -281,7 +286,7 @@ int run(Flags& f, comm::World& world) {
                    .metrics_path = f.metrics};
   if (val_data) header.data.push_back({"val", f.val_data, &*val_data});
   // A language model's step counts target tokens (StepResult::samples); the
-  // report counts windows, and tokens/s from them.
+  // report, the metrics and the progress line count windows (tokens/s: the summary).
   const std::int64_t tokens_per_window =
       preset.language_model ? train_data.format().sample_shape[0] - 1 : 1;
   if (preset.language_model) header.tokens_per_sample = tokens_per_window;
@@ -299,17 +304,18 @@ int run(Flags& f, comm::World& world) {
       if (!r) break;
       next_epoch = epoch;
       next_position = loader.position().position;
-      report->record_step(r->step, r->loss, r->samples / tokens_per_window, r->seconds, r->skipped);
-      if (lead) {
+      // Samples (windows for a language model) per second, as the summary counts them.
+      const std::int64_t samples = r->samples / tokens_per_window;
+      const double samples_per_s = static_cast<double>(samples) / r->seconds;
+      report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
+      if (lead && !f.metrics.empty())  // formatted only when written
         metrics.write(fmt::format(
             R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
             r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            r->samples / r->seconds, r->skipped_steps));
-        if (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1)
-          fmt::print("{}\n",
-                     progress_line(r->step, total_steps, r->loss, r->lr, r->samples / r->seconds,
-                                   eta.eta_s(r->step, total_steps)));
-      }
+            samples_per_s, r->skipped_steps));
+      if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
+        fmt::print("{}\n", progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
+                                         eta.eta_s(r->step, total_steps)));
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
@@ -353,7 +359,7 @@ int run(Flags& f, comm::World& world) {
     }
   }
   save(next_epoch, next_position);
-  if (lead && f.sample_tokens > 0 && preset.language_model) {
+  if (lead && f.sample_tokens > 0) {
     const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
     const std::vector<std::int32_t> text =
         generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
@@ -389,10 +395,12 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
   app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
       ->capture_default_str();
-  app.add_option("--sample-tokens", f.sample_tokens,
-                 "GPT presets: after training, print this many greedily generated tokens")
-      ->capture_default_str();
-  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues");
+  auto* sample_tokens =
+      app.add_option("--sample-tokens", f.sample_tokens,
+                     "GPT presets: after training, print this many greedily generated tokens")
+          ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "GPT presets: the bytes --sample-tokens continues")
+      ->needs(sample_tokens);
   auto* epochs = app.add_option("--epochs", f.epochs,
                                 "epochs to train [default: 1 when --steps is not given either]");
   app.add_option("--steps", f.steps, "optimizer steps to train (instead of --epochs)")
@@ -402,7 +410,8 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", f.optimizer, "sgd or adamw")->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "weight decay, on every parameter")
+  app.add_option("--weight-decay", f.weight_decay,
+                 "weight decay (on every parameter unless --no-decay-bias-norm)")
       ->capture_default_str();
   app.add_flag("--no-decay-bias-norm", f.no_decay_bias_norm, "no weight decay on biases and norms");
   app.add_option("--schedule", f.schedule, "constant, step, cosine or linear")
@@ -441,6 +450,8 @@ int main(int argc, char** argv) {
   app.get_option("--data")->check(non_empty());
   app.get_option("--val-data")->check(non_empty());
   app.get_option("--model")->check(model_name());
+  app.get_option("--sample-tokens")->check(within(0, 1e6));
+  app.get_option("--prompt")->check(non_empty());
   app.get_option("--epochs")->check(within(1, kMaxEpochs));
   app.get_option("--steps")->check(within(1, kMaxSteps));
   app.get_option("--batch-size")->check(within(1, kMaxRows));
@@ -468,6 +479,12 @@ int main(int argc, char** argv) {
   app.get_option("--trace")->check(non_empty());
   app.get_option("--trace-steps")->check(step_window());
   CLI11_PARSE(app, argc, argv);
+  if (app.count("--momentum") > 0 && f.optimizer != "sgd") {
+    fmt::print(stderr,
+               "lockstep-train: --momentum {} is SGD's: --optimizer {} has none (leave it out)\n",
+               f.momentum, f.optimizer);
+    return 1;
+  }
   try {
     comm::InitOptions init;
     init.use_gpu = f.device != "cpu";

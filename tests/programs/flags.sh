@@ -52,6 +52,7 @@ refuses "$ts" --batch-size 0 -1 nan 1e12 1.5 abc EMPTY 4096
 refuses "$ts" --accum 0 -1 nan inf 99999999999 EMPTY 2048
 refuses "$ts" --lr -1 nan inf 1e300 EMPTY
 refuses "$ts" --momentum -0.5 nan 2 EMPTY
+refuses "$ts --optimizer adamw" --momentum 0.5  # AdamW has no momentum to set
 refuses "$ts" --weight-decay -1 nan inf EMPTY
 refuses "$ts" --clip -1 nan inf EMPTY
 refuses "$ts" --warmup -1 nan 1e15 EMPTY
@@ -62,6 +63,8 @@ refuses "$ts" --checkpoint-every -1 nan 1e15 EMPTY
 refuses "$ts" --seed -1 nan 1e30 EMPTY
 refuses "$t" --epochs 0 -1 nan 1e7 EMPTY
 refuses "$t" --steps 0 -1 nan 1e15 EMPTY
+refuses "$ts" --sample-tokens -1 nan 1e7 EMPTY 5  # 5: the default mlp generates no text
+refuses "$ts --sample-tokens 5 --model gpt-tiny" --prompt EMPTY
 for flag in --model --optimizer --schedule --precision --device --shuffle --log-level; do
   refuses "$ts" "$flag" EMPTY nonsense
 done
