@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "comm/watchdog.h"
+#include "engine/core/json.h"
 #include "engine/core/log.h"
 
 namespace lockstep::comm {
@@ -38,21 +39,6 @@ void copy_name(char (&to)[N], std::string_view from) {
   const std::size_t n = std::min(from.size(), N - 1);
   std::memcpy(to, from.data(), n);
   to[n] = '\0';
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -143,16 +129,16 @@ std::string FlightRecorder::json(int rank, int size, std::int64_t step,
   std::string out = fmt::format(
       "{{\"rank\": {}, \"size\": {}, \"reason\": {}, \"step\": {}, \"capacity\": {}, "
       "\"recorded\": {}, \"epoch_unix_ns\": {}, \"now_ns\": {},\n \"collectives\": [",
-      rank, size, json_string(reason), step, ring_.size(), next_, epoch_unix_ns_, now_ns());
+      rank, size, core::json_string(reason), step, ring_.size(), next_, epoch_unix_ns_, now_ns());
   bool first = true;
   for (const FlightRecord& r : records()) {
     out += fmt::format(
         "{}\n  {{\"sequence\": {}, \"communicator\": {}, \"kind\": {}, \"count\": {}, "
         "\"bytes\": {}, \"dtype\": \"{}\", \"step\": {}, \"bucket\": {}, \"enqueue_ns\": {}, "
         "\"start_ns\": {}, \"end_ns\": {}, \"state\": \"{}\"}}",
-        first ? "" : ",", r.sequence, json_string(r.communicator), json_string(r.kind), r.count,
-        r.count * static_cast<std::int64_t>(dtype_size(r.dtype)), dtype_name(r.dtype), r.step,
-        r.bucket, r.enqueue_ns, r.start_ns, r.end_ns, flight_state_name(r.state));
+        first ? "" : ",", r.sequence, core::json_string(r.communicator), core::json_string(r.kind),
+        r.count, r.count * static_cast<std::int64_t>(dtype_size(r.dtype)), dtype_name(r.dtype),
+        r.step, r.bucket, r.enqueue_ns, r.start_ns, r.end_ns, flight_state_name(r.state));
     first = false;
   }
   return out + "\n]}\n";

@@ -9,7 +9,7 @@
 // told apart by their keys: a run record ("run": "start" or "end") with the
 // header's or summary's figures; a step record ("loss"); an evaluation
 // record ("val_loss", "val_accuracy"). Epochs count from 1 in every record
-// and on the console; tools/plot.py and tools/tensorboard.py read the same.
+// and on the console; tools/plot.py and tools/to_tensorboard.py read the same.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,7 @@
 // JSON string quoting for the files the library writes by hand (the timeline
-// trace, the metrics records): one escaper, so that every file quotes a name
-// the same way and stays valid JSON whatever bytes the name holds.
+// trace, the metrics records, the flight recorder's dumps): one escaper, so
+// that every file quotes a name the same way and stays valid JSON whatever
+// bytes the name holds.
 #pragma once
 
 #include <string>
