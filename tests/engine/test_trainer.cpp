@@ -19,6 +19,7 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
+#include "io/loader.h"
 #include "io/shard_writer.h"
 #include "support/world_of_one.h"
 
@@ -117,7 +118,7 @@ struct Run {
     else
       optimizer = std::make_unique<SGD>(*store, single_group(*store, 0.1, 0.0),
                                         SgdOptions{.momentum = 0.9});
-    TrainerOptions o;
+    StepOptions o;
     o.accumulation = accumulation;
     o.autocast = autocast;
     o.seed = 9;
