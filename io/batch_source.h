@@ -52,8 +52,8 @@ class BatchSource {
 
  protected:
   BatchSource() = default;
-  BatchSource(const BatchSource&) = delete;
-  BatchSource& operator=(const BatchSource&) = delete;
+  BatchSource(const BatchSource&) = default;  // for the sources that can be copied
+  BatchSource& operator=(const BatchSource&) = default;
 
  private:
   virtual void do_start_epoch(std::int64_t epoch, std::int64_t position) = 0;
