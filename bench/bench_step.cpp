@@ -44,13 +44,14 @@ struct Measure {
 // the machine's drift does not tilt their ratio; the peak memory then comes
 // from the warm-up.
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
-                     std::optional<DType> autocast, core::Device device, int steps,
+                     std::optional<DType> autocast, core::Device device, int steps, int threads,
                      const std::function<void()>& floor = nullptr) {
   bench::SyntheticTraining t(name, batch, device);
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
   StepOptions options;
   options.autocast = autocast;
+  options.sync.host_overlap = comm::host_overlap_pays(world, threads);  // as lockstep-train
   DataParallelStep data_parallel(*t.model, *t.store, *t.sgd, make_scheduler("constant", {}), scaler,
                                  &world, options, stream);
   const MicroBatch micro_batch{t.x, t.y};
@@ -198,7 +199,7 @@ int main(int argc, char** argv) {
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
-    const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps,
+    const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps, threads,
                                       gemm_floor ? mlp_gemms(batch) : nullptr);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
