@@ -79,9 +79,8 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
     // Duplicated in both modes: ranks may choose differently (host_overlap
     // depends on each node's cores) and a duplicate is a collective.
     thread_comm_ = comm_.duplicate("gradients");
-    // A world of one has nothing to overlap: a thread would only cost wake-ups.
-    runner_ = options_.host_overlap && comm_.size() > 1 ? detail::make_thread_runner(reduce)
-                                                        : detail::make_deferred_runner(reduce);
+    runner_ = options_.host_overlap ? detail::make_thread_runner(reduce)
+                                    : detail::make_deferred_runner(reduce);
   }
 }
 

@@ -55,8 +55,7 @@ struct SynchronizerOptions {
   // runs (true), or all of them on the caller's thread in finish() (false).
   // Overlap pays only with a core the compute leaves free (Note [host
   // overlap]); comm::host_overlap_pays says whether this rank has one.
-  // Unused for GPU buffers, which always overlap on a communication stream,
-  // and in a world of one, which has nothing to overlap.
+  // Unused for GPU buffers, which always overlap on a communication stream.
   bool host_overlap = true;
   // The stream backward writes gradients on (GPU buffers); buckets start
   // after it and the averaged gradients are ready on it after finish().

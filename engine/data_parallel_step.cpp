@@ -48,6 +48,9 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   if (world_) {
     comm::check_agreement(world_->host(), agreement_fields());
     options_.sync.compute_stream = stream_;
+    // A world of one has nothing to overlap: a communication thread would
+    // only cost wake-ups (Note [host overlap]).
+    if (world_->size() == 1) options_.sync.host_overlap = false;
     const RankMean mean = rank_mean(world_->size(), store_.device());
     options_.sync.average = mean.synchronizer_averages;
     loss_gradient_divisor_ = mean.loss_gradient_divisor;
