@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "comm/step_agreement.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"

@@ -52,7 +52,6 @@
 
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
-#include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/nn/loss.h"
 #include "engine/nn/module.h"
