@@ -370,3 +370,21 @@ TEST_CASE("the in-memory source and the HDF5 loader over the same rows train bit
   CHECK(a.store->values().to_vector<float>() == b.store->values().to_vector<float>());
   fs::remove_all(dir);
 }
+
+TEST_CASE("a data-parallel step refuses the wrong number of micro-batches, naming the option",
+          "[engine][trainer]") {
+  Run run(false, false, std::nullopt, 1);
+  StepOptions two_micro_batches;
+  two_micro_batches.accumulation = 2;
+  DataParallelStep alone(*run.model, *run.store, *run.optimizer, make_scheduler("constant", {}),
+                         run.scaler, nullptr, two_micro_batches, core::Stream());
+  io::TensorDataset data = source(16);
+  data.start_epoch(0);
+  const io::Batch b = *data.next();
+  const MicroBatch one{b.inputs, b.labels};
+  CHECK_THROWS_WITH(alone.run({&one, 1}),
+                    Catch::Contains("1 micro-batches given, StepOptions::accumulation is 2"));
+  CHECK_THROWS_WITH(alone.synchronizer(), Catch::Contains("this step has no world"));
+  const MicroBatch two[] = {one, one};
+  CHECK(alone.run(two).step == 1);
+}
