@@ -58,7 +58,7 @@ pair lr --data "$work/data" --steps 2 --lr 0.05 -- --data "$work/data" --steps 2
 expect_failure lr "ranks disagree on 'optimizer': rank 0 has 'sgd lr=0.05 [^']*'; rank 1 has 'sgd lr=0.1 "
 
 pair steps --data "$work/data" --steps 2 -- --data "$work/data" --steps 3
-expect_failure steps "ranks disagree on 'trainer.schedule': rank 0 has 'constant [^']*total_steps=2 [^']*'; rank 1 has '[^']*total_steps=3 "
+expect_failure steps "ranks disagree on 'step.schedule': rank 0 has 'constant [^']*total_steps=2 [^']*'; rank 1 has '[^']*total_steps=3 "
 
 pair samples --data "$work/data" --steps 2 -- --data "$work/half" --steps 2
 expect_failure samples "ranks disagree on 'dataset': rank 0 has '512 samples'; rank 1 has '256 samples'"
