@@ -205,7 +205,10 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
         if (name_bytes == 0 || m[header + name_bytes - 1] != 0)
           fail(fmt::format("has an attribute name that does not end in its {} bytes in {}",
                            name_bytes, name));
-        if ((m[4] | m[5] << 8) >= 2) check_datatype(m + header + pad(name_bytes), name);
+        if ((m[4] | m[5] << 8) >= 2)
+          check_datatype(
+              m + header + pad(name_bytes),
+              fmt::format("attribute '{}' of {}", reinterpret_cast<const char*>(m + header), name));
       }
       if (type == 0x03 && !shared && length >= 2) check_datatype(m, name);
       p += 8 + length;
