@@ -11,6 +11,7 @@
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"
+#include "engine/zero.h"
 
 namespace lockstep::engine {
 
@@ -46,6 +47,11 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
   if (options_.max_consecutive_skips < 1)
     throw InvalidArgument("TrainerOptions::max_consecutive_skips must be at least 1, got " +
                           std::to_string(options_.max_consecutive_skips));
+  if (options_.sync.zero_stage != 0 && options_.sync.zero_stage != 1)
+    throw InvalidArgument("Trainer: TrainerOptions::sync.zero_stage is " +
+                          std::to_string(options_.sync.zero_stage) +
+                          "; use 0 (plain data parallelism) or 1 (ZeRO-1: optimizer state "
+                          "sharded over the ranks)");
   comm::check_agreement(world_.host(), agreement_fields());
   options_.sync.compute_stream = stream_;
   const RankMean mean = rank_mean(world_, store_.device());
@@ -53,6 +59,8 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
   loss_gradient_divisor_ = mean.loss_gradient_divisor;
   sync_ = std::make_unique<comm::GradientSynchronizer>(
       world_.for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
+  if (sync_->sharded())
+    optimizer_.shard(world_.for_device(store_.device()), sync_->shard_layout(), stream_);
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
@@ -69,6 +77,7 @@ comm::NamedValues Trainer::agreement_fields() const {
       {"trainer.max_grad_norm", fmt::format("{}", options_.max_grad_norm)},
       {"trainer.seed", std::to_string(options_.seed)},
       {"trainer.max_consecutive_skips", std::to_string(options_.max_consecutive_skips)},
+      {"trainer.zero_stage", std::to_string(options_.sync.zero_stage)},
       {"trainer.schedule",
        fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
                    "eta_min={}",
@@ -146,18 +155,16 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   StepResult r;
   {
     core::trace::Span unscale("unscale and clip", "optimizer");
-    scaler_.unscale(store_.grads(), stream_);
     r.loss_scale = scaler_.scale();
-    bool scaler_clean = true;
     try {
-      scaler_clean = scaler_.update(stream_);
+      r.grad_norm = sync_->sharded() ? check_sharded_gradients(
+                                           store_.grads(), sync_->shard_layout().owned(), scaler_,
+                                           options_.max_grad_norm, world_.host(), stream_)
+                                           .grad_norm
+                                     : unscale_and_clip();
     } catch (const NumericalError& e) {
       throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
     }
-    r.grad_norm = !scaler_clean ? NAN
-                  : options_.max_grad_norm > 0
-                      ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
-                      : grad_norm(store_.grads(), stream_);
     scheduler_.apply(optimizer_, steps_);
     r.lr = optimizer_.lr(0);
   }
@@ -171,6 +178,7 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   if (!r.skipped) {
     core::trace::Span optimizer("optimizer", "optimizer");
     optimizer_.step(stream_);
+    if (sync_->sharded()) sync_->gather(store_.values());  // every rank's updated shard
   }
 
   r.step = ++steps_;
@@ -185,9 +193,18 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   return r;
 }
 
+double Trainer::unscale_and_clip() {
+  scaler_.unscale(store_.grads(), stream_);
+  if (!scaler_.update(stream_)) return NAN;
+  return options_.max_grad_norm > 0
+             ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
+             : grad_norm(store_.grads(), stream_);
+}
+
 void Trainer::throw_nonfinite(std::int64_t step, double mean_loss) {
   // The gradients are the allreduced ones, the same on every rank, so every
-  // rank names the same parameter.
+  // rank names the same parameter; with ZeRO-1 every rank's shard first.
+  if (sync_->sharded()) sync_->gather(store_.grads());
   const std::vector<float> g = store_.grads().to_vector<float>(stream_);
   std::string culprit = "every gradient is finite";
   for (const ParameterStore::Slot& s : store_.slots()) {

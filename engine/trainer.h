@@ -124,6 +124,9 @@ class Trainer {
  private:
   Context make_context(std::int64_t micro_batch, std::int64_t rows);
   comm::NamedValues agreement_fields() const;
+  // Unscale and check, then clip or measure: the norm, NaN for a step the loss
+  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
+  double unscale_and_clip();
   // Note [non-finite steps]: the error after the last allowed skip.
   [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
 

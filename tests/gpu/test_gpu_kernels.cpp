@@ -231,7 +231,8 @@ TEST_CASE("cuda relu backward and dropout select like the cpu, inf and NaN too",
 // contracts p - lr * d into one FMA where the cpu rounds twice: 1e-6 relative
 // holds a rounding or two on values of order 1.
 TEST_CASE("cuda optimizer steps leave a segment with an unknown group untouched", "[gpu][optim]") {
-  const std::vector<kernels::OptimizerSegment> segments = {{0, 5, 0}, {5, 5, 3}, {10, 5, -1}};
+  const std::vector<kernels::OptimizerSegment> segments = {
+      {0, 5, 0, 0}, {5, 5, 3, 5}, {10, 5, -1, 10}};
   std::vector<float> values(15), grads(15);
   for (std::size_t i = 0; i < values.size(); ++i) {
     values[i] = 0.1f * static_cast<float>(i);
