@@ -347,3 +347,23 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one
   }
   fs::remove_all(data);
 }
+
+TEST_CASE("a zero stage other than 0 or 1 is refused, naming the option", "[mpi][zero]") {
+  comm::World& world = test::mpi_world();
+  auto model = net();
+  ParameterStore store(*model, core::Device::cpu());
+  SGD sgd(store, single_group(store, 0.1, 0.0));
+  LossScaler scaler(LossScalerOptions{.enabled = false});
+  TrainerOptions o;
+  o.sync.zero_stage = 2;
+  CHECK_THROWS_WITH(
+      Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
+      Catch::Contains("TrainerOptions::sync.zero_stage is 2; use 0") &&
+          Catch::Contains("or 1 (ZeRO-1"));
+  comm::SynchronizedModel m = synchronized_model(*model, store);
+  CHECK_THROWS_WITH(comm::GradientSynchronizer(world.host(), m, {.zero_stage = -1}),
+                    Catch::Contains("zero_stage -1 is not supported"));
+  // Unsharded, there is nothing to gather.
+  comm::GradientSynchronizer plain(world.host(), m);
+  CHECK_THROWS_WITH(plain.gather(store.values()), Catch::Contains("needs zero_stage 1"));
+}
