@@ -89,6 +89,12 @@ class StepRunner {
     loss_seed_ = 1.0f / static_cast<float>(mean.loss_gradient_divisor);
     sync_ = std::make_unique<comm::GradientSynchronizer>(
         world_->for_device(device), synchronized_model(*t_.model, *t_.store), options);
+    if (!sync_->sharded()) return;
+    // ZeRO-1: synchronised steps update this rank's shard with an optimizer
+    // of its own (the same SGD, sharded); steps without sync keep the whole one.
+    shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
+                                       SgdOptions{.momentum = 0.9}, t_.stream);
+    shard_sgd_->shard(world_->for_device(device), sync_->shard_layout(), t_.stream);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
@@ -121,7 +127,12 @@ class StepRunner {
     }
     {
       core::trace::Span optimizer("optimizer", "optimizer");
-      t_.sgd->step(t_.stream);
+      if (synchronise && shard_sgd_) {
+        shard_sgd_->step(t_.stream);
+        sync_->gather(t_.store->values());
+      } else {
+        t_.sgd->step(t_.stream);
+      }
     }
     if (synchronise) {
       const float local = loss.to_vector<float>(t_.stream)[0];
@@ -131,11 +142,13 @@ class StepRunner {
     ++steps_;
   }
 
-  // Every bucket's allreduce with nothing to overlap it.
+  // Every bucket's allreduce (ZeRO-1: reduce-scatter, then the parameter
+  // gather) with nothing to overlap it.
   void communicate_only() {
     sync_->begin_step(steps_++);
     for (std::size_t s = 0; s < sync_->segments().size(); ++s) sync_->mark_ready(s);
     sync_->finish();
+    if (shard_sgd_) sync_->gather(t_.store->values());
   }
 
   struct Profile {
@@ -183,6 +196,10 @@ class StepRunner {
   }
 
   void synchronize() const { t_.stream.synchronize(); }
+  // Optimizer state held by this rank in synchronised steps.
+  std::int64_t optimizer_state_bytes() const {
+    return (shard_sgd_ ? *shard_sgd_ : *t_.sgd).state_bytes();
+  }
   const comm::GradientSynchronizer& synchronizer() const { return *sync_; }
   std::int64_t parameters() const {
     std::int64_t n = 0;
@@ -203,6 +220,7 @@ class StepRunner {
   std::optional<DType> autocast_;
   comm::World* world_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;
+  std::unique_ptr<SGD> shard_sgd_;  // ZeRO-1's
   CrossEntropyLoss loss_;
   std::int64_t steps_ = 0;
   std::int64_t synced_steps_ = 0;  // the trace's step numbers
@@ -370,7 +388,7 @@ double gemm_gflops(core::Device device, std::optional<DType> autocast) {
 struct Options {
   std::string model = "mlp", precision = "fp32", device = "cpu", mode = "both", json;
   std::int64_t batch = 128, global_batch = 0;
-  int threads = 1;
+  int threads = 1, zero = 0;
   double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
   std::string host_overlap = "auto";
   bool link = true;
@@ -408,6 +426,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
   sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
   sync.host_overlap =
       o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
+  sync.zero_stage = o.zero;
   StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
   if (rank0) {
     const auto p = runner.profile();
@@ -430,15 +449,21 @@ int run(comm::World& world, const Options& o, const Config& config) {
              bench::field("backward_ms", p.backward_ms),
              bench::field("optimizer_ms", p.optimizer_ms),
              bench::field("step_ms", p.forward_ms + p.backward_ms + p.optimizer_ms),
+             bench::field("zero", static_cast<long long>(o.zero)),
+             bench::field("optimizer_state_bytes",
+                          static_cast<long long>(runner.optimizer_state_bytes())),
              {"buckets", list}})
       fields.push_back(f);
     json.write(fields);
     fmt::print(
         "{} batch {} per rank, {} {}, {} ranks, {} thread(s) each; {} parameters in {} "
-        "buckets{}\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
+        "buckets{}{}\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
         "{:.2f} ms\n\n",
         o.model, o.batch, device.str(), o.precision, n, o.threads, runner.parameters(),
         buckets.size(),
+        o.zero == 1 ? fmt::format(", ZeRO-1 ({} bytes of optimizer state per rank)",
+                                  runner.optimizer_state_bytes())
+                    : "",
         device.is_cuda()    ? ""
         : sync.host_overlap ? ", reduced during backward"
                             : ", reduced after backward",
@@ -453,6 +478,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     print_row(r, n);
     auto fields = common("scaling");
     for (auto& f : row_fields(r, n)) fields.push_back(f);
+    fields.push_back(bench::field("zero", static_cast<long long>(o.zero)));
+    fields.push_back(bench::field("optimizer_state_bytes",
+                                  static_cast<long long>(runner.optimizer_state_bytes())));
     fields.push_back(device.is_cuda()
                          ? bench::JsonField{"host_overlap", "null"}
                          : bench::JsonField{"host_overlap", sync.host_overlap ? "true" : "false"});
@@ -545,6 +573,10 @@ int main(int argc, char** argv) {
                  "host gradients reduced during backward (on), after it (off), or on when a core "
                  "is spare (auto)")
       ->capture_default_str();
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 0 (allreduce, whole optimizer state) or 1 (reduce-scatter, "
+                 "sharded state, parameter all-gather)")
+      ->capture_default_str();
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
@@ -566,6 +598,7 @@ int main(int argc, char** argv) {
   app.get_option("--threads")->check(examples::threads_per_rank());
   app.get_option("--bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
   app.get_option("--first-bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
+  app.get_option("--zero")->check(examples::within(0, 1));
   app.get_option("--steps")->check(examples::within(1, 1e6));
   app.get_option("--trials")->check(examples::within(1, 1000));
   app.get_option("--json")->check(examples::non_empty());
