@@ -1,7 +1,9 @@
 // GradientSynchronizer: the data-parallel reducer (PyTorch DDP's Reducer).
 // It averages the flat gradient buffer over the ranks in buckets, each
 // reduced as soon as backward has written its last gradient, so that
-// communication overlaps the rest of backward. It depends on core types only
+// communication overlaps the rest of backward; with ZeRO-1 it reduce-scatters
+// them into per-rank shards and all-gathers the updated parameters
+// (zero_stage, comm/shards.h). It depends on core types only
 // (comm/ sits below engine/): the engine's ParameterStore hands it flat
 // buffers and a segment table, and its modules call mark_ready.
 #pragma once

@@ -86,7 +86,7 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
   for (Parameter* p : model.parameters())
     c.tensors["/model/" + p->name] = to_host(p->value, stream);
   for (Buffer* b : model.buffers()) c.tensors["/buffers/" + b->name] = to_host(b->value, stream);
-  for (const OptimizerStateTensor& s : optimizer.state_tensors())
+  for (const OptimizerStateTensor& s : optimizer.state_tensors(stream))
     c.tensors["/optimizer/" + s.parameter + "/" + s.state] = to_host(s.value, stream);
   for (const OptimizerScalar& s : optimizer.scalar_state())
     c.attributes["optimizer." + s.name] = s.value;

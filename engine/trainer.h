@@ -26,9 +26,10 @@
 // when some gradient is not (squares of f32 values summed in f64 cannot
 // overflow). Both look at allreduced gradients and the loss comes from the
 // step agreement, so every rank takes the same decision with no extra
-// collective. After max_consecutive_skips skipped steps in a row, step()
-// throws NumericalError naming the step and the first parameter, in backward
-// order, whose gradient is not finite.
+// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
+// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
+// max_consecutive_skips skipped steps in a row, step() throws NumericalError naming the step and
+// the first parameter, in backward order, whose gradient is not finite.
 #pragma once
 
 #include <cstdint>

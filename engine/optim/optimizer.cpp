@@ -127,13 +127,13 @@ void Optimizer::add_state(const std::string& name, const core::Stream& stream) {
   state_.emplace_back(name, store_.make_state_buffer(stream));
 }
 
-std::vector<OptimizerStateTensor> Optimizer::state_tensors() const {
+std::vector<OptimizerStateTensor> Optimizer::state_tensors(const core::Stream& stream) const {
   std::vector<std::pair<std::string, core::Tensor>> full = state_;
   if (sharded())
     for (auto& [name, buffer] : full) {
       core::Tensor gathered =
-          core::Tensor::empty({shard_layout_.padded_numel()}, DType::f32, store_.device());
-      comm::gather_shards(*shard_comm_, shard_layout_, buffer, gathered);
+          core::Tensor::empty({shard_layout_.padded_numel()}, DType::f32, store_.device(), stream);
+      comm::gather_shards(*shard_comm_, shard_layout_, buffer, gathered, stream);
       buffer = gathered;
     }
   std::vector<OptimizerStateTensor> out;

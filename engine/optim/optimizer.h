@@ -3,7 +3,8 @@
 // buffers. Parameter groups (their own lr and weight decay) interleave in the
 // flat layout, so a segment table built once maps runs of the buffers to
 // groups. State (momentum, Adam moments) lives in flat buffers of the same
-// layout and is read and written by parameter name, for checkpoints.
+// layout, or packed for this rank's shard under ZeRO-1 (shard()), and is read
+// and written by parameter name, for checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -78,7 +79,7 @@ class Optimizer {
   // Every (parameter, state) pair, in store order; writing through a view
   // writes the state. Sharded: views of a gathered copy (writing through them
   // changes nothing), and a collective that every rank must call.
-  std::vector<OptimizerStateTensor> state_tensors() const;
+  std::vector<OptimizerStateTensor> state_tensors(const core::Stream& stream = {}) const;
   // The (parameter, state) names of state_tensors(), in the same order; local.
   std::vector<std::pair<std::string, std::string>> state_names() const;
   // Copies `value` (the parameter's shape, f32, any device) into that state
