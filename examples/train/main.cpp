@@ -282,6 +282,7 @@ int run(const Flags& f, comm::World& world) {
                    .resume = resume_note,
                    .precision = f.precision,
                    .loss_scaling = scaler.enabled(),
+                   .zero_stage = f.zero,
                    .data = {{"train", f.data, &train_data}},
                    .checkpoint_dir = f.checkpoint_dir,
                    .metrics_path = f.metrics};
