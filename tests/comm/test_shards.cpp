@@ -9,16 +9,8 @@
 
 using namespace lockstep;
 using comm::Bucket;
+using test::same_bucket;
 using test::six_segments;
-
-namespace {
-
-bool same_bucket(const Bucket& b, std::int64_t offset, std::int64_t numel, std::size_t first,
-                 std::size_t end) {
-  return b.offset == offset && b.numel == numel && b.first_segment == first && b.end_segment == end;
-}
-
-}  // namespace
 
 TEST_CASE("shard buckets round the bucket plan's ends up to ranks x 64 elements",
           "[comm][shards]") {

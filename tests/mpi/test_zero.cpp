@@ -65,6 +65,11 @@ std::unique_ptr<Module> net() {
 constexpr std::int64_t kFlatElements = 1088;
 
 struct Config {
+  static Config of(const std::string& optimizer) {
+    Config c;
+    c.optimizer = optimizer;
+    return c;
+  }
   Config with_zero(int stage) const {
     Config c = *this;
     c.zero = stage;
@@ -221,10 +226,8 @@ TEST_CASE("ZeRO-1 trains to the parameters of plain data parallelism, with SGD a
   const fs::path data = write_data();
   for (const std::string optimizer : {"sgd", "adamw"}) {
     INFO(optimizer << " on " << n << " ranks");
-    Config plain_config;
-    plain_config.optimizer = optimizer;
-    const Result plain = train(data, plain_config);
-    const Result zero = train(data, plain_config.with_zero(1));
+    const Result plain = train(data, Config::of(optimizer));
+    const Result zero = train(data, Config::of(optimizer).with_zero(1));
     require_same(zero.parameters, plain.parameters, n);
     // Note [sharded state]: per state buffer, the padded flat size / ranks.
     const std::int64_t buffers = optimizer == "adamw" ? 2 : 1;
@@ -310,8 +313,7 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one
   const fs::path data = write_data();
   for (const std::string optimizer : {"sgd", "adamw"}) {
     INFO(optimizer << " on " << n << " ranks");
-    Config plain_config;
-    plain_config.optimizer = optimizer;
+    const Config plain_config = Config::of(optimizer);
     const Config zero_config = plain_config.with_zero(1);
     const Result straight = train(data, zero_config, 10);
     const Result plain = train(data, plain_config, 10);
