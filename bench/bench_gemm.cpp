@@ -139,8 +139,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const Device device = parse_device(device_text);
-    require_usable(device);
+    const Device device = examples::usable_device(device_text);
     kernels::cpu::set_gemm_threads(threads);
     if (squares.empty())
       squares = device.is_cuda() ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}

@@ -257,8 +257,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const core::Device device = core::parse_device(device_text);
-    core::require_usable(device);
+    const core::Device device = examples::usable_device(device_text);
     const io::Dataset data = io::Dataset::open(data_dir);
     if (batch > data.size())
       throw InvalidArgument(fmt::format("--batch {} is more than the {} samples of --data {}",

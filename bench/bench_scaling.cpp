@@ -1,6 +1,7 @@
-// bench_scaling: how well a full training step (forward, cross-entropy,
-// backward with bucketed gradient averaging, SGD with momentum, the step's
-// loss agreement) scales over the ranks it runs on (mpirun -np N).
+// bench_scaling: how well a full training step (engine::DataParallelStep:
+// forward, cross-entropy, backward with bucketed gradient averaging, the
+// gradient norm, SGD with momentum, the step's loss agreement) scales over
+// the ranks it runs on (mpirun -np N).
 //
 // Everything is measured in one run. The one-rank baseline is rank 0 stepping
 // alone while the other ranks sleep (not spin) in a barrier, so "N ranks
@@ -31,14 +32,14 @@
 #include "bench/report.h"
 #include "bench/synthetic_training.h"
 #include "comm/gradient_synchronizer.h"
-#include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
 #include "engine/core/trace.h"
+#include "engine/data_parallel_step.h"
 #include "engine/nn/loss.h"
+#include "engine/optim/loss_scaler.h"
 #include "engine/parameter_store.h"
-#include "engine/trainer.h"
 #include "examples/common/flags.h"
 #include "kernels/gemm.h"
 
@@ -74,81 +75,45 @@ double slowest(const Config& config, double seconds) {
 }
 
 // One rank's model, optimizer and synthetic batch, and the three kinds of
-// step the benchmark times. The synchroniser is built (collectively) only when
-// the runner takes part in synchronised steps.
+// step the benchmark times. Both training steps are engine::DataParallelStep:
+// over the world (built collectively, only when the runner takes part in
+// synchronised steps) or this rank's alone (no communication at all).
 class StepRunner {
  public:
   StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
              core::Device device, comm::World* world, comm::SynchronizerOptions options = {})
-      : t_(model_name, batch, device), autocast_(autocast), world_(world) {
-    if (!world_) return;
-    // As the Trainer does (Note [mean in the loss gradient], engine/trainer.h).
-    const RankMean mean = rank_mean(*world_, device);
-    options.compute_stream = t_.stream;
-    options.average = mean.synchronizer_averages;
-    loss_seed_ = 1.0f / static_cast<float>(mean.loss_gradient_divisor);
-    sync_ = std::make_unique<comm::GradientSynchronizer>(
-        world_->for_device(device), synchronized_model(*t_.model, *t_.store), options);
-    if (!sync_->sharded()) return;
-    // ZeRO-1: synchronised steps update this rank's shard with an optimizer
-    // of its own (the same SGD, sharded); steps without sync keep the whole one.
-    shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
-                                       SgdOptions{.momentum = 0.9}, t_.stream);
-    shard_sgd_->shard(world_->for_device(device), sync_->shard_layout(), t_.stream);
+      : t_(model_name, batch, device),
+        scaler_(LossScaler::for_autocast(autocast)),
+        batch_{t_.x, t_.y},
+        local_(make_step(nullptr, autocast, unsharded(options), *t_.sgd)) {
+    if (!world) return;
+    // ZeRO-1: the synchronised step shards an optimizer of its own (the same
+    // SGD); the step without sync keeps the whole one.
+    if (options.zero_stage == 1)
+      shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
+                                         SgdOptions{.momentum = 0.9}, t_.stream);
+    synced_ = make_step(world, autocast, options, shard_sgd_ ? *shard_sgd_ : *t_.sgd);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
   // ranks as backward produces them and the ranks agree on the loss.
-  // Traced with the Trainer's span names (tools/trace.py summary reads them).
-  // Synchronised steps are numbered alone, so that the numbers agree across
-  // ranks; a step without sync takes the number of the last synchronised one.
+  // Synchronised steps are numbered alone in the trace, so that the numbers
+  // agree across ranks; a step without sync takes the number of the last
+  // synchronised one.
   void step(bool synchronise) {
-    if (synchronise) core::trace::set_step(++synced_steps_);
+    if (synchronise) core::trace::set_step(synced_->steps() + 1);
     core::trace::Span step_span(synchronise ? "step" : "step without sync", "step");
-    t_.store->zero_grad(t_.stream);
-    Context ctx = context();
-    if (synchronise) {
-      sync_->begin_step(steps_);
-      ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(t_.store->index_of(p)); };
-    }
-    core::Tensor loss;
-    {
-      core::trace::Span forward("forward", "compute");
-      loss = loss_.forward(t_.model->forward(t_.x, ctx), t_.y, ctx);
-    }
-    {
-      core::trace::Span backward("backward", "compute");
-      t_.model->backward(loss_.backward(synchronise ? loss_seed_ : 1.0f, ctx), ctx);
-      t_.model->report_ready(ctx);  // the root's own parameters, as the Trainer does
-    }
-    if (synchronise) {
-      core::trace::Span wait("gradient sync wait", "comm");
-      sync_->finish();
-    }
-    {
-      core::trace::Span optimizer("optimizer", "optimizer");
-      if (synchronise && shard_sgd_) {
-        shard_sgd_->step(t_.stream);
-        sync_->gather(t_.store->values());
-      } else {
-        t_.sgd->step(t_.stream);
-      }
-    }
-    if (synchronise) {
-      const float local = loss.to_vector<float>(t_.stream)[0];
-      core::trace::Span agreement("agreement", "comm");
-      comm::agree_on_step(world_->host(), local, t_.x.dim(0));
-    }
-    ++steps_;
+    (synchronise ? *synced_ : *local_).run({&batch_, 1});
   }
 
   // Every bucket's allreduce (ZeRO-1: reduce-scatter, then the parameter
   // gather) with nothing to overlap it.
   void communicate_only() {
-    sync_->begin_step(steps_++);
-    for (std::size_t s = 0; s < sync_->segments().size(); ++s) sync_->mark_ready(s);
-    sync_->finish();
-    if (shard_sgd_) sync_->gather(t_.store->values());
+    comm::GradientSynchronizer& sync = synced_->synchronizer();
+    sync.begin_step(synced_->steps());
+    for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
+    sync.finish();
+    if (sync.sharded()) sync.gather(t_.store->values());
   }
 
   struct Profile {
@@ -160,7 +125,7 @@ class StepRunner {
   // that the last one equals the backward time measured without those stalls.
   Profile profile() {
     Profile p;
-    Context ctx = context();
+    Context ctx = local_->context(0, t_.x.dim(0));
     t_.store->zero_grad(t_.stream);
     t_.stream.synchronize();
     auto start = Clock::now();
@@ -200,7 +165,7 @@ class StepRunner {
   std::int64_t optimizer_state_bytes() const {
     return (shard_sgd_ ? *shard_sgd_ : *t_.sgd).state_bytes();
   }
-  const comm::GradientSynchronizer& synchronizer() const { return *sync_; }
+  comm::GradientSynchronizer& synchronizer() { return synced_->synchronizer(); }
   std::int64_t parameters() const {
     std::int64_t n = 0;
     for (const ParameterStore::Slot& s : t_.store->slots()) n += s.numel;
@@ -208,23 +173,27 @@ class StepRunner {
   }
 
  private:
-  Context context() const {
-    Context ctx;
-    ctx.stream = t_.stream;
-    ctx.autocast = autocast_;
-    ctx.step = static_cast<std::uint64_t>(steps_);
-    return ctx;
+  static comm::SynchronizerOptions unsharded(comm::SynchronizerOptions sync) {
+    sync.zero_stage = 0;
+    return sync;
+  }
+  std::unique_ptr<DataParallelStep> make_step(comm::World* world, std::optional<DType> autocast,
+                                              const comm::SynchronizerOptions& sync,
+                                              Optimizer& optimizer) {
+    StepOptions o;
+    o.autocast = autocast;
+    o.sync = sync;
+    return std::make_unique<DataParallelStep>(*t_.model, *t_.store, optimizer,
+                                              make_scheduler("constant", {}), scaler_, world, o,
+                                              t_.stream);
   }
 
   bench::SyntheticTraining t_;
-  std::optional<DType> autocast_;
-  comm::World* world_;
-  std::unique_ptr<comm::GradientSynchronizer> sync_;
-  std::unique_ptr<SGD> shard_sgd_;  // ZeRO-1's
-  CrossEntropyLoss loss_;
-  std::int64_t steps_ = 0;
-  std::int64_t synced_steps_ = 0;  // the trace's step numbers
-  float loss_seed_ = 1.0f;
+  LossScaler scaler_;
+  MicroBatch batch_;
+  std::unique_ptr<SGD> shard_sgd_;  // ZeRO-1's; before the steps that use it
+  std::unique_ptr<DataParallelStep> local_, synced_;
+  CrossEntropyLoss loss_;  // the profile's
 };
 
 // One kind of step: run by every rank, or (solo) by rank 0 alone while the

@@ -1,5 +1,6 @@
-// bench_step: single-process training-step throughput (forward, cross-entropy,
-// backward, SGD with momentum) of a model preset, against PyTorch running the
+// bench_step: single-process training-step throughput (the Trainer's step,
+// engine::DataParallelStep: forward, cross-entropy, backward, the gradient
+// norm, SGD with momentum) of a model preset, against PyTorch running the
 // same step in the same run (bench/torch_step.py), and for mlp against the
 // floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
 // (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
@@ -18,9 +19,10 @@
 
 #include "bench/report.h"
 #include "bench/synthetic_training.h"
+#include "comm/world.h"
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
-#include "engine/nn/loss.h"
+#include "engine/data_parallel_step.h"
 #include "engine/optim/loss_scaler.h"
 #include "examples/common/flags.h"
 #include "kernels/gemm.h"
@@ -36,34 +38,27 @@ struct Measure {
   std::optional<double> floor_ms;  // the GEMMs alone, timed alternately with the step
 };
 
-// With a `floor` (the step's GEMMs alone), step and floor are timed in
-// alternating batches (bench::compare_seconds), so that the machine's drift
-// does not tilt their ratio; the peak memory then comes from the warm-up.
-Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<DType> autocast,
-                     core::Device device, int steps, const std::function<void()>& floor = nullptr) {
+// The Trainer's step (engine::DataParallelStep over a world of one) on one
+// batch, again and again. With a `floor` (the step's GEMMs alone), step and
+// floor are timed in alternating batches (bench::compare_seconds), so that
+// the machine's drift does not tilt their ratio; the peak memory then comes
+// from the warm-up.
+Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
+                     std::optional<DType> autocast, core::Device device, int steps, int threads,
+                     const std::function<void()>& floor = nullptr) {
   bench::SyntheticTraining t(name, batch, device);
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
-  CrossEntropyLoss loss;
-  Context ctx;
-  ctx.stream = stream;
-  ctx.autocast = autocast;
-  std::int64_t steps_done = 0;
-  auto step = [&] {  // with the Trainer's spans, for --trace's cost
-    core::trace::set_step(++steps_done);
+  StepOptions options;
+  options.autocast = autocast;
+  options.sync.host_overlap = comm::host_overlap_pays(world, threads);  // as lockstep-train
+  DataParallelStep data_parallel(*t.model, *t.store, *t.sgd, make_scheduler("constant", {}), scaler,
+                                 &world, options, stream);
+  const MicroBatch micro_batch{t.x, t.y};
+  auto step = [&] {  // numbered and spanned as the Trainer does, for --trace's cost
+    core::trace::set_step(data_parallel.steps() + 1);
     core::trace::Span step_span("step", "step");
-    t.store->zero_grad(stream);
-    {
-      core::trace::Span forward("forward", "compute");
-      loss.forward(t.model->forward(t.x, ctx), t.y, ctx);
-    }
-    {
-      core::trace::Span backward("backward", "compute");
-      t.model->backward(loss.backward(scaler.scale(), ctx), ctx);
-    }
-    core::trace::Span optimizer("optimizer", "optimizer");
-    scaler.unscale(t.store->grads(), stream);
-    if (scaler.update(stream)) t.sgd->step(stream);
+    data_parallel.run({&micro_batch, 1});
   };
   core::reset_peak_memory(device);
   for (int i = 0; i < 3; ++i) step();
@@ -185,10 +180,15 @@ int main(int argc, char** argv) {
   app.get_option("--json")->check(examples::non_empty());
   app.get_option("--trace")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
+  std::unique_ptr<comm::World> world;
   try {
     if (!trace_dir.empty()) examples::start_trace(0, trace_dir, "1:");
-    const core::Device device = core::parse_device(device_text);
-    core::require_usable(device);
+    world = comm::init(argc, argv, {.use_gpu = device_text == "cuda"});
+    if (world->size() > 1)
+      throw InvalidArgument("bench_step runs as one process: start it without mpirun");
+    if (device_text == "cuda" && !world->device().is_cuda())
+      throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
+    const core::Device device = world->device();
     kernels::cpu::set_gemm_threads(threads);
     std::optional<DType> autocast;
     if (precision == "fp16")
@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
-    const Measure ours = run_lockstep(model, batch, autocast, device, steps,
+    const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps, threads,
                                       gemm_floor ? mlp_gemms(batch) : nullptr);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
@@ -255,6 +255,7 @@ int main(int argc, char** argv) {
                 bench::field("torch_tokens_per_s", torch_tokens_per_s),
                 torch ? bench::JsonField{"no_baseline", "null"}
                       : bench::field("no_baseline", torch_result.why_none)});
+    world->shutdown();
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_step: {}\n", e.what());
     return 1;

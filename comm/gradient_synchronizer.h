@@ -52,8 +52,9 @@ struct SynchronizerOptions {
   DType wire_dtype = DType::f32;
   // true: the gradients end as the mean over the ranks. false: as the sum,
   // for callers that have already divided each rank's gradient by the world
-  // size (the Trainer does, in the loss gradient, on host buffers): on the
-  // CPU the division after the allreduce is a pass over every gradient.
+  // size (engine::DataParallelStep does, in the loss gradient, on host
+  // buffers): on the CPU the division after the allreduce is a pass over
+  // every gradient.
   bool average = true;
   // Host buffers: reduce buckets on a communication thread while backward
   // runs (true), or all of them on the caller's thread in finish() (false).

@@ -1,81 +1,20 @@
-// Trainer: one optimizer step over K micro-batches of this rank's share of a
-// global batch, with autocast, loss scaling, gradient averaging across ranks
-// (comm::GradientSynchronizer, overlapped with backward), clipping, the lr
-// schedule and the per-step agreement that gives every rank the global mean
-// loss and any stop request; and evaluation over a whole evaluation set.
-//
-// Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
-// micro-batches of B rows give the update of one batch of K*B rows. Only the
-// last micro-batch communicates (no_sync before it). Dropout keys use the
-// row's position in the step's global batch, (k * world + rank) * B + row,
-// which is the same for any split of that batch (Note [dropout keys]).
-//
-// Note [mean in the loss gradient]: on host buffers the loss gradient is
-// scale / (K * world size) and the synchroniser sums (average = false): the
-// mean over ranks then costs nothing, where dividing after the allreduce is
-// a pass over every gradient (a third of a 2.6 MB allreduce on 2 ranks). For
-// a power-of-two world size the division is exact and the gradients are the
-// same bits. GPU buffers keep the division after the sum (NCCL's ncclAvg
-// fuses it), so that 16-bit backward passes see gradients world-size times
-// larger, away from underflow.
-//
-// Note [non-finite steps]: a step whose global mean loss or allreduced
-// gradients hold an inf or NaN is skipped in every precision: in f16 the loss
-// scaler's check decides (and backs off), in fp32 and bf16 the global grad
-// norm, computed anyway for clipping and the metrics, is not finite exactly
-// when some gradient is not (squares of f32 values summed in f64 cannot
-// overflow). Both look at allreduced gradients and the loss comes from the
-// step agreement, so every rank takes the same decision with no extra
-// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
-// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
-// max_consecutive_skips skipped steps in a row, step() throws NumericalError naming the step and
-// the first parameter, in backward order, whose gradient is not finite.
+// Trainer: the training loop's two calls over any batch source (the HDF5
+// DataLoader, an in-memory TensorDataset): step() takes this rank's K
+// micro-batches and runs one DataParallelStep (engine/data_parallel_step.h,
+// where the step's protocol and its Notes live); evaluate() measures the loss
+// and accuracy over a whole evaluation set, every rank its share.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 
-#include "comm/agreement.h"
-#include "comm/gradient_synchronizer.h"
 #include "comm/world.h"
+#include "engine/data_parallel_step.h"
 #include "engine/nn/loss.h"
 #include "engine/nn/module.h"
-#include "engine/optim/loss_scaler.h"
-#include "engine/optim/lr_scheduler.h"
-#include "engine/optim/optimizer.h"
-#include "engine/parameter_store.h"
-#include "io/loader.h"
+#include "io/batch_source.h"
 
 namespace lockstep::engine {
-
-struct TrainerOptions {
-  int accumulation = 1;           // K micro-batches per optimizer step
-  std::optional<DType> autocast;  // f16 or bf16
-  double max_grad_norm = 0.0;     // clip to this global norm; 0: no clipping
-  std::uint64_t seed = 0;         // dropout keys
-  // Skipped steps in a row (Note [non-finite steps]) after which step()
-  // throws; more than the 16 halvings that take the f16 scale from 2^16 to 1.
-  int max_consecutive_skips = 20;
-  // What else every rank must share (the program's configuration, the
-  // dataset's agreement_fields(), the checkpoint_agreement_field()): checked
-  // at construction with the Trainer's own settings, in one collective.
-  comm::NamedValues agreement;
-  comm::SynchronizerOptions sync;
-};
-
-struct StepResult {
-  std::int64_t step = 0;  // optimizer steps taken, this one included
-  double loss = 0.0;      // mean over the whole global batch, before the update
-  double lr = 0.0;        // of group 0
-  float loss_scale = 1.0f;
-  double grad_norm = 0.0;          // after unscaling, before clipping; inf/NaN when skipped
-  bool skipped = false;            // inf/NaN loss or gradients: no update (Note [non-finite steps])
-  std::int64_t skipped_steps = 0;  // skipped by this Trainer so far, this one included
-  bool stop = false;               // a rank was asked to stop (Note [stop requests])
-  std::int64_t samples = 0;        // global samples in this step (target tokens for token batches)
-  double seconds = 0.0;
-};
 
 struct EvalResult {
   // Means over the evaluation set's rows (padding not counted); for token
@@ -85,68 +24,30 @@ struct EvalResult {
   std::int64_t samples = 0;
 };
 
-// The model as the GradientSynchronizer sees it: the store's flat buffers,
-// its slots as gradient segments in ready order, the model's buffers.
-comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store);
-
-// Where the mean over ranks is taken (Note [mean in the loss gradient]): the
-// number each rank divides its loss gradient by, and whether the
-// synchroniser averages (the two always go together).
-struct RankMean {
-  int loss_gradient_divisor = 1;
-  bool synchronizer_averages = true;
-};
-RankMean rank_mean(const comm::World& world, core::Device device);
-
 class Trainer {
  public:
-  // Collective: checks that every rank has the same settings and
-  // options.agreement (comm::check_agreement), then builds the synchroniser,
-  // which checks that every rank built the same model and copies rank 0's
-  // parameters and buffers to all.
+  // Collective: builds the DataParallelStep over `world` (which checks that
+  // every rank has the same settings and model).
   Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
-          LossScaler& scaler, comm::World& world, TrainerOptions options, core::Stream stream);
+          LossScaler& scaler, comm::World& world, StepOptions options, core::Stream stream);
 
-  // Takes K micro-batches from `loader` and one optimizer step. nullopt when
+  // Takes K micro-batches from `source` and one optimizer step. nullopt when
   // the epoch has fewer than K micro-batches left (they are left unused).
-  // Throws NumericalError after too many skipped steps in a row, or when the
-  // f16 loss scale is at its floor (Note [non-finite steps]).
-  std::optional<StepResult> step(io::DataLoader& loader);
-  // Loss and accuracy over the loader's whole epoch 0, every rank its share.
-  EvalResult evaluate(io::DataLoader& loader);
+  // StepResult::seconds counts the wait for the data too.
+  std::optional<StepResult> step(io::BatchSource& source);
+  // Loss and accuracy over the source's whole epoch 0, every rank its share.
+  EvalResult evaluate(io::BatchSource& source);
 
-  // Steps taken, skipped ones included (the scheduler's and dropout's step;
-  // the optimizer counts only the updates it made).
-  std::int64_t steps() const { return steps_; }
+  std::int64_t steps() const { return step_.steps(); }
   // Continues a resumed run at `steps` (the checkpoint's step).
-  void set_steps(std::int64_t steps) { steps_ = steps; }
-  const core::Stream& stream() const { return stream_; }
+  void set_steps(std::int64_t steps) { step_.set_steps(steps); }
+  const core::Stream& stream() const { return step_.stream(); }
 
  private:
-  Context make_context(std::int64_t micro_batch, std::int64_t rows);
-  comm::NamedValues agreement_fields() const;
-  // Unscale and check, then clip or measure: the norm, NaN for a step the loss
-  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
-  double unscale_and_clip();
-  // Note [non-finite steps]: the error after the last allowed skip.
-  [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
-
   Module& model_;
-  ParameterStore& store_;
-  Optimizer& optimizer_;
-  LrScheduler scheduler_;
-  LossScaler& scaler_;
   comm::World& world_;
-  TrainerOptions options_;
-  core::Stream stream_;
-  std::unique_ptr<comm::GradientSynchronizer> sync_;
-  CrossEntropyLoss loss_;
-  // [loss x counted rows, counted rows] summed over a step's micro-batches on
-  // the device and read once after it; and one micro-batch's loss x rows.
-  core::Tensor step_totals_, weighted_loss_;
-  int loss_gradient_divisor_ = 1;  // RankMean's
-  std::int64_t steps_ = 0;
-  std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
+  DataParallelStep step_;
+  CrossEntropyLoss loss_;  // evaluation's
 };
 
 }  // namespace lockstep::engine

@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <set>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -68,13 +70,6 @@ struct NameList {
   std::vector<std::string> names;
   std::exception_ptr error;
 };
-
-herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* data) noexcept {
-  auto& list = *static_cast<NameList*>(data);
-  return guarded(list.error, [&] {
-    if (info->type == H5O_TYPE_DATASET) list.names.emplace_back(name);
-  });
-}
 
 herr_t collect_attribute(hid_t, const char* name, const H5A_info_t*, void* data) noexcept {
   auto& list = *static_cast<NameList*>(data);
@@ -133,34 +128,62 @@ void check_local_heap(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
                      at, bytes));
 }
 
-// The attribute and symbol table messages of the root group's object header (format
-// specification IV.A.1.a, version 1 headers, continuation chunks followed):
-// each must hold its name, datatype and dataspace. HDF5 1.10 decodes a
-// dataspace size larger than its message by reading freed memory (found by
-// the checkpoint fuzzer). Version 2 headers carry a checksum HDF5 verifies.
+// Note [object headers]: the messages of an object's header (format
+// specification IV.A.1.a, version 1 headers, continuation chunks followed),
+// checked before HDF5 decodes any of them: each must lie inside its chunk; an
+// attribute message must hold its name, ended by a NUL, datatype and
+// dataspace (HDF5 1.10 decodes a dataspace size larger than its message by
+// reading freed memory, and copies a name with strdup; the checkpoint
+// fuzzer); no datatype may have member names (compound, enum, array or
+// sequence types: HDF5 copies the names with strdup too; the checkpoint
+// fuzzer); and no message may live in a shared-message heap (HDF5 1.10 reads
+// such a message through a NULL buffer when the file has no shared-message
+// table; the shard fuzzer), a feature neither h5py nor lockstep writes. The
+// root's header is checked before the file is opened, every other object's
+// once it is open (check_object_headers). Version 2 headers carry a checksum
+// HDF5 verifies.
 template <typename Fail>
-void check_root_attributes(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
-                           const Fail& fail) {
+void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t object,
+                         const std::string& name, const Fail& fail) {
+  // Datatypes with member names (compound, enum, and arrays or sequences of
+  // them): HDF5 1.10 copies each name with strdup, unbounded. lockstep reads
+  // numbers and strings only, so these are refused unread.
+  const auto check_datatype = [&](const unsigned char* t, const std::string& where) {
+    const unsigned kind = t[0] & 0x0f;
+    if (kind == 6 || kind == 8 || kind == 10 || (kind == 9 && (t[1] & 0x0f) != 1))
+      fail(
+          fmt::format("has a datatype of HDF5 class {} in {} (a compound, enum, array or "
+                      "sequence); lockstep reads numbers and strings",
+                      kind, where));
+  };
   std::array<unsigned char, 16> prefix{};
-  if (root > bytes || bytes - root < prefix.size() ||
-      read_at(fd, prefix.data(), prefix.size(), base + root) != prefix.size() || prefix[0] != 1)
+  if (object > bytes || bytes - object < prefix.size() ||
+      read_at(fd, prefix.data(), prefix.size(), base + object) != prefix.size() || prefix[0] != 1)
     return;  // not a version 1 header: HDF5 checks it
   std::vector<std::pair<std::uint64_t, std::uint64_t>> chunks{
-      {root + 16, prefix[8] | prefix[9] << 8 | prefix[10] << 16 | std::uint64_t{prefix[11]} << 24}};
+      {object + 16,
+       prefix[8] | prefix[9] << 8 | prefix[10] << 16 | std::uint64_t{prefix[11]} << 24}};
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const auto [at, size] = chunks[c];
     if (c >= 64 || at > bytes || size > bytes - at)
-      fail(fmt::format("has a root group header chunk of {} bytes at address {}, outside the file",
-                       size, at));
+      fail(fmt::format("has a header chunk of {} bytes at address {} for {}, outside the file",
+                       size, at, name));
     std::vector<unsigned char> chunk(size);
     if (read_at(fd, chunk.data(), chunk.size(), base + at) != chunk.size())
-      fail("ends inside its root group's header");
+      fail(fmt::format("ends inside the header of {}", name));
     for (std::size_t p = 0; p + 8 <= chunk.size();) {
       const unsigned type = chunk[p] | chunk[p + 1] << 8, length = chunk[p + 2] | chunk[p + 3] << 8;
       const bool shared = (chunk[p + 4] & 0x02) != 0;
       const unsigned char* m = chunk.data() + p + 8;
       if (length > chunk.size() - p - 8)
-        fail(fmt::format("has a root group header message of {} bytes past its chunk", length));
+        fail(fmt::format("has a header message of {} bytes past its chunk in {}", length, name));
+      // A shared message starts with its sharing version and kind; HDF5 1.10
+      // reads kind 1, "in the shared-message heap", from versions 2 and 3.
+      if (shared && length >= 2 && m[0] >= 2 && m[1] == 1)
+        fail(
+            fmt::format("keeps a header message of {} in a shared-message heap (a feature "
+                        "lockstep does not read)",
+                        name));
       if (type == 0x10 && length >= 16)
         chunks.emplace_back(little_endian_u64(m), little_endian_u64(m + 8));
       // The symbol table message names the heap HDF5 reads the group's link
@@ -175,12 +198,129 @@ void check_root_attributes(int fd, std::uint64_t base, std::uint64_t bytes, std:
                                               : header + pad(m[2] | m[3] << 8) +
                                                     pad(m[4] | m[5] << 8) + pad(m[6] | m[7] << 8);
         if (m[0] < 1 || m[0] > 3 || need > length)
-          fail(fmt::format("has a root group attribute message of {} bytes that needs {}", length,
-                           need));
+          fail(fmt::format("has an attribute message of {} bytes that needs {} in {}", length, need,
+                           name));
+        // HDF5 copies the name with strdup: it must end inside its field.
+        const unsigned name_bytes = m[2] | m[3] << 8;
+        if (name_bytes == 0 || m[header + name_bytes - 1] != 0)
+          fail(fmt::format("has an attribute name that does not end in its {} bytes in {}",
+                           name_bytes, name));
+        if ((m[4] | m[5] << 8) >= 2) check_datatype(m + header + pad(name_bytes), name);
       }
+      if (type == 0x03 && !shared && length >= 2) check_datatype(m, name);
       p += 8 + length;
     }
   }
+}
+
+// Note [object walk]: HDF5 1.10's H5Ovisit recurses through groups without
+// bound. A damaged group that links back to itself, with a reference count of
+// 1 so that HDF5 does not remember it, recurses until the stack overflows or
+// crawls building ever longer path names (both fuzzers found it). lockstep
+// walks groups itself, one level at a time with H5Literate, visiting each
+// header address once and at most kMaxGroupDepth deep, and follows hard links
+// only: a soft or external link could name any object, or any file.
+constexpr int kMaxGroupDepth = 16;
+
+struct Link {
+  std::string name;
+  haddr_t address;
+};
+struct LinkList {
+  std::vector<Link> links;
+  std::exception_ptr error;
+};
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t* info, void* data) noexcept {
+  auto& list = *static_cast<LinkList*>(data);
+  return guarded(list.error, [&] {
+    const std::string_view n(name);
+    if (info->type != H5L_TYPE_HARD)
+      throw IoError(
+          fmt::format("'{}' is a soft or external link; lockstep reads files whose "
+                      "objects are all hard links",
+                      n));
+    if (n.empty() || n == "." || n.find('/') != std::string_view::npos)
+      throw IoError(fmt::format("has a link named '{}', which no HDF5 writer makes", n));
+    list.links.push_back({std::string(n), info->u.address});
+  });
+}
+
+struct Object {
+  std::string path;  // relative to the walked group
+  H5O_type_t type;
+};
+
+// Every object below `group` (Note [object walk]); before_open(path, header
+// address) runs on each before HDF5 decodes its header.
+template <typename BeforeOpen>
+std::vector<Object> walk_objects(hid_t group, const std::string& object,
+                                 const BeforeOpen& before_open) {
+  H5O_info_t top{};
+  LOCKSTEP_CHECK_HDF5(H5Oget_info2(group, &top, H5O_INFO_BASIC));
+  std::set<haddr_t> seen{top.addr};
+  std::vector<Object> found;
+  std::vector<std::pair<std::string, int>> groups{{"", 0}};  // path, depth
+  while (!groups.empty()) {
+    const auto [prefix, depth] = groups.back();
+    groups.pop_back();
+    Hdf5Id opened;
+    if (!prefix.empty())
+      opened = Hdf5Id(LOCKSTEP_CHECK_HDF5(H5Gopen2(group, prefix.c_str(), H5P_DEFAULT)));
+    const hid_t here = prefix.empty() ? group : opened.get();
+    LinkList list;
+    const herr_t status =
+        H5Literate(here, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_link, &list);
+    const std::string where = prefix.empty() ? object : object + ", group '" + prefix + "'";
+    if (list.error) {
+      try {
+        std::rethrow_exception(list.error);
+      } catch (const IoError& e) {
+        throw IoError(where + ": " + e.what() + " (re-create the file)");
+      }
+    }
+    if (status < 0)
+      throw IoError(where + ": HDF5 cannot list its links: " + hdf5_error_stack() +
+                    " (the file is damaged: re-create it)");
+    for (const Link& link : list.links) {
+      if (!seen.insert(link.address).second) continue;
+      const std::string path = prefix.empty() ? link.name : prefix + "/" + link.name;
+      before_open(path, link.address);
+      H5O_info_t info{};
+      LOCKSTEP_CHECK_HDF5(
+          H5Oget_info_by_name2(here, link.name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT));
+      found.push_back({path, info.type});
+      if (info.type != H5O_TYPE_GROUP) continue;
+      if (depth + 1 >= kMaxGroupDepth)
+        throw IoError(fmt::format("{}: group '{}' is nested {} deep; lockstep reads at most {}",
+                                  object, path, depth + 1, kMaxGroupDepth));
+      groups.emplace_back(path, depth + 1);
+    }
+  }
+  return found;
+}
+
+// Note [object headers]: every object below the root, checked before HDF5
+// opens it.
+void check_object_headers(hid_t file, const fs::path& path, const std::string& what) {
+  const Hdf5Id fcpl(LOCKSTEP_CHECK_HDF5(H5Fget_create_plist(file)));
+  hsize_t base = 0, size = 0;
+  LOCKSTEP_CHECK_HDF5(H5Pget_userblock(fcpl.get(), &base));
+  LOCKSTEP_CHECK_HDF5(H5Fget_filesize(file, &size));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw IoError(fmt::format("cannot reopen {} {}: {}", what, quoted(path), std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const auto fail = [&](const std::string& why) {
+    throw IoError(
+        fmt::format("{} {} {} (the file is damaged: re-create it)", what, quoted(path), why));
+  };
+  walk_objects(file, what + " " + quoted(path), [&](const std::string& name, haddr_t address) {
+    check_object_header(fd, base, size > base ? size - base : 0, address, "'" + name + "'", fail);
+  });
 }
 
 }  // namespace
@@ -264,7 +404,7 @@ void check_hdf5_file(const fs::path& file, const std::string& what) {
     fail(fmt::format("has a superblock extension at address {}, outside its {} bytes", extension,
                      eof - base));
   if (root_heap != kUndefinedAddress) check_local_heap(fd, base, eof - base, root_heap, fail);
-  check_root_attributes(fd, base, eof - base, root, fail);
+  check_object_header(fd, base, eof - base, root, "the root group", fail);
 }
 
 Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {
@@ -274,7 +414,9 @@ Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {
   if (id < 0)
     throw IoError(what + " " + quoted(file) + ": HDF5 cannot open it: " + hdf5_error_stack() +
                   " (the file is damaged or not HDF5: re-create it)");
-  return Hdf5Id(id);
+  Hdf5Id opened(id);
+  check_object_headers(opened.get(), file, what);
+  return opened;
 }
 
 core::Shape extent_of(hid_t object_id, const std::string& object) {
@@ -339,6 +481,17 @@ void check_chunks(hid_t dataset, hid_t dcpl, const std::string& object) {
     hsize_t stored = 0;
     LOCKSTEP_CHECK_HDF5(
         H5Dget_chunk_info(dataset, space.get(), c, offset, &mask, &address, &stored));
+    // H5Dread_chunk fills as many bytes as the chunk found by its offset
+    // holds, not the size listed by index: in a damaged index the two differ
+    // (a heap overflow the shard fuzzer found), so the buffer is sized by the
+    // offset lookup and the two must agree.
+    hsize_t by_offset = 0;
+    LOCKSTEP_CHECK_HDF5(H5Dget_chunk_storage_size(dataset, offset, &by_offset));
+    if (by_offset != stored)
+      throw IoError(
+          fmt::format("{} lists a chunk of {} bytes that is stored as {} bytes (the "
+                      "chunk index is damaged: re-create the file)",
+                      object, stored, by_offset));
     if (stored > kMaxExpansion * chunk_bytes + 1024)
       throw IoError(fmt::format("{} has a chunk of {} bytes, more than deflate makes of {}", object,
                                 stored, chunk_bytes));
@@ -394,10 +547,11 @@ void check_storage(hid_t dataset, const std::string& object) {
 
 std::vector<std::string> dataset_names(hid_t group, const std::string& object) {
   Hdf5Lock lock;
-  NameList list;
-  const herr_t status =
-      H5Ovisit2(group, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &list, H5O_INFO_BASIC);
-  return finish(list, status, object, "datasets");
+  std::vector<std::string> names;
+  for (Object& o : walk_objects(group, object, [](const std::string&, haddr_t) {}))
+    if (o.type == H5O_TYPE_DATASET) names.push_back(std::move(o.path));
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::vector<std::string> attribute_names(hid_t object_id, const std::string& object) {

@@ -444,7 +444,7 @@ DataLoader::~DataLoader() {
   }
 }
 
-void DataLoader::start_epoch(std::int64_t epoch, std::int64_t position) {
+void DataLoader::do_start_epoch(std::int64_t epoch, std::int64_t position) {
   State& s = *state_;
   s.started = false;
   s.stop_workers();

@@ -36,6 +36,7 @@
 #include "engine/core/device.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
+#include "io/batch_source.h"
 #include "io/dataset.h"
 #include "io/sampler.h"
 
@@ -79,53 +80,30 @@ struct LoaderOptions {
   Transform transform{};
 };
 
-struct Batch {
-  // Token shards (ShardFormat::has_labels false): inputs [B, T] i32, the first
-  // T tokens of each window, and labels [B, T] i64, its last T.
-  core::Tensor inputs;  // [B, ...sample_shape]: the dataset's dtype, or f32 when scaled
-  core::Tensor labels;  // [B] i64
-  std::vector<std::int64_t> indices;  // global sample index of each row
-  std::int64_t valid = 0;             // rows [0, valid) are real (Note [padding])
-  std::int64_t epoch = 0, index = 0;  // global batch `index` of `epoch`
-  core::Event ready;  // CUDA: recorded after the copy (the consumer's stream already waits)
-};
-
-// Where a checkpoint resumes: global samples consumed at the consumer.
-struct LoaderPosition {
-  std::int64_t epoch = 0;
-  std::int64_t position = 0;
-};
-
 struct LoaderStats {
   std::int64_t batches = 0;  // handed out since construction
   double wait_s = 0;         // time next() spent waiting for a batch to be assembled
   double max_wait_s = 0;
 };
 
-class DataLoader {
+// A BatchSource: start_epoch drops the batches of a previous epoch not yet
+// handed out.
+class DataLoader final : public BatchSource {
  public:
   DataLoader(Dataset dataset, LoaderOptions options);
   // Stops the workers (mid-epoch too: each finishes the batch in hand) and joins them.
-  ~DataLoader();
-  DataLoader(const DataLoader&) = delete;
-  DataLoader& operator=(const DataLoader&) = delete;
+  ~DataLoader() override;
 
-  // Starts (or restarts) `epoch` at `position`, a count of global samples
-  // already consumed (LoaderPosition::position of a checkpoint). Batches of a
-  // previous epoch not yet handed out are dropped.
-  void start_epoch(std::int64_t epoch, std::int64_t position = 0);
-  // The next micro-batch of this rank, or nothing at the end of the epoch.
-  std::optional<Batch> next();
-
-  // Counted at the consumer: batches handed out, not batches assembled.
-  LoaderPosition position() const;
-  const DistributedSampler& sampler() const;
+  std::optional<Batch> next() override;
+  LoaderPosition position() const override;
+  const DistributedSampler& sampler() const override;
   const Dataset& dataset() const;
-  std::int64_t batches_per_epoch() const { return sampler().batches_per_epoch(); }
   int depth() const;  // buffers in the pool
   LoaderStats stats() const;
 
  private:
+  void do_start_epoch(std::int64_t epoch, std::int64_t position) override;
+
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -56,7 +56,7 @@ void require_usable(Device device) {
   const int count = cuda_device_count();
   if (count == 0)
     throw InvalidArgument("device " + device.str() +
-                          " requested, but no GPU is usable here (use --device cpu)");
+                          " requested, but no GPU is usable here (pass Device::cpu() instead)");
   if (device.index >= count)
     throw InvalidArgument("device " + device.str() + " requested, but only " +
                           std::to_string(count) +

@@ -1,9 +1,9 @@
 // Tensor ops (engine/core/ops.h): argument checks and device dispatch.
 #include "engine/core/ops.h"
 
-#include <exception>
 #include <utility>
 
+#include "engine/core/dispatch.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
@@ -25,136 +25,103 @@ void same_layout(const char* op, const Tensor& a, const Tensor& b) {
                           dtype_name(b.dtype()) + " differ in shape or dtype");
 }
 
-#if LOCKSTEP_WITH_CUDA
-// The stream a GPU op runs on, and whether the op must wait for it (see ops.h).
-struct GpuStream {
-  Stream stream;
-  bool synchronous;
-  ~GpuStream() noexcept(false) {
-    if (synchronous && std::uncaught_exceptions() == 0) stream.synchronize();
-  }
-};
-
-// Makes `device` current in both cases: kernels launch into, and cuBLASLt's
-// handle is picked for, the current device, whatever stream they are given.
-GpuStream gpu_stream(Device device, const Stream& given) {
-  if (given.device().is_cuda() && !(given.device() == device))
-    throw InvalidArgument("op on " + device.str() + " given a stream of " + given.device().str());
-  set_current_device(device);
-  if (given.device().is_cuda()) return {given, false};
-  return {Stream::default_for(device), true};
-}
-
-Tensor reduce_on_gpu(const Tensor& x, bool squares, [[maybe_unused]] const Stream& stream) {
-  GpuStream g = gpu_stream(x.device(), stream);
-  Tensor out = Tensor::empty({1}, DType::f32, x.device(), g.stream);
-  Tensor workspace =
-      Tensor::empty({kernels::cuda::kReduceBlocks}, DType::i64, x.device(), g.stream);
-  auto* result = out.data_as<float>();
-  if (squares)
-    kernels::cuda::sum_squares(x.data(), x.dtype(), x.numel(), result, workspace.data(),
-                               g.stream.handle());
-  else
-    kernels::cuda::sum(x.data(), x.dtype(), x.numel(), result, workspace.data(), g.stream.handle());
+Tensor reduce(const Tensor& x, bool squares, const Stream& stream) {
+  Tensor out;
+  dispatch_stream(
+      x.device(), stream,
+      [&] {
+        out = Tensor::empty({1}, DType::f32);
+        (squares ? kernels::cpu::sum_squares : kernels::cpu::sum)(x.data(), x.dtype(), x.numel(),
+                                                                  out.data_as<float>());
+      },
+      [&](const Stream& s) {
+        out = Tensor::empty({1}, DType::f32, x.device(), s);
+        Tensor workspace = Tensor::empty({kernels::cuda::kReduceBlocks}, DType::i64, x.device(), s);
+        (squares ? kernels::cuda::sum_squares : kernels::cuda::sum)(
+            x.data(), x.dtype(), x.numel(), out.data_as<float>(), workspace.data(), s.handle());
+      });
   return out;
 }
-#endif
 
 }  // namespace
 
-void fill(Tensor& x, double value, [[maybe_unused]] const Stream& stream) {
-  if (!x.device().is_cuda()) return kernels::cpu::fill(x.data(), x.dtype(), x.numel(), value);
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(x.device(), stream);
-  kernels::cuda::fill(x.data(), x.dtype(), x.numel(), value, g.stream.handle());
-#endif
+void fill(Tensor& x, double value, const Stream& stream) {
+  dispatch(
+      x.device(), stream, [&] { kernels::cpu::fill(x.data(), x.dtype(), x.numel(), value); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::fill(x.data(), x.dtype(), x.numel(), value, s);
+      });
 }
 
-void cast(const Tensor& src, Tensor& dst, [[maybe_unused]] const Stream& stream) {
+void cast(const Tensor& src, Tensor& dst, const Stream& stream) {
   same_device("cast", src, dst);
   if (src.numel() != dst.numel())
     throw InvalidArgument("cast: source has " + std::to_string(src.numel()) +
                           " elements, destination " + std::to_string(dst.numel()));
-  if (!src.device().is_cuda())
-    return kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel());
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(src.device(), stream);
-  kernels::cuda::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(),
-                      g.stream.handle());
-#endif
+  dispatch(
+      src.device(), stream,
+      [&] { kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel()); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(), s);
+      });
 }
 
-void add(const Tensor& a, const Tensor& b, Tensor& out, [[maybe_unused]] const Stream& stream) {
+void add(const Tensor& a, const Tensor& b, Tensor& out, const Stream& stream) {
   same_layout("add", a, b);
   same_layout("add", a, out);
-  if (!a.device().is_cuda())
-    return kernels::cpu::add(a.data(), b.data(), out.data(), a.dtype(), a.numel());
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(a.device(), stream);
-  kernels::cuda::add(a.data(), b.data(), out.data(), a.dtype(), a.numel(), g.stream.handle());
-#endif
+  dispatch(
+      a.device(), stream,
+      [&] { kernels::cpu::add(a.data(), b.data(), out.data(), a.dtype(), a.numel()); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::add(a.data(), b.data(), out.data(), a.dtype(), a.numel(), s);
+      });
 }
 
-void mul(const Tensor& a, const Tensor& b, Tensor& out, [[maybe_unused]] const Stream& stream) {
+void mul(const Tensor& a, const Tensor& b, Tensor& out, const Stream& stream) {
   same_layout("mul", a, b);
   same_layout("mul", a, out);
-  if (!a.device().is_cuda())
-    return kernels::cpu::mul(a.data(), b.data(), out.data(), a.dtype(), a.numel());
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(a.device(), stream);
-  kernels::cuda::mul(a.data(), b.data(), out.data(), a.dtype(), a.numel(), g.stream.handle());
-#endif
+  dispatch(
+      a.device(), stream,
+      [&] { kernels::cpu::mul(a.data(), b.data(), out.data(), a.dtype(), a.numel()); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::mul(a.data(), b.data(), out.data(), a.dtype(), a.numel(), s);
+      });
 }
 
-void scale(Tensor& x, float alpha, [[maybe_unused]] const Stream& stream) {
-  if (!x.device().is_cuda()) return kernels::cpu::scale(x.data(), x.dtype(), x.numel(), alpha);
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(x.device(), stream);
-  kernels::cuda::scale(x.data(), x.dtype(), x.numel(), alpha, g.stream.handle());
-#endif
+void scale(Tensor& x, float alpha, const Stream& stream) {
+  dispatch(
+      x.device(), stream, [&] { kernels::cpu::scale(x.data(), x.dtype(), x.numel(), alpha); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::scale(x.data(), x.dtype(), x.numel(), alpha, s);
+      });
 }
 
-void axpy(float alpha, const Tensor& x, Tensor& y, [[maybe_unused]] const Stream& stream) {
+void axpy(float alpha, const Tensor& x, Tensor& y, const Stream& stream) {
   same_layout("axpy", x, y);
-  if (!x.device().is_cuda())
-    return kernels::cpu::axpy(alpha, x.data(), y.data(), x.dtype(), x.numel());
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(x.device(), stream);
-  kernels::cuda::axpy(alpha, x.data(), y.data(), x.dtype(), x.numel(), g.stream.handle());
-#endif
+  dispatch(
+      x.device(), stream,
+      [&] { kernels::cpu::axpy(alpha, x.data(), y.data(), x.dtype(), x.numel()); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::axpy(alpha, x.data(), y.data(), x.dtype(), x.numel(), s);
+      });
 }
 
-Tensor sum(const Tensor& x, [[maybe_unused]] const Stream& stream) {
-#if LOCKSTEP_WITH_CUDA
-  if (x.device().is_cuda()) return reduce_on_gpu(x, false, stream);
-#endif
-  Tensor out = Tensor::empty({1}, DType::f32);
-  kernels::cpu::sum(x.data(), x.dtype(), x.numel(), out.data_as<float>());
-  return out;
-}
+Tensor sum(const Tensor& x, const Stream& stream) { return reduce(x, false, stream); }
 
-Tensor sum_squares(const Tensor& x, [[maybe_unused]] const Stream& stream) {
-#if LOCKSTEP_WITH_CUDA
-  if (x.device().is_cuda()) return reduce_on_gpu(x, true, stream);
-#endif
-  Tensor out = Tensor::empty({1}, DType::f32);
-  kernels::cpu::sum_squares(x.data(), x.dtype(), x.numel(), out.data_as<float>());
-  return out;
-}
+Tensor sum_squares(const Tensor& x, const Stream& stream) { return reduce(x, true, stream); }
 
-void flag_nonfinite(const Tensor& x, Tensor& flag, [[maybe_unused]] const Stream& stream) {
+void flag_nonfinite(const Tensor& x, Tensor& flag, const Stream& stream) {
   same_device("flag_nonfinite", x, flag);
   if (flag.numel() != 1 || flag.dtype() != DType::i32)
     throw InvalidArgument("flag_nonfinite: flag must be one i32 element, got " +
                           shape_str(flag.shape()) + " " + dtype_name(flag.dtype()));
-  if (!x.device().is_cuda())
-    return kernels::cpu::flag_nonfinite(x.data(), x.dtype(), x.numel(),
-                                        flag.data_as<std::int32_t>());
-#if LOCKSTEP_WITH_CUDA
-  GpuStream g = gpu_stream(x.device(), stream);
-  kernels::cuda::flag_nonfinite(x.data(), x.dtype(), x.numel(), flag.data_as<std::int32_t>(),
-                                g.stream.handle());
-#endif
+  auto* out = flag.data_as<std::int32_t>();
+  dispatch(
+      x.device(), stream,
+      [&] { kernels::cpu::flag_nonfinite(x.data(), x.dtype(), x.numel(), out); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::flag_nonfinite(x.data(), x.dtype(), x.numel(), out, s);
+      });
 }
 
 namespace {
@@ -162,7 +129,7 @@ namespace {
 // The GEMM behind matmul and batched_matmul: a, b, c hold `batch` matrices each,
 // in their last two dimensions.
 void run_gemm(const char* op, const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o,
-              [[maybe_unused]] const Stream& stream) {
+              const Stream& stream) {
   same_device(op, a, b);
   same_device(op, a, c);
   if (a.dtype() != b.dtype())
@@ -197,12 +164,11 @@ void run_gemm(const char* op, const Tensor& a, const Tensor& b, Tensor& c, const
     g.stride_b = b.dim(1) * b.dim(2);
     g.stride_c = c.dim(1) * c.dim(2);
   }
-  if (!a.device().is_cuda()) return kernels::cpu::gemm(g);
-#if LOCKSTEP_WITH_CUDA
-  GpuStream gs = gpu_stream(a.device(), stream);
-  kernels::cuda::gemm(g, gs.stream.gemm_workspace(), kernels::cuda::kGemmWorkspaceBytes,
-                      gs.stream.handle());
-#endif
+  dispatch_stream(
+      a.device(), stream, [&] { kernels::cpu::gemm(g); },
+      [&](const Stream& s) {
+        kernels::cuda::gemm(g, s.gemm_workspace(), kernels::cuda::kGemmWorkspaceBytes, s.handle());
+      });
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/device.h"
 #include "engine/core/trace.h"
 #include "engine/models.h"
 #include "kernels/error.h"
@@ -97,6 +98,15 @@ inline void start_trace(int rank, const std::string& dir, const std::string& ste
 // The flags several programs share.
 inline CLI::Validator threads_per_rank() { return within(1, kMaxThreads); }
 inline CLI::Validator device_name() { return one_of({"cpu", "cuda"}); }
+// The device a --device value names, checked usable here, with the flag in
+// the message where the library's (core::require_usable) speaks of devices.
+inline core::Device usable_device(const std::string& text) {
+  const core::Device device = core::parse_device(text);
+  if (device.is_cuda() && core::cuda_device_count() == 0)
+    throw InvalidArgument("--device " + text + ", but no GPU is usable here (use --device cpu)");
+  core::require_usable(device);
+  return device;
+}
 inline CLI::Validator precision_name() { return one_of({"fp32", "fp16", "bf16"}); }
 inline CLI::Validator seed_value() { return within(0, kMaxSeed); }
 inline CLI::Validator model_name() {

@@ -24,6 +24,7 @@
 #include "engine/run_report.h"
 #include "engine/trainer.h"
 #include "examples/common/flags.h"
+#include "io/loader.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -39,7 +40,7 @@ struct Flags {
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1, zero = 0,
-      max_consecutive_skips = TrainerOptions{}.max_consecutive_skips;
+      max_consecutive_skips = StepOptions{}.max_consecutive_skips;
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0;
   std::int64_t sample_tokens = 0;
   std::string prompt = "\n";
@@ -170,7 +171,7 @@ int run(const Flags& f, comm::World& world) {
   schedule.total_steps = total_steps;
   schedule.warmup_steps = f.warmup;
   schedule.step_size = std::max<std::int64_t>(1, total_steps / 3);  // --schedule step: 3 decays
-  TrainerOptions trainer_options;
+  StepOptions trainer_options;
   trainer_options.accumulation = f.accum;
   trainer_options.autocast = autocast_for(f.precision);
   LossScaler scaler = LossScaler::for_autocast(trainer_options.autocast);

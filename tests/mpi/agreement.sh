@@ -60,10 +60,10 @@ expect_failure lr "ranks disagree on 'optimizer': rank 0 has 'sgd lr=0.05 [^']*'
 # ZeRO is not in the resume fingerprint, but ranks must share it: the
 # Trainer's own fields carry it.
 pair zero --data "$work/data" --steps 2 --zero 1 -- --data "$work/data" --steps 2
-expect_failure zero "ranks disagree on 'trainer.zero_stage': rank 0 has '1'; rank 1 has '0'"
+expect_failure zero "ranks disagree on 'step.zero_stage': rank 0 has '1'; rank 1 has '0'"
 
 pair steps --data "$work/data" --steps 2 -- --data "$work/data" --steps 3
-expect_failure steps "ranks disagree on 'trainer.schedule': rank 0 has 'constant [^']*total_steps=2 [^']*'; rank 1 has '[^']*total_steps=3 "
+expect_failure steps "ranks disagree on 'step.schedule': rank 0 has 'constant [^']*total_steps=2 [^']*'; rank 1 has '[^']*total_steps=3 "
 
 pair samples --data "$work/data" --steps 2 -- --data "$work/half" --steps 2
 expect_failure samples "ranks disagree on 'dataset': rank 0 has '512 samples'; rank 1 has '256 samples'"

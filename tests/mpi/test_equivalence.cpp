@@ -19,6 +19,7 @@
 #include "engine/nn/linear.h"
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
+#include "io/loader.h"
 #include "io/shard_writer.h"
 #include "mpi/mpi_world.h"
 
@@ -135,7 +136,7 @@ std::vector<float> distributed(const Task& task, const Config& c, std::int64_t m
   SGD sgd(store, single_group(store, 0.2, 0.01), SgdOptions{.momentum = 0.9});
   // Scale 1 keeps the reference comparable: f16 scaling is tested on its own.
   LossScaler scaler(LossScalerOptions{.enabled = false});
-  TrainerOptions o;
+  StepOptions o;
   o.accumulation = c.accumulation;
   o.autocast = c.autocast;
   o.seed = 9;

@@ -1,4 +1,4 @@
-// Non-finite values across ranks (Note [non-finite steps], engine/trainer.h):
+// Non-finite values across ranks (Note [non-finite steps], engine/data_parallel_step.h):
 // a NaN in one rank's share of a global batch makes every rank skip that
 // step, so the replicas stay identical, and a stop after too many skips
 // happens on every rank at the same step with the same message.
@@ -14,6 +14,7 @@
 #include "engine/nn/linear.h"
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
+#include "io/loader.h"
 #include "io/shard_writer.h"
 #include "mpi/mpi_world.h"
 
@@ -65,7 +66,7 @@ struct Replica {
     initialize(*model, 5);
     store = std::make_unique<ParameterStore>(*model, core::Device::cpu());
     sgd = std::make_unique<SGD>(*store, single_group(*store, 0.1, 0.0));
-    TrainerOptions o;
+    StepOptions o;
     o.autocast = autocast;
     o.max_consecutive_skips = max_consecutive_skips;
     ScheduleOptions s;

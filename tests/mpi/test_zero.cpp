@@ -1,4 +1,4 @@
-// ZeRO-1 end to end (TrainerOptions::sync.zero_stage = 1): each rank keeps
+// ZeRO-1 end to end (StepOptions::sync.zero_stage = 1): each rank keeps
 // the optimizer state of its shard only, and training gives the parameters
 // of plain data parallelism: bit for bit on 1 and 2 ranks (a sum of two
 // gradients is the same whichever rank adds it), within a stated tolerance on
@@ -9,11 +9,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <random>
 
 #include "engine/checkpoint.h"
+#include "engine/data_parallel_step.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -21,22 +21,19 @@
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
 #include "engine/zero.h"
-#include "io/shard_writer.h"
+#include "io/tensor_dataset.h"
 #include "mpi/mpi_world.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
-namespace fs = std::filesystem;
 
 namespace {
 
 constexpr std::int64_t kSamples = 480;  // 20 steps of 3 ranks x 2 micro-batches x 4 rows
 constexpr std::int64_t kMicroBatch = 4;
 
-fs::path write_data() {
-  const fs::path dir = fs::temp_directory_path() / ("lockstep-zero-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  io::DatasetWriter writer(dir, {DType::f32, {6}, DType::i64}, kSamples, 1);
+// This rank's share (or, with world_size 1, all) of the rows, micro_batch at a time.
+io::TensorDataset rows(std::int64_t micro_batch, int world_size, int rank) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
   std::vector<float> x(kSamples * 6);
@@ -44,9 +41,14 @@ fs::path write_data() {
   for (float& v : x) v = normal(rng);
   for (std::int64_t i = 0; i < kSamples; ++i)
     y[i] = (x[i * 6] > 0) + 2 * (x[i * 6 + 3] + x[i * 6 + 4] > 0);
-  writer.append(x.data(), y.data(), kSamples);
-  writer.close();
-  return dir;
+  io::TensorDatasetOptions o;
+  o.sampler = {.micro_batch = micro_batch,
+               .world_size = world_size,
+               .rank = rank,
+               .shuffle = true,
+               .seed = 4};
+  return io::TensorDataset(core::Tensor::from_vector(x, {kSamples, 6}, DType::f32),
+                           core::Tensor::from_vector(y, {kSamples}, DType::i64), o);
 }
 
 // 17 blocks of 64 f32 (1088 elements): on 2 and 3 ranks the shard layout has
@@ -101,15 +103,14 @@ struct Result {
 
 // Trains c.steps steps from the start, or from `resume` to c.steps;
 // captures a checkpoint after step `save_at` (every rank: a collective under ZeRO).
-Result train(const fs::path& data, const Config& c, int save_at = -1,
-             const CheckpointContents* resume = nullptr) {
+Result train(const Config& c, int save_at = -1, const CheckpointContents* resume = nullptr) {
   comm::World& world = test::mpi_world();
   auto model = net();
   ParameterStore store(*model, core::Device::cpu());
   auto optimizer = make_optimizer(c, store);
   LossScalerOptions scaling{.enabled = c.autocast == DType::f16, .init_scale = c.init_scale};
   LossScaler scaler(scaling);
-  TrainerOptions o;
+  StepOptions o;
   o.accumulation = c.accumulation;
   o.autocast = c.autocast;
   o.max_grad_norm = c.clip;
@@ -120,15 +121,7 @@ Result train(const fs::path& data, const Config& c, int save_at = -1,
   s.total_steps = c.steps;
   Trainer trainer(*model, store, *optimizer, make_scheduler("constant", s), scaler, world, o,
                   core::Stream());
-  io::LoaderOptions lo;
-  lo.sampler = {.micro_batch = kMicroBatch,
-                .world_size = world.size(),
-                .rank = world.rank(),
-                .shuffle = true,
-                .seed = 4};
-  lo.threads = 1;
-  lo.held_batches = c.accumulation;
-  io::DataLoader loader(io::Dataset::open(data), lo);
+  io::TensorDataset source = rows(kMicroBatch, world.size(), world.rank());
   std::int64_t position = 0;
   if (resume) {
     const TrainingState state =
@@ -137,10 +130,10 @@ Result train(const fs::path& data, const Config& c, int save_at = -1,
     scaler.set_state(state.scaler);
     position = state.position;
   }
-  loader.start_epoch(0, position);
+  source.start_epoch(0, position);
   Result r;
   while (trainer.steps() < c.steps) {
-    const std::optional<StepResult> step = trainer.step(loader);
+    const std::optional<StepResult> step = trainer.step(source);
     REQUIRE(step);
     r.skipped += step->skipped ? 1 : 0;
     if (std::isfinite(step->grad_norm))
@@ -160,30 +153,27 @@ Result train(const fs::path& data, const Config& c, int save_at = -1,
 }
 
 // Another world size: one process continues the checkpoint alone with the
-// whole global batch, through the same modules and optimizer, no Trainer and
-// no communication (as the reference of test_equivalence.cpp).
-std::vector<float> continue_alone(const fs::path& data, const Config& c,
-                                  const CheckpointContents& saved) {
+// whole global batch, through a DataParallelStep without a world (no
+// communication), as the rank-equivalence tests' reference does.
+std::vector<float> continue_alone(const Config& c, const CheckpointContents& saved) {
   const int n = test::mpi_world().size();
   auto model = net();
   ParameterStore store(*model, core::Device::cpu());
   auto optimizer = make_optimizer(c, store);
+  LossScaler scaler(LossScalerOptions{.enabled = false});
+  ScheduleOptions s;
+  s.total_steps = c.steps;
+  DataParallelStep alone(*model, store, *optimizer, make_scheduler("constant", s), scaler, nullptr,
+                         StepOptions{}, core::Stream());
   const TrainingState state =
       restore_checkpoint(saved, "(in memory)", *model, *optimizer, {}, core::Stream());
-  io::LoaderOptions lo;
-  lo.sampler = {
-      .micro_batch = n * kMicroBatch, .world_size = 1, .rank = 0, .shuffle = true, .seed = 4};
-  lo.threads = 1;
-  io::DataLoader loader(io::Dataset::open(data), lo);
-  loader.start_epoch(0, state.position);
-  CrossEntropyLoss loss;
-  for (std::int64_t step = state.step; step < c.steps; ++step) {
-    const io::Batch b = *loader.next();
-    store.zero_grad();
-    Context ctx;
-    loss.forward(model->forward(b.inputs, ctx), b.labels, ctx);
-    model->backward(loss.backward(1.0f, ctx), ctx);
-    optimizer->step();
+  alone.set_steps(state.step);
+  io::TensorDataset source = rows(n * kMicroBatch, 1, 0);
+  source.start_epoch(0, state.position);
+  while (alone.steps() < c.steps) {
+    const io::Batch b = *source.next();
+    const MicroBatch batch{b.inputs, b.labels};
+    alone.run({&batch, 1});
   }
   return store.values().to_vector<float>();
 }
@@ -223,11 +213,10 @@ void require_same(const std::vector<float>& zero, const std::vector<float>& plai
 TEST_CASE("ZeRO-1 trains to the parameters of plain data parallelism, with SGD and AdamW",
           "[mpi][zero]") {
   const int n = test::mpi_world().size();
-  const fs::path data = write_data();
   for (const std::string optimizer : {"sgd", "adamw"}) {
     INFO(optimizer << " on " << n << " ranks");
-    const Result plain = train(data, Config::of(optimizer));
-    const Result zero = train(data, Config::of(optimizer).with_zero(1));
+    const Result plain = train(Config::of(optimizer));
+    const Result zero = train(Config::of(optimizer).with_zero(1));
     require_same(zero.parameters, plain.parameters, n);
     // Note [sharded state]: per state buffer, the padded flat size / ranks.
     const std::int64_t buffers = optimizer == "adamw" ? 2 : 1;
@@ -235,16 +224,14 @@ TEST_CASE("ZeRO-1 trains to the parameters of plain data parallelism, with SGD a
     CHECK(plain.state_bytes == buffers * kFlatElements * 4);
     CHECK(zero.state_bytes == buffers * blocks * 64 * 4);
   }
-  fs::remove_all(data);
 }
 
 TEST_CASE("ZeRO-1 with accumulation and clipping by the global norm of the shards", "[mpi][zero]") {
-  const fs::path data = write_data();
   Config plain_config;
   plain_config.accumulation = 2;
   plain_config.clip = 0.2;
-  const Result plain = train(data, plain_config);
-  const Result zero = train(data, plain_config.with_zero(1));
+  const Result plain = train(plain_config);
+  const Result zero = train(plain_config.with_zero(1));
   REQUIRE(plain.max_grad_norm_seen > 0.2);  // clipping happened
   // The global norm is the root of an f32 sum of per-rank f32 partial sums
   // where plain data parallelism rounds one sum over the whole buffer: the
@@ -252,25 +239,22 @@ TEST_CASE("ZeRO-1 with accumulation and clipping by the global norm of the shard
   // moves the clipped updates (<= lr x 0.2 x momentum's 10) by ~1e-8 a step:
   // within Note [3-rank tolerance]'s 1e-5 on any number of ranks.
   CHECK(max_difference(zero.parameters, plain.parameters) <= kThreeRankTolerance);
-  fs::remove_all(data);
 }
 
 TEST_CASE("ZeRO-1 in f16 takes the loss scaler's skip decisions of plain data parallelism",
           "[mpi][zero]") {
   const int n = test::mpi_world().size();
-  const fs::path data = write_data();
   // 2^24 overflows f16's backward at first: the scaler backs off step after
   // step until the gradients fit, then trains (CPU autocast emulates f16).
   Config plain_config;
   plain_config.autocast = DType::f16;
   plain_config.init_scale = 16777216.0f;
-  const Result plain = train(data, plain_config);
-  const Result zero = train(data, plain_config.with_zero(1));
+  const Result plain = train(plain_config);
+  const Result zero = train(plain_config.with_zero(1));
   REQUIRE(plain.skipped > 0);
   CHECK(zero.skipped == plain.skipped);
   CHECK(zero.loss_scale == plain.loss_scale);
   require_same(zero.parameters, plain.parameters, n);
-  fs::remove_all(data);
 }
 
 TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mpi][zero]") {
@@ -310,13 +294,12 @@ TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mp
 TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one process",
           "[mpi][zero]") {
   const int n = test::mpi_world().size();
-  const fs::path data = write_data();
   for (const std::string optimizer : {"sgd", "adamw"}) {
     INFO(optimizer << " on " << n << " ranks");
     const Config plain_config = Config::of(optimizer);
     const Config zero_config = plain_config.with_zero(1);
-    const Result straight = train(data, zero_config, 10);
-    const Result plain = train(data, plain_config, 10);
+    const Result straight = train(zero_config, 10);
+    const Result plain = train(plain_config, 10);
     REQUIRE(straight.saved);
     REQUIRE(plain.saved);
 
@@ -335,19 +318,16 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one
     }
 
     // Resumed with ZeRO: exactly the uninterrupted run.
-    CHECK(
-        same_bits(train(data, zero_config, -1, &*straight.saved).parameters, straight.parameters));
+    CHECK(same_bits(train(zero_config, -1, &*straight.saved).parameters, straight.parameters));
     // Resumed without ZeRO: the uninterrupted ZeRO run, as the two agree.
-    require_same(train(data, plain_config, -1, &*straight.saved).parameters, straight.parameters,
-                 n);
+    require_same(train(plain_config, -1, &*straight.saved).parameters, straight.parameters, n);
     // On one process with the whole global batch: the N-rank sums in another
     // order (one GEMM over the batch against a sum of per-rank GEMMs), as in
     // test_equivalence.cpp, whose 2e-5 holds here too (measured: 1e-7 after
     // 10 steps; a lost shard of state moves parameters by >= 1e-3).
-    CHECK(max_difference(continue_alone(data, zero_config, *straight.saved), straight.parameters) <=
+    CHECK(max_difference(continue_alone(zero_config, *straight.saved), straight.parameters) <=
           2e-5);
   }
-  fs::remove_all(data);
 }
 
 TEST_CASE("a zero stage other than 0 or 1 is refused, naming the option", "[mpi][zero]") {
@@ -356,12 +336,16 @@ TEST_CASE("a zero stage other than 0 or 1 is refused, naming the option", "[mpi]
   ParameterStore store(*model, core::Device::cpu());
   SGD sgd(store, single_group(store, 0.1, 0.0));
   LossScaler scaler(LossScalerOptions{.enabled = false});
-  TrainerOptions o;
+  StepOptions o;
   o.sync.zero_stage = 2;
   CHECK_THROWS_WITH(
       Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
-      Catch::Contains("TrainerOptions::sync.zero_stage is 2; use 0") &&
+      Catch::Contains("StepOptions::sync.zero_stage is 2; use 0") &&
           Catch::Contains("or 1 (ZeRO-1"));
+  o.sync.zero_stage = 1;
+  CHECK_THROWS_WITH(DataParallelStep(*model, store, sgd, make_scheduler("constant", {}), scaler,
+                                     nullptr, o, core::Stream()),
+                    Catch::Contains("a step without a world has none"));
   comm::SynchronizedModel m = synchronized_model(*model, store);
   CHECK_THROWS_WITH(comm::GradientSynchronizer(world.host(), m, {.zero_stage = -1}),
                     Catch::Contains("zero_stage -1 is not supported"));

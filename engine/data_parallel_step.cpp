@@ -1,0 +1,246 @@
+// DataParallelStep (engine/data_parallel_step.h): Note [step protocol].
+#include "engine/data_parallel_step.h"
+
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "comm/step_agreement.h"
+#include "engine/core/ops.h"
+#include "engine/core/trace.h"
+#include "engine/optim/clip.h"
+#include "engine/zero.h"
+
+namespace lockstep::engine {
+
+comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
+  comm::SynchronizedModel m;
+  m.parameters = store.values();
+  m.gradients = store.grads();
+  for (const ParameterStore::Slot& s : store.slots())
+    m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
+  for (Buffer* b : model.buffers()) m.buffers.push_back({b->name, b->value});
+  return m;
+}
+
+RankMean rank_mean(int world_size, core::Device device) {
+  if (device.is_cuda()) return {1, true};
+  return {world_size, false};
+}
+
+DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimizer& optimizer,
+                                   LrScheduler scheduler, LossScaler& scaler, comm::World* world,
+                                   StepOptions options, core::Stream stream)
+    : model_(model),
+      store_(store),
+      optimizer_(optimizer),
+      scheduler_(std::move(scheduler)),
+      scaler_(scaler),
+      world_(world),
+      options_(std::move(options)),
+      stream_(std::move(stream)) {
+  if (options_.accumulation < 1)
+    throw InvalidArgument("DataParallelStep: StepOptions::accumulation is " +
+                          std::to_string(options_.accumulation) + "; it must be at least 1");
+  if (options_.max_consecutive_skips < 1)
+    throw InvalidArgument("StepOptions::max_consecutive_skips must be at least 1, got " +
+                          std::to_string(options_.max_consecutive_skips));
+  if (options_.sync.zero_stage != 0 && options_.sync.zero_stage != 1)
+    throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage is " +
+                          std::to_string(options_.sync.zero_stage) +
+                          "; use 0 (plain data parallelism) or 1 (ZeRO-1: optimizer state "
+                          "sharded over the ranks)");
+  if (options_.sync.zero_stage == 1 && !world_)
+    throw InvalidArgument(
+        "DataParallelStep: StepOptions::sync.zero_stage 1 shards the optimizer over a world's "
+        "ranks; a step without a world has none (use zero_stage 0)");
+  if (world_) {
+    comm::check_agreement(world_->host(), agreement_fields());
+    options_.sync.compute_stream = stream_;
+    // A world of one has nothing to overlap: a communication thread would
+    // only cost wake-ups (Note [host overlap]).
+    if (world_->size() == 1) options_.sync.host_overlap = false;
+    const RankMean mean = rank_mean(world_->size(), store_.device());
+    options_.sync.average = mean.synchronizer_averages;
+    loss_gradient_divisor_ = mean.loss_gradient_divisor;
+    sync_ = std::make_unique<comm::GradientSynchronizer>(
+        world_->for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
+    if (sync_->sharded())
+      optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
+  }
+  step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
+  weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
+  model_.train();
+}
+
+comm::NamedValues DataParallelStep::agreement_fields() const {
+  const ScheduleOptions& s = scheduler_.options();
+  const LossScalerOptions& l = scaler_.options();
+  // The caller's fields first: they are in the words of its configuration.
+  comm::NamedValues fields = options_.agreement;
+  const comm::NamedValues own{
+      {"step.accumulation", std::to_string(options_.accumulation)},
+      {"step.autocast", options_.autocast ? dtype_name(*options_.autocast) : "off"},
+      {"step.max_grad_norm", fmt::format("{}", options_.max_grad_norm)},
+      {"step.seed", std::to_string(options_.seed)},
+      {"step.max_consecutive_skips", std::to_string(options_.max_consecutive_skips)},
+      {"step.zero_stage", std::to_string(options_.sync.zero_stage)},
+      {"step.schedule",
+       fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
+                   "eta_min={}",
+                   kind_name(scheduler_.kind()), s.warmup_steps, s.total_steps, s.step_size,
+                   fmt::join(s.milestones, ","), s.gamma, s.eta_min)},
+      {"step.loss_scaler", l.enabled
+                               ? fmt::format("init_scale={} growth_factor={} backoff_factor={} "
+                                             "growth_interval={} min_scale={}",
+                                             l.init_scale, l.growth_factor, l.backoff_factor,
+                                             l.growth_interval, l.min_scale)
+                               : "off"},
+      {"step.optimizer",
+       fmt::format("{}, {} groups", optimizer_.type_name(), optimizer_.group_count())}};
+  fields.insert(fields.end(), own.begin(), own.end());
+  for (std::size_t g = 0; g < optimizer_.group_count(); ++g)
+    fields.emplace_back(
+        fmt::format("step.optimizer.group[{}]", g),
+        fmt::format("lr={} weight_decay={}", optimizer_.initial_lr(g), optimizer_.weight_decay(g)));
+  return fields;
+}
+
+Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) const {
+  const int rank = world_ ? world_->rank() : 0, size = world_ ? world_->size() : 1;
+  Context ctx;
+  ctx.stream = stream_;
+  ctx.autocast = options_.autocast;
+  ctx.seed = options_.seed;
+  ctx.step = static_cast<std::uint64_t>(steps_);
+  ctx.first_sample = (micro_batch * size + rank) * rows;
+  return ctx;
+}
+
+comm::GradientSynchronizer& DataParallelStep::synchronizer() {
+  if (!sync_)
+    throw InvalidArgument(
+        "DataParallelStep::synchronizer(): this step has no world, hence no synchroniser");
+  return *sync_;
+}
+
+StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
+  const auto start = std::chrono::steady_clock::now();
+  const int k_total = options_.accumulation;
+  if (static_cast<int>(micro_batches.size()) != k_total)
+    throw InvalidArgument(fmt::format(
+        "DataParallelStep::run: {} micro-batches given, StepOptions::accumulation is {}",
+        micro_batches.size(), k_total));
+  store_.zero_grad(stream_);
+  if (sync_) sync_->begin_step(steps_);
+  const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
+  step_totals_.fill_(0.0, stream_);
+  core::Tensor loss_total = step_totals_.view(0, {1}), rows_total = step_totals_.view(1, {1});
+  for (int k = 0; k < k_total; ++k) {
+    std::optional<comm::GradientSynchronizer::NoSync> quiet;
+    if (sync_ && k + 1 < k_total) quiet.emplace(sync_->no_sync());
+    const MicroBatch& batch = micro_batches[k];
+    Context ctx = context(k, batch.inputs.dim(0));
+    if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
+    {
+      core::trace::Span forward("forward", "compute");
+      const core::Tensor logits = model_.forward(batch.inputs, ctx);
+      const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
+      core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
+      core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
+      core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
+    }
+    core::trace::Span backward("backward", "compute");
+    model_.backward(loss_.backward(dloss, ctx), ctx);
+    model_.report_ready(ctx);
+  }
+  if (sync_) {
+    core::trace::Span wait("gradient sync wait", "comm");
+    sync_->finish();
+  }
+  StepResult r;
+  update(r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+// Note [non-finite steps]: the scaler's flag (f16; the step's host
+// synchronisation) or the norm (fp32, bf16) says whether every gradient is
+// finite; the agreement gives the global loss; then the decision.
+void DataParallelStep::update(StepResult& r) {
+  {
+    core::trace::Span unscale("unscale and clip", "optimizer");
+    r.loss_scale = scaler_.scale();
+    try {
+      r.grad_norm = sharded() ? check_sharded_gradients(
+                                    store_.grads(), sync_->shard_layout().owned(), scaler_,
+                                    options_.max_grad_norm, world_->host(), stream_)
+                                    .grad_norm
+                              : unscale_and_clip();
+    } catch (const NumericalError& e) {
+      throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
+    }
+    scheduler_.apply(optimizer_, steps_);
+    r.lr = optimizer_.lr(0);
+  }
+  const auto local = step_totals_.to_vector<float>(stream_);  // waits for the device
+  const auto local_rows = static_cast<std::int64_t>(local[1]);
+  comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
+  if (world_) {
+    core::trace::Span agreement("agreement", "comm");
+    totals = comm::agree_on_step(world_->host(), local[0], local_rows);
+  }
+  r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
+  if (!r.skipped) {
+    core::trace::Span optimizer("optimizer", "optimizer");
+    optimizer_.step(stream_);
+    if (sharded()) sync_->gather(store_.values());  // every rank's updated shard
+  }
+
+  r.step = ++steps_;
+  r.loss = totals.mean_loss();
+  r.samples = totals.samples;
+  r.stop = totals.stop;
+  skipped_steps_ += r.skipped ? 1 : 0;
+  consecutive_skips_ = r.skipped ? consecutive_skips_ + 1 : 0;
+  r.skipped_steps = skipped_steps_;
+  if (consecutive_skips_ >= options_.max_consecutive_skips) throw_nonfinite(r.step, r.loss);
+}
+
+double DataParallelStep::unscale_and_clip() {
+  scaler_.unscale(store_.grads(), stream_);
+  if (!scaler_.update(stream_)) return NAN;
+  return options_.max_grad_norm > 0
+             ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
+             : grad_norm(store_.grads(), stream_);
+}
+
+void DataParallelStep::throw_nonfinite(std::int64_t step, double mean_loss) {
+  // The gradients are the allreduced ones, the same on every rank, so every
+  // rank names the same parameter; with ZeRO-1 every rank's shard first.
+  if (sharded()) sync_->gather(store_.grads());
+  const std::vector<float> g = store_.grads().to_vector<float>(stream_);
+  std::string culprit = "every gradient is finite";
+  for (const ParameterStore::Slot& s : store_.slots()) {
+    const auto first = static_cast<std::size_t>(s.offset);
+    const auto end = first + static_cast<std::size_t>(s.numel);
+    std::size_t i = first;
+    while (i < end && std::isfinite(g[i])) ++i;
+    if (i < end) {
+      culprit = fmt::format(
+          "the first parameter, in backward order, whose gradient is not finite is '{}' "
+          "(element {} is {})",
+          s.parameter->name, i - first, g[i]);
+      break;
+    }
+  }
+  throw NumericalError(fmt::format(
+      "step {}: {} steps in a row were skipped for a non-finite loss or gradient "
+      "(max_consecutive_skips {}); {}; the mean loss is {}. Lower the learning rate, clip the "
+      "gradients, check the data, or resume from an earlier checkpoint",
+      step, consecutive_skips_, options_.max_consecutive_skips, culprit, mean_loss));
+}
+
+}  // namespace lockstep::engine

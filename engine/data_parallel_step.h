@@ -1,0 +1,186 @@
+// DataParallelStep: one optimizer step of data-parallel training, written
+// once for every caller (the Trainer, the benchmarks, a user's own loop).
+// It takes this rank's K micro-batches of a global batch and runs them with
+// autocast and loss scaling, averages the gradients over the ranks
+// (comm::GradientSynchronizer, overlapped with backward), unscales, decides
+// whether the step is finite, clips, applies the lr schedule, agrees with the
+// other ranks on the loss and any stop request, and updates the parameters.
+//
+// Note [step protocol]: every rank runs, in this order, collectives included:
+//   zero the gradients; sync.begin_step (rank 0's buffers to every rank);
+//   K x { forward and loss; backward, with no_sync for the first K-1, each
+//         parameter reported to the synchroniser as its gradient is
+//         complete; the root module's own parameters reported last };
+//   sync.finish (the gradients hold the mean over every rank's rows);
+//   unscale and the scaler's update (f16), the global norm or clipping, the
+//   schedule's lr; comm::agree_on_step (the loss, the rows, stop requests);
+//   the skip decision (Note [non-finite steps]); the optimizer's update.
+// With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
+// finish leaves each rank the mean of its shard of the gradients; unscaling,
+// the inf/NaN finding, the norm and clipping are of the shard, agreed in one
+// allreduce (Note [sharded step checks], engine/zero.h); the optimizer
+// updates the shard, and sync.gather brings every rank's shard back.
+// Everything that decides what happens next depends only on allreduced
+// values, so every rank decides alike with no further collective.
+//
+// Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
+// micro-batches of B rows give the update of one batch of K*B rows. Only the
+// last micro-batch communicates (no_sync before it). Dropout keys use the
+// row's position in the step's global batch, (k * world + rank) * B + row,
+// which is the same for any split of that batch (Note [dropout keys]).
+//
+// Note [mean in the loss gradient]: on host buffers the loss gradient is
+// scale / (K * world size) and the synchroniser sums (average = false): the
+// mean over ranks then costs nothing, where dividing after the allreduce is
+// a pass over every gradient (a third of a 2.6 MB allreduce on 2 ranks). For
+// a power-of-two world size the division is exact and the gradients are the
+// same bits. GPU buffers keep the division after the sum (NCCL's ncclAvg
+// fuses it), so that 16-bit backward passes see gradients world-size times
+// larger, away from underflow.
+//
+// Note [non-finite steps]: a step whose global mean loss or allreduced
+// gradients hold an inf or NaN is skipped in every precision: in f16 the loss
+// scaler's check decides (and backs off), in fp32 and bf16 the global grad
+// norm, computed anyway for clipping and the metrics, is not finite exactly
+// when some gradient is not (squares of f32 values summed in f64 cannot
+// overflow). Both look at allreduced gradients and the loss comes from the
+// step agreement, so every rank takes the same decision with no extra
+// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
+// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
+// max_consecutive_skips skipped steps in a row, run() throws NumericalError naming the step and the
+// first parameter, in backward order, whose gradient is not finite.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "comm/agreement.h"
+#include "comm/gradient_synchronizer.h"
+#include "comm/world.h"
+#include "engine/nn/loss.h"
+#include "engine/nn/module.h"
+#include "engine/optim/loss_scaler.h"
+#include "engine/optim/lr_scheduler.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parameter_store.h"
+
+namespace lockstep::engine {
+
+struct StepOptions {
+  int accumulation = 1;           // K micro-batches per optimizer step
+  std::optional<DType> autocast;  // f16 or bf16
+  double max_grad_norm = 0.0;     // clip to this global norm; 0: no clipping
+  std::uint64_t seed = 0;         // dropout keys
+  // Skipped steps in a row (Note [non-finite steps]) after which run()
+  // throws; more than the 16 halvings that take the f16 scale from 2^16 to 1.
+  int max_consecutive_skips = 20;
+  // What else every rank must share (the program's configuration, the
+  // dataset's agreement_fields(), the checkpoint_agreement_field()): checked
+  // at construction with the step's own settings, in one collective.
+  comm::NamedValues agreement;
+  comm::SynchronizerOptions sync;
+};
+
+struct StepResult {
+  std::int64_t step = 0;  // optimizer steps taken, this one included
+  double loss = 0.0;      // mean over the whole global batch, before the update
+  double lr = 0.0;        // of group 0
+  float loss_scale = 1.0f;
+  double grad_norm = 0.0;          // after unscaling, before clipping; inf/NaN when skipped
+  bool skipped = false;            // inf/NaN loss or gradients: no update (Note [non-finite steps])
+  std::int64_t skipped_steps = 0;  // skipped by this step object so far, this one included
+  bool stop = false;               // a rank was asked to stop (Note [stop requests])
+  std::int64_t samples = 0;        // global samples in this step (target tokens for token batches)
+  double seconds = 0.0;
+};
+
+// One micro-batch of this rank, on the model's device: inputs [B, ...] and
+// labels [B] i64 (or [B, T] for token batches).
+struct MicroBatch {
+  core::Tensor inputs;
+  core::Tensor labels;
+};
+
+// The model as the GradientSynchronizer sees it: the store's flat buffers,
+// its slots as gradient segments in ready order, the model's buffers.
+comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store);
+
+// Where the mean over ranks is taken (Note [mean in the loss gradient]): the
+// number each rank divides its loss gradient by, and whether the
+// synchroniser averages (the two always go together).
+struct RankMean {
+  int loss_gradient_divisor = 1;
+  bool synchronizer_averages = true;
+};
+RankMean rank_mean(int world_size, core::Device device);
+
+class DataParallelStep {
+ public:
+  // Over the ranks of `world`: collective. Checks that every rank has the
+  // same settings and options.agreement (comm::check_agreement), then builds
+  // the synchroniser, which checks that every rank built the same model and
+  // copies rank 0's parameters and buffers to all.
+  // With `world` null the step is this process's alone: no synchroniser and
+  // no collective, the loss and the skip decision its own (a benchmark's
+  // single-rank baseline, a reference in tests). The caller numbers steps in
+  // the trace (core::trace::set_step) and opens the "step" span around its
+  // data wait and run(); run() records the phases' spans.
+  DataParallelStep(Module& model, ParameterStore& store, Optimizer& optimizer,
+                   LrScheduler scheduler, LossScaler& scaler, comm::World* world,
+                   StepOptions options, core::Stream stream);
+  DataParallelStep(const DataParallelStep&) = delete;
+  DataParallelStep& operator=(const DataParallelStep&) = delete;
+
+  // One optimizer step over this rank's `micro_batches` (StepOptions::
+  // accumulation of them). Throws NumericalError after too many skipped steps
+  // in a row, or when the f16 loss scale is at its floor (Note [non-finite steps]).
+  StepResult run(std::span<const MicroBatch> micro_batches);
+
+  // The forward context of micro-batch `micro_batch` of the next step, with
+  // `rows` rows per rank (Note [accumulation]); no grad-ready hook.
+  Context context(std::int64_t micro_batch, std::int64_t rows) const;
+
+  // Steps taken, skipped ones included (the scheduler's and dropout's step;
+  // the optimizer counts only the updates it made).
+  std::int64_t steps() const { return steps_; }
+  // Continues a resumed run at `steps` (the checkpoint's step).
+  void set_steps(std::int64_t steps) { steps_ = steps; }
+  const StepOptions& options() const { return options_; }
+  const core::Stream& stream() const { return stream_; }
+  // Throws InvalidArgument for a step without a world.
+  comm::GradientSynchronizer& synchronizer();
+
+ private:
+  comm::NamedValues agreement_fields() const;
+  // Unscale, the inf decision, clipping or the norm, the schedule, the step
+  // agreement and the optimizer (Note [step protocol], from sync.finish on).
+  void update(StepResult& r);
+  // Unscale and check, then clip or measure: the norm, NaN for a step the loss
+  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
+  double unscale_and_clip();
+  // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
+  bool sharded() const { return sync_ && sync_->sharded(); }
+  // Note [non-finite steps]: the error after the last allowed skip.
+  [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
+
+  Module& model_;
+  ParameterStore& store_;
+  Optimizer& optimizer_;
+  LrScheduler scheduler_;
+  LossScaler& scaler_;
+  comm::World* world_;
+  StepOptions options_;
+  core::Stream stream_;
+  std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
+  CrossEntropyLoss loss_;
+  // [loss x counted rows, counted rows] summed over a step's micro-batches on
+  // the device and read once after it; and one micro-batch's loss x rows.
+  core::Tensor step_totals_, weighted_loss_;
+  int loss_gradient_divisor_ = 1;  // RankMean's
+  std::int64_t steps_ = 0;
+  std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
+};
+
+}  // namespace lockstep::engine
