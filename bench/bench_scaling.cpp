@@ -85,8 +85,14 @@ class StepRunner {
       : t_(model_name, batch, device),
         scaler_(LossScaler::for_autocast(autocast)),
         batch_{t_.x, t_.y},
-        local_(make_step(nullptr, autocast, options)) {
-    if (world) synced_ = make_step(world, autocast, options);
+        local_(make_step(nullptr, autocast, unsharded(options), *t_.sgd)) {
+    if (!world) return;
+    // ZeRO-1: the synchronised step shards an optimizer of its own (the same
+    // SGD); the step without sync keeps the whole one.
+    if (options.zero_stage == 1)
+      shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
+                                         SgdOptions{.momentum = 0.9}, t_.stream);
+    synced_ = make_step(world, autocast, options, shard_sgd_ ? *shard_sgd_ : *t_.sgd);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
@@ -100,12 +106,14 @@ class StepRunner {
     (synchronise ? *synced_ : *local_).run({&batch_, 1});
   }
 
-  // Every bucket's allreduce with nothing to overlap it.
+  // Every bucket's allreduce (ZeRO-1: reduce-scatter, then the parameter
+  // gather) with nothing to overlap it.
   void communicate_only() {
     comm::GradientSynchronizer& sync = synced_->synchronizer();
     sync.begin_step(synced_->steps());
     for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
     sync.finish();
+    if (sync.sharded()) sync.gather(t_.store->values());
   }
 
   struct Profile {
@@ -153,6 +161,10 @@ class StepRunner {
   }
 
   void synchronize() const { t_.stream.synchronize(); }
+  // Optimizer state held by this rank in synchronised steps.
+  std::int64_t optimizer_state_bytes() const {
+    return (shard_sgd_ ? *shard_sgd_ : *t_.sgd).state_bytes();
+  }
   comm::GradientSynchronizer& synchronizer() { return synced_->synchronizer(); }
   std::int64_t parameters() const {
     std::int64_t n = 0;
@@ -161,12 +173,17 @@ class StepRunner {
   }
 
  private:
+  static comm::SynchronizerOptions unsharded(comm::SynchronizerOptions sync) {
+    sync.zero_stage = 0;
+    return sync;
+  }
   std::unique_ptr<DataParallelStep> make_step(comm::World* world, std::optional<DType> autocast,
-                                              const comm::SynchronizerOptions& sync) {
+                                              const comm::SynchronizerOptions& sync,
+                                              Optimizer& optimizer) {
     StepOptions o;
     o.autocast = autocast;
     o.sync = sync;
-    return std::make_unique<DataParallelStep>(*t_.model, *t_.store, *t_.sgd,
+    return std::make_unique<DataParallelStep>(*t_.model, *t_.store, optimizer,
                                               make_scheduler("constant", {}), scaler_, world, o,
                                               t_.stream);
   }
@@ -174,6 +191,7 @@ class StepRunner {
   bench::SyntheticTraining t_;
   LossScaler scaler_;
   MicroBatch batch_;
+  std::unique_ptr<SGD> shard_sgd_;  // ZeRO-1's; before the steps that use it
   std::unique_ptr<DataParallelStep> local_, synced_;
   CrossEntropyLoss loss_;  // the profile's
 };
@@ -339,7 +357,7 @@ double gemm_gflops(core::Device device, std::optional<DType> autocast) {
 struct Options {
   std::string model = "mlp", precision = "fp32", device = "cpu", mode = "both", json;
   std::int64_t batch = 128, global_batch = 0;
-  int threads = 1;
+  int threads = 1, zero = 0;
   double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
   std::string host_overlap = "auto";
   bool link = true;
@@ -377,6 +395,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
   sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
   sync.host_overlap =
       o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
+  sync.zero_stage = o.zero;
   StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
   if (rank0) {
     const auto p = runner.profile();
@@ -399,15 +418,21 @@ int run(comm::World& world, const Options& o, const Config& config) {
              bench::field("backward_ms", p.backward_ms),
              bench::field("optimizer_ms", p.optimizer_ms),
              bench::field("step_ms", p.forward_ms + p.backward_ms + p.optimizer_ms),
+             bench::field("zero", static_cast<long long>(o.zero)),
+             bench::field("optimizer_state_bytes",
+                          static_cast<long long>(runner.optimizer_state_bytes())),
              {"buckets", list}})
       fields.push_back(f);
     json.write(fields);
     fmt::print(
         "{} batch {} per rank, {} {}, {} ranks, {} thread(s) each; {} parameters in {} "
-        "buckets{}\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
+        "buckets{}{}\nprofile (one rank): forward {:.2f} ms, backward {:.2f} ms, optimizer "
         "{:.2f} ms\n\n",
         o.model, o.batch, device.str(), o.precision, n, o.threads, runner.parameters(),
         buckets.size(),
+        o.zero == 1 ? fmt::format(", ZeRO-1 ({} bytes of optimizer state per rank)",
+                                  runner.optimizer_state_bytes())
+                    : "",
         device.is_cuda()    ? ""
         : sync.host_overlap ? ", reduced during backward"
                             : ", reduced after backward",
@@ -422,6 +447,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     print_row(r, n);
     auto fields = common("scaling");
     for (auto& f : row_fields(r, n)) fields.push_back(f);
+    fields.push_back(bench::field("zero", static_cast<long long>(o.zero)));
+    fields.push_back(bench::field("optimizer_state_bytes",
+                                  static_cast<long long>(runner.optimizer_state_bytes())));
     fields.push_back(device.is_cuda()
                          ? bench::JsonField{"host_overlap", "null"}
                          : bench::JsonField{"host_overlap", sync.host_overlap ? "true" : "false"});
@@ -514,6 +542,10 @@ int main(int argc, char** argv) {
                  "host gradients reduced during backward (on), after it (off), or on when a core "
                  "is spare (auto)")
       ->capture_default_str();
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage: 0 (allreduce, whole optimizer state) or 1 (reduce-scatter, "
+                 "sharded state, parameter all-gather)")
+      ->capture_default_str();
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
@@ -535,6 +567,7 @@ int main(int argc, char** argv) {
   app.get_option("--threads")->check(examples::threads_per_rank());
   app.get_option("--bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
   app.get_option("--first-bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
+  app.get_option("--zero")->check(examples::within(0, 1));
   app.get_option("--steps")->check(examples::within(1, 1e6));
   app.get_option("--trials")->check(examples::within(1, 1000));
   app.get_option("--json")->check(examples::non_empty());

@@ -67,15 +67,19 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
 
   std::int64_t largest = 0;
   for (const Bucket& bucket : buckets_) largest = std::max(largest, bucket.numel);
+  const bool tail = sharded() && shards_.padded_numel() > shards_.buffer_numel;
   auto reduce = [this](std::size_t b, const core::Stream& stream) { reduce_bucket(b, stream); };
   if (device.is_cuda()) {
-    const core::Stream comm_stream = core::Stream::create(device);
+    comm_stream_ = core::Stream::create(device);
     if (options_.wire_dtype != DType::f32)
-      wire_ = core::Tensor::empty({largest}, options_.wire_dtype, device, comm_stream);
-    runner_ = detail::make_stream_runner(reduce, compute, comm_stream);
+      wire_ = core::Tensor::empty({largest}, options_.wire_dtype, device, comm_stream_);
+    if (tail)
+      tail_ = core::Tensor::empty({buckets_.back().numel}, DType::f32, device, comm_stream_);
+    runner_ = detail::make_stream_runner(reduce, compute, comm_stream_);
   } else {
     if (options_.wire_dtype != DType::f32)
       wire_ = empty_host_buffer({largest}, options_.wire_dtype);
+    if (tail) tail_ = empty_host_buffer({buckets_.back().numel}, DType::f32);
     // Duplicated in both modes: ranks may choose differently (host_overlap
     // depends on each node's cores) and a duplicate is a collective.
     thread_comm_ = comm_.duplicate("gradients");
@@ -110,16 +114,29 @@ void GradientSynchronizer::pack_buffers() {
 
 // The bucket plan, and the per-step bookkeeping sized to it.
 void GradientSynchronizer::plan() {
-  buckets_ =
-      plan_buckets(model_.segments, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
-  bucket_of_.resize(model_.segments.size());
+  if (sharded()) {
+    shards_ = plan_shards(model_.segments, model_.gradients.numel(), comm_.size(), comm_.rank(),
+                          options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
+    buckets_ = shards_.buckets;
+  } else {
+    buckets_ =
+        plan_buckets(model_.segments, options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
+  }
+  // A sharded bucket may share a segment with its neighbours (Note [shard layout]).
+  buckets_of_.assign(model_.segments.size(), {0, 0});
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
-    for (std::size_t s = bucket.first_segment; s < bucket.end_segment; ++s) bucket_of_[s] = b;
-    bucket_names_.push_back(fmt::format("gradient bucket {} of {}: {} .. {}, {}", b + 1,
-                                        buckets_.size(), model_.segments[bucket.first_segment].name,
-                                        model_.segments[bucket.end_segment - 1].name,
-                                        size_text(bucket.numel * sizeof(float))));
+    for (std::size_t s = bucket.first_segment; s < bucket.end_segment; ++s) {
+      if (buckets_of_[s].second == 0) buckets_of_[s].first = b;
+      buckets_of_[s].second = b + 1;
+    }
+    const std::string what =
+        bucket.first_segment == bucket.end_segment
+            ? std::string("padding")
+            : fmt::format("{} .. {}", model_.segments[bucket.first_segment].name,
+                          model_.segments[bucket.end_segment - 1].name);
+    bucket_names_.push_back(fmt::format("gradient bucket {} of {}: {}, {}", b + 1, buckets_.size(),
+                                        what, size_text(bucket.numel * sizeof(float))));
   }
   pending_.assign(buckets_.size(), 0);
   ready_.assign(model_.segments.size(), 0);
@@ -152,6 +169,11 @@ void GradientSynchronizer::check_model() const {
     throw InvalidArgument(fmt::format("GradientSynchronizer: wire_dtype {} is not f32, bf16 or f16",
                                       dtype_name(wire)));
   check_segments(model_.segments, grads.numel());
+  if (options_.zero_stage != 0 && options_.zero_stage != 1)
+    throw InvalidArgument(fmt::format(
+        "GradientSynchronizer: zero_stage {} is not supported (use 0: allreduce every gradient, "
+        "or 1: ZeRO-1, reduce-scatter into per-rank shards)",
+        options_.zero_stage));
 }
 
 void GradientSynchronizer::broadcast_buffers() {
@@ -209,7 +231,8 @@ void GradientSynchronizer::mark_ready(std::size_t segment) {
         "report each of its parameters once)",
         name, step_));
   ready_[segment] = 1;
-  --pending_[bucket_of_[segment]];
+  for (std::size_t b = buckets_of_[segment].first; b < buckets_of_[segment].second; ++b)
+    --pending_[b];
   launch_ready_buckets();
 }
 
@@ -241,8 +264,7 @@ void GradientSynchronizer::finish() {
   std::vector<std::size_t> missing;
   for (std::size_t s = 0; s < ready_.size(); ++s)
     if (!ready_[s]) missing.push_back(s);
-  if (!missing.empty())
-    while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
+  while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
   runner_->wait_all();
   if (missing.empty()) return;
   std::string others;
@@ -261,9 +283,13 @@ void GradientSynchronizer::finish() {
 // world size before rounding, as PyTorch's compression hooks do: the sum of N
 // f16 gradients could overflow 65504 where their mean does not.
 void GradientSynchronizer::reduce_bucket(std::size_t b, const core::Stream& stream) {
+  if (sharded()) {
+    reduce_scatter_bucket(b, stream);
+    return;
+  }
   const Bucket& bucket = buckets_[b];
   OperationContext context(bucket_names_[b], static_cast<std::int64_t>(b));
-  Communicator& comm = thread_comm_ ? *thread_comm_ : comm_;
+  Communicator& comm = bucket_comm();
   core::Tensor slice = model_.gradients.view(bucket.offset, {bucket.numel});
   if (options_.wire_dtype == DType::f32) {
     comm.allreduce(slice, options_.average ? ReduceOp::avg : ReduceOp::sum, stream);
@@ -274,6 +300,98 @@ void GradientSynchronizer::reduce_bucket(std::size_t b, const core::Stream& stre
   core::ops::cast(slice, wire, stream);
   comm.allreduce(wire, ReduceOp::sum, stream);
   core::ops::cast(wire, slice, stream);
+}
+
+const ShardLayout& GradientSynchronizer::shard_layout() const {
+  if (!sharded())
+    throw InvalidArgument(
+        "GradientSynchronizer::shard_layout: the synchroniser is not sharded (zero_stage 0)");
+  return shards_;
+}
+
+// ZeRO-1 (Note [shard layout]): in place, the bucket's slice of the buffer is
+// every rank's contribution and this rank's chunk receives the reduction. A
+// 16-bit wire format (Note [wire scaling]) and the tail bucket, which reaches
+// past the buffer, go through a scratch buffer.
+void GradientSynchronizer::reduce_scatter_bucket(std::size_t b, const core::Stream& stream) {
+  const Bucket& bucket = buckets_[b];
+  OperationContext context(bucket_names_[b], static_cast<std::int64_t>(b));
+  Communicator& comm = bucket_comm();
+  const std::int64_t chunk = shards_.chunk_numel(b);
+  const std::int64_t in_buffer = std::min(bucket.numel, shards_.buffer_numel - bucket.offset);
+  const DType wire = options_.wire_dtype;
+  const ReduceOp op = options_.average ? ReduceOp::avg : ReduceOp::sum;
+  if (wire == DType::f32 && in_buffer == bucket.numel) {
+    float* base = model_.gradients.data_as<float>() + bucket.offset;
+    comm.reduce_scatter(base, base + comm.rank() * chunk, chunk, DType::f32, op, stream);
+    return;
+  }
+  core::Tensor scratch = (wire == DType::f32 ? tail_ : wire_).view(0, {bucket.numel});
+  core::Tensor slice = model_.gradients.view(bucket.offset, {in_buffer});
+  if (in_buffer < bucket.numel)
+    scratch.view(in_buffer, {bucket.numel - in_buffer}).fill_(0.0, stream);
+  if (wire != DType::f32 && options_.average)
+    core::ops::scale(slice, 1.0f / static_cast<float>(comm.size()), stream);
+  core::Tensor staged = scratch.view(0, {in_buffer});
+  core::ops::cast(slice, staged, stream);
+  const std::size_t element = dtype_size(wire);
+  char* base = static_cast<char*>(scratch.data());
+  comm.reduce_scatter(base, base + comm.rank() * chunk * element, chunk, wire,
+                      wire == DType::f32 ? op : ReduceOp::sum, stream);
+  const FlatRange mine = shards_.chunk(b, comm.rank());
+  if (mine.numel == 0) return;
+  core::Tensor back = model_.gradients.view(mine.offset, {mine.numel});
+  core::ops::cast(scratch.view(mine.offset - bucket.offset, {mine.numel}), back, stream);
+}
+
+void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
+                                         const core::Stream& stream) {
+  const Bucket& bucket = buckets_[b];
+  OperationContext context(fmt::format("parameter bucket {} of {}", b + 1, buckets_.size()),
+                           static_cast<std::int64_t>(b));
+  Communicator& comm = bucket_comm();
+  const std::int64_t chunk = shards_.chunk_numel(b);
+  const std::int64_t in_buffer = std::min(bucket.numel, shards_.buffer_numel - bucket.offset);
+  if (in_buffer == bucket.numel) {
+    float* base = flat.data_as<float>() + bucket.offset;
+    comm.allgather(base + comm.rank() * chunk, base, chunk, DType::f32, stream);
+    return;
+  }
+  core::Tensor scratch = tail_.view(0, {bucket.numel});
+  scratch.fill_(0.0, stream);
+  const FlatRange mine = shards_.chunk(b, comm.rank());
+  if (mine.numel > 0)
+    scratch.view(mine.offset - bucket.offset, {mine.numel})
+        .copy_from(flat.view(mine.offset, {mine.numel}), stream);
+  float* base = scratch.data_as<float>();
+  comm.allgather(base + comm.rank() * chunk, base, chunk, DType::f32, stream);
+  flat.view(bucket.offset, {in_buffer}).copy_from(scratch.view(0, {in_buffer}), stream);
+}
+
+void GradientSynchronizer::gather(core::Tensor& flat) {
+  if (!sharded())
+    throw InvalidArgument(
+        "GradientSynchronizer::gather needs zero_stage 1 (the synchroniser "
+        "allreduces every gradient: every rank holds every parameter already)");
+  if (in_step_)
+    throw InvalidArgument("GradientSynchronizer::gather inside a step: call finish() first");
+  if (!flat.defined() || flat.dtype() != DType::f32 || flat.numel() != model_.parameters.numel() ||
+      !(flat.device() == comm_.device()))
+    throw InvalidArgument(fmt::format(
+        "GradientSynchronizer::gather: the buffer must be {} f32 elements on {}, like the "
+        "model's flat parameters",
+        model_.parameters.numel(), comm_.device().str()));
+  core::trace::Span span("parameter gather", "comm");
+  if (!comm_.device().is_cuda()) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, core::Stream());
+    return;
+  }
+  core::Event updated, gathered;
+  updated.record(options_.compute_stream);
+  comm_stream_.wait(updated);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, comm_stream_);
+  gathered.record(comm_stream_);
+  options_.compute_stream.wait(gathered);
 }
 
 }  // namespace lockstep::comm

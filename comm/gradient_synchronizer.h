@@ -1,7 +1,9 @@
 // GradientSynchronizer: the data-parallel reducer (PyTorch DDP's Reducer).
 // It averages the flat gradient buffer over the ranks in buckets, each
 // reduced as soon as backward has written its last gradient, so that
-// communication overlaps the rest of backward. It depends on core types only
+// communication overlaps the rest of backward; with ZeRO-1 it reduce-scatters
+// them into per-rank shards and all-gathers the updated parameters
+// (zero_stage, comm/shards.h). It depends on core types only
 // (comm/ sits below engine/): the engine's ParameterStore hands it flat
 // buffers and a segment table, and its modules call mark_ready.
 #pragma once
@@ -10,10 +12,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/buckets.h"
 #include "comm/communicator.h"
+#include "comm/shards.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 
@@ -62,6 +66,11 @@ struct SynchronizerOptions {
   // after it and the averaged gradients are ready on it after finish().
   // Default: the device's default stream. Unused for host buffers.
   core::Stream compute_stream{};
+  // 0: every rank ends with every averaged gradient (allreduce). 1: ZeRO-1
+  // (Note [shard layout], comm/shards.h): each bucket is reduce-scattered,
+  // every rank ends with the averaged gradients of its own shard only, and
+  // gather() brings every rank's updated parameters back after the update.
+  int zero_stage = 0;
 };
 
 // Note [ready order]: segments are listed in the order their gradients become
@@ -90,7 +99,8 @@ struct SynchronizerOptions {
 //   }
 //   forward; backward;                   // mark_ready(i) starts buckets as they fill
 //   sync.finish();                       // gradients now hold the average over ranks
-//   optimizer step;
+//   optimizer step;                      // ZeRO-1: of this rank's shard only, then
+//   sync.gather(parameters);             //   every rank's updated shard to every rank
 //
 // Every rank must run the same sequence of calls: they drive collectives.
 // One thread calls the synchroniser; the buffers must stay alive with it.
@@ -122,9 +132,9 @@ class GradientSynchronizer {
   void mark_ready(std::size_t segment);
 
   // Waits until every bucket is averaged (host), or makes the compute stream
-  // wait for it (GPU). Throws InvalidArgument naming the first parameter
-  // that was never reported ready, after reducing the buckets anyway so that
-  // no other rank waits for this one (Note [missing readiness]).
+  // wait for it (GPU); with zero_stage 1 only this rank's shard is. Throws InvalidArgument naming
+  // the first parameter that was never reported ready, after reducing the buckets anyway so that no
+  // other rank waits for this one (Note [missing readiness]).
   void finish();
 
   // While a NoSync lives, backward passes accumulate gradients locally and
@@ -143,7 +153,18 @@ class GradientSynchronizer {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
+  // ZeRO-1: all-gathers every rank's shard of `flat` (a flat f32 buffer of
+  // the model's layout: the parameters after this rank updated its shard)
+  // into every rank's copy, bucket by bucket, in place. Host buffers: on the
+  // caller's thread, before returning. GPU buffers: on the communication
+  // stream, after the work on the compute stream so far; the compute stream
+  // waits for it. Collective; throws InvalidArgument unless zero_stage is 1.
+  void gather(core::Tensor& flat);
+
   const std::vector<GradientSegment>& segments() const { return model_.segments; }
+  bool sharded() const { return options_.zero_stage == 1; }
+  // The shard layout (zero_stage 1); throws InvalidArgument otherwise.
+  const ShardLayout& shard_layout() const;
   const std::vector<Bucket>& buckets() const { return buckets_; }
   std::int64_t step() const { return step_; }
 
@@ -153,20 +174,26 @@ class GradientSynchronizer {
   void plan();
   void broadcast_buffers();
   void reduce_bucket(std::size_t bucket, const core::Stream& stream);
+  void reduce_scatter_bucket(std::size_t bucket, const core::Stream& stream);
+  void gather_bucket(core::Tensor& flat, std::size_t bucket, const core::Stream& stream);
+  Communicator& bucket_comm() { return thread_comm_ ? *thread_comm_ : comm_; }
   void launch_ready_buckets();
 
   Communicator& comm_;
   SynchronizedModel model_;
   SynchronizerOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<std::string> bucket_names_;   // for watchdog messages
-  std::vector<std::size_t> bucket_of_;      // segment -> bucket
+  std::vector<std::string> bucket_names_;                        // for watchdog messages
+  ShardLayout shards_;                                           // zero_stage 1
+  std::vector<std::pair<std::size_t, std::size_t>> buckets_of_;  // segment -> [first, end) bucket
   std::vector<std::size_t> pending_;        // per bucket: segments not yet ready
   std::vector<char> ready_;                 // per segment
   std::size_t next_launch_ = 0;             // buckets [0, next_launch_) have started
   std::vector<core::Tensor> buffer_packs_;  // per buffer dtype (undefined for one buffer)
   std::vector<std::vector<std::size_t>> pack_members_;
   core::Tensor wire_;                          // scratch for a 16-bit wire format
+  core::Tensor tail_;                          // f32 scratch for the shard layout's tail bucket
+  core::Stream comm_stream_;                   // GPU buffers: where buckets are reduced
   std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
   std::unique_ptr<detail::BucketRunner> runner_;
   std::int64_t step_ = -1;

@@ -86,7 +86,7 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
   for (Parameter* p : model.parameters())
     c.tensors["/model/" + p->name] = to_host(p->value, stream);
   for (Buffer* b : model.buffers()) c.tensors["/buffers/" + b->name] = to_host(b->value, stream);
-  for (const OptimizerStateTensor& s : optimizer.state_tensors())
+  for (const OptimizerStateTensor& s : optimizer.state_tensors(stream))
     c.tensors["/optimizer/" + s.parameter + "/" + s.state] = to_host(s.value, stream);
   for (const OptimizerScalar& s : optimizer.scalar_state())
     c.attributes["optimizer." + s.name] = s.value;
@@ -122,12 +122,12 @@ TrainingState restore_checkpoint(const CheckpointContents& c, const std::string&
           file, key, saved, value, key));
   }
   load_group(c.tensors, "/", model, file, stream, true);
-  for (const OptimizerStateTensor& s : optimizer.state_tensors()) {
-    const std::string name = "/optimizer/" + s.parameter + "/" + s.state;
+  for (const auto& [parameter, state] : optimizer.state_names()) {
+    const std::string name = "/optimizer/" + parameter + "/" + state;
     auto it = c.tensors.find(name);
     if (it == c.tensors.end())
       throw InvalidArgument("checkpoint " + file + " has no optimizer state " + name);
-    optimizer.set_state_tensor(s.parameter, s.state, it->second, stream);
+    optimizer.set_state_tensor(parameter, state, it->second, stream);
   }
   for (const OptimizerScalar& s : optimizer.scalar_state())
     optimizer.set_scalar_state(s.name, attribute<std::int64_t>(c, file, "optimizer." + s.name));

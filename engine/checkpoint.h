@@ -41,13 +41,16 @@ struct TrainingState {
 
 // Copies the model, its buffers and the optimizer state to the host. Throws
 // NumericalError naming the tensor and element when any f32 value is inf or
-// NaN: such a checkpoint is never written.
+// NaN: such a checkpoint is never written. With a sharded optimizer (ZeRO-1)
+// the state is gathered from every rank first, so the contents are the same
+// as without ZeRO: a collective then, which every rank must call.
 CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
                                       const TrainingState& state, const core::Stream& stream);
 
 // Checks the format version, the model's parameter names and shapes and the
 // fingerprint against `config` (Note [resume fingerprint]), then copies
-// weights, buffers and optimizer state into the live objects. Returns the
+// weights, buffers and optimizer state into the live objects (a sharded
+// optimizer takes its shard's part; nothing is communicated). Returns the
 // saved state; `file` names the checkpoint in errors.
 TrainingState restore_checkpoint(const CheckpointContents& contents, const std::string& file,
                                  Module& model, Optimizer& optimizer,

@@ -11,6 +11,7 @@
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"
+#include "engine/zero.h"
 
 namespace lockstep::engine {
 
@@ -46,6 +47,15 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   if (options_.max_consecutive_skips < 1)
     throw InvalidArgument("StepOptions::max_consecutive_skips must be at least 1, got " +
                           std::to_string(options_.max_consecutive_skips));
+  if (options_.sync.zero_stage != 0 && options_.sync.zero_stage != 1)
+    throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage is " +
+                          std::to_string(options_.sync.zero_stage) +
+                          "; use 0 (plain data parallelism) or 1 (ZeRO-1: optimizer state "
+                          "sharded over the ranks)");
+  if (options_.sync.zero_stage == 1 && !world_)
+    throw InvalidArgument(
+        "DataParallelStep: StepOptions::sync.zero_stage 1 shards the optimizer over a world's "
+        "ranks; a step without a world has none (use zero_stage 0)");
   if (world_) {
     comm::check_agreement(world_->host(), agreement_fields());
     options_.sync.compute_stream = stream_;
@@ -57,6 +67,8 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     loss_gradient_divisor_ = mean.loss_gradient_divisor;
     sync_ = std::make_unique<comm::GradientSynchronizer>(
         world_->for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
+    if (sync_->sharded())
+      optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
   }
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
@@ -74,6 +86,7 @@ comm::NamedValues DataParallelStep::agreement_fields() const {
       {"step.max_grad_norm", fmt::format("{}", options_.max_grad_norm)},
       {"step.seed", std::to_string(options_.seed)},
       {"step.max_consecutive_skips", std::to_string(options_.max_consecutive_skips)},
+      {"step.zero_stage", std::to_string(options_.sync.zero_stage)},
       {"step.schedule",
        fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
                    "eta_min={}",
@@ -159,18 +172,16 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
 void DataParallelStep::update(StepResult& r) {
   {
     core::trace::Span unscale("unscale and clip", "optimizer");
-    scaler_.unscale(store_.grads(), stream_);
     r.loss_scale = scaler_.scale();
-    bool scaler_clean = true;
     try {
-      scaler_clean = scaler_.update(stream_);
+      r.grad_norm = sharded() ? check_sharded_gradients(
+                                    store_.grads(), sync_->shard_layout().owned(), scaler_,
+                                    options_.max_grad_norm, world_->host(), stream_)
+                                    .grad_norm
+                              : unscale_and_clip();
     } catch (const NumericalError& e) {
       throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
     }
-    r.grad_norm = !scaler_clean ? NAN
-                  : options_.max_grad_norm > 0
-                      ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
-                      : grad_norm(store_.grads(), stream_);
     scheduler_.apply(optimizer_, steps_);
     r.lr = optimizer_.lr(0);
   }
@@ -185,6 +196,7 @@ void DataParallelStep::update(StepResult& r) {
   if (!r.skipped) {
     core::trace::Span optimizer("optimizer", "optimizer");
     optimizer_.step(stream_);
+    if (sharded()) sync_->gather(store_.values());  // every rank's updated shard
   }
 
   r.step = ++steps_;
@@ -197,9 +209,18 @@ void DataParallelStep::update(StepResult& r) {
   if (consecutive_skips_ >= options_.max_consecutive_skips) throw_nonfinite(r.step, r.loss);
 }
 
+double DataParallelStep::unscale_and_clip() {
+  scaler_.unscale(store_.grads(), stream_);
+  if (!scaler_.update(stream_)) return NAN;
+  return options_.max_grad_norm > 0
+             ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
+             : grad_norm(store_.grads(), stream_);
+}
+
 void DataParallelStep::throw_nonfinite(std::int64_t step, double mean_loss) {
   // The gradients are the allreduced ones, the same on every rank, so every
-  // rank names the same parameter.
+  // rank names the same parameter; with ZeRO-1 every rank's shard first.
+  if (sharded()) sync_->gather(store_.grads());
   const std::vector<float> g = store_.grads().to_vector<float>(stream_);
   std::string culprit = "every gradient is finite";
   for (const ParameterStore::Slot& s : store_.slots()) {

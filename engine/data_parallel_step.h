@@ -15,6 +15,11 @@
 //   unscale and the scaler's update (f16), the global norm or clipping, the
 //   schedule's lr; comm::agree_on_step (the loss, the rows, stop requests);
 //   the skip decision (Note [non-finite steps]); the optimizer's update.
+// With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
+// finish leaves each rank the mean of its shard of the gradients; unscaling,
+// the inf/NaN finding, the norm and clipping are of the shard, agreed in one
+// allreduce (Note [sharded step checks], engine/zero.h); the optimizer
+// updates the shard, and sync.gather brings every rank's shard back.
 // Everything that decides what happens next depends only on allreduced
 // values, so every rank decides alike with no further collective.
 //
@@ -40,9 +45,10 @@
 // when some gradient is not (squares of f32 values summed in f64 cannot
 // overflow). Both look at allreduced gradients and the loss comes from the
 // step agreement, so every rank takes the same decision with no extra
-// collective. After max_consecutive_skips skipped steps in a row, run()
-// throws NumericalError naming the step and the first parameter, in backward
-// order, whose gradient is not finite.
+// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
+// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
+// max_consecutive_skips skipped steps in a row, run() throws NumericalError naming the step and the
+// first parameter, in backward order, whose gradient is not finite.
 #pragma once
 
 #include <cstdint>
@@ -151,6 +157,11 @@ class DataParallelStep {
   // Unscale, the inf decision, clipping or the norm, the schedule, the step
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
+  // Unscale and check, then clip or measure: the norm, NaN for a step the loss
+  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
+  double unscale_and_clip();
+  // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
+  bool sharded() const { return sync_ && sync_->sharded(); }
   // Note [non-finite steps]: the error after the last allowed skip.
   [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
 

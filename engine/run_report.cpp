@@ -147,6 +147,9 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   lines.push_back(fmt::format("  precision    {}{}, deterministic {}", h.precision,
                               h.loss_scaling ? " with dynamic loss scaling" : "",
                               deterministic_run() ? "on" : "off"));
+  if (h.zero_stage == 1)
+    lines.push_back(fmt::format("  zero         ZeRO-1: optimizer state sharded over {} rank{}",
+                                world_size, world_size == 1 ? "" : "s"));
   for (const DatasetSummary& d : h.data)
     lines.push_back(
         fmt::format("  {:<12} {}: {}", d.role + " data", d.path, describe_dataset(*d.dataset)));
@@ -160,10 +163,10 @@ std::string run_start_record(const RunHeader& h, int world_size) {
       R"("run": "start", "program": {}, "model": {}, "ranks": {}, "micro_batch": {}, )"
       R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
       R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
-      R"("steps_per_epoch": {})",
+      R"("steps_per_epoch": {}, "zero_stage": {})",
       core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
       h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
-      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch);
+      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage);
   if (h.tokens_per_sample > 0)
     record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
   return record;

@@ -70,6 +70,7 @@ struct RunHeader {
   std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
   std::string precision;  // "fp32", "bf16"
   bool loss_scaling = false;
+  int zero_stage = 0;  // StepOptions::sync.zero_stage
   std::vector<DatasetSummary> data;
   std::string checkpoint_dir;  // "" : none
   std::string metrics_path;    // "" : none

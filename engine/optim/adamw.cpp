@@ -23,8 +23,8 @@ AdamwOptions validated(const AdamwOptions& o) {
 AdamW::AdamW(ParameterStore& store, std::vector<ParamGroup> groups, AdamwOptions options,
              const core::Stream& stream)
     : Optimizer("AdamW", store, std::move(groups), stream), options_(validated(options)) {
-  exp_avg_ = add_state("exp_avg", stream);
-  exp_avg_sq_ = add_state("exp_avg_sq", stream);
+  add_state("exp_avg", stream);
+  add_state("exp_avg_sq", stream);
 }
 
 void AdamW::launch(const core::Stream& stream) {
@@ -47,7 +47,7 @@ void AdamW::launch(const core::Stream& stream) {
   }
   float* params = store().values().data_as<float>();
   const float* grads = store().grads().data_as<float>();
-  float *exp_avg = exp_avg_.data_as<float>(), *exp_avg_sq = exp_avg_sq_.data_as<float>();
+  float *exp_avg = state_data(0), *exp_avg_sq = state_data(1);
   const auto segment_count = static_cast<std::int64_t>(segments().size());
   const int group_count = static_cast<int>(groups.size());
   core::dispatch(

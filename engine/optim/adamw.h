@@ -28,8 +28,7 @@ class AdamW final : public Optimizer {
  private:
   void launch(const core::Stream& stream) override;
 
-  AdamwOptions options_;
-  core::Tensor exp_avg_, exp_avg_sq_;
+  AdamwOptions options_;  // state 0 is "exp_avg", 1 "exp_avg_sq"
 };
 
 }  // namespace lockstep::engine

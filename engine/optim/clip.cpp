@@ -7,24 +7,53 @@
 #include "engine/core/ops.h"
 
 namespace lockstep::engine {
+namespace {
+
+void require_f32(const char* who, const core::Tensor& grads) {
+  if (grads.dtype() != DType::f32)
+    throw InvalidArgument(std::string(who) + ": gradients are " + dtype_name(grads.dtype()) +
+                          ", expected the f32 flat gradient buffer");
+}
+
+std::vector<comm::FlatRange> whole(const core::Tensor& grads) { return {{0, grads.numel()}}; }
+
+}  // namespace
+
+double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                        const core::Stream& stream) {
+  require_f32("grad_norm", grads);
+  double total = 0.0;
+  for (const comm::FlatRange& r : ranges) {
+    if (r.numel == 0) continue;
+    const core::Tensor sum_squares =
+        core::ops::sum_squares(grads.view(r.offset, {r.numel}), stream);
+    float value = 0.0f;
+    sum_squares.copy_to_host(&value, stream);
+    total += static_cast<double>(value);
+  }
+  return total;
+}
 
 double grad_norm(const core::Tensor& grads, const core::Stream& stream) {
-  if (grads.dtype() != DType::f32)
-    throw InvalidArgument(std::string("grad_norm: gradients are ") + dtype_name(grads.dtype()) +
-                          ", expected the f32 flat gradient buffer");
-  const core::Tensor sum_squares = core::ops::sum_squares(grads, stream);
-  float value = 0.0f;
-  sum_squares.copy_to_host(&value, stream);
-  return std::sqrt(static_cast<double>(value));
+  return std::sqrt(grad_sum_squares(grads, whole(grads), stream));
+}
+
+void clip_to_norm(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges, double norm,
+                  double max_norm, const core::Stream& stream) {
+  if (!(max_norm > 0.0))
+    throw InvalidArgument("clip_grad_norm: max_norm " + std::to_string(max_norm) + " must be > 0");
+  const double clip_coef = max_norm / (norm + 1e-6);
+  if (!std::isfinite(norm) || clip_coef >= 1.0) return;
+  for (const comm::FlatRange& r : ranges) {
+    if (r.numel == 0) continue;
+    core::Tensor slice = grads.view(r.offset, {r.numel});
+    core::ops::scale(slice, static_cast<float>(clip_coef), stream);
+  }
 }
 
 double clip_grad_norm(core::Tensor& grads, double max_norm, const core::Stream& stream) {
-  if (!(max_norm > 0.0))
-    throw InvalidArgument("clip_grad_norm: max_norm " + std::to_string(max_norm) + " must be > 0");
   const double norm = grad_norm(grads, stream);
-  const double clip_coef = max_norm / (norm + 1e-6);
-  if (std::isfinite(norm) && clip_coef < 1.0)
-    core::ops::scale(grads, static_cast<float>(clip_coef), stream);
+  clip_to_norm(grads, whole(grads), norm, max_norm, stream);
   return norm;
 }
 

@@ -2,22 +2,33 @@
 // (ParameterStore::grads()), as torch.nn.utils.clip_grad_norm_ does over all
 // parameters. Padding between parameters is zero (Note [padding stays zero],
 // engine/optim/optimizer.cpp), so the whole-buffer sum of squares is exactly
-// the sum over parameters. Call after unscaling.
+// the sum over parameters. With ZeRO-1 each rank holds its shard's gradients
+// only: the range forms work on those, and the caller sums over ranks. Call
+// after unscaling.
 #pragma once
 
+#include <vector>
+
+#include "comm/shards.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 
 namespace lockstep::engine {
 
-// The L2 norm of `grads` (f32): the square root of core::ops::sum_squares,
-// which accumulates in f64 and is deterministic on CUDA. Reading it on the host
-// synchronises `stream`.
+// The sum of squares of `grads` (f32) over `ranges`: per range
+// core::ops::sum_squares (accumulated in f64, deterministic on CUDA, rounded
+// to f32), added in f64. Reading it synchronises `stream`.
+double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                        const core::Stream& stream = {});
+// The L2 norm of the whole of `grads`: the square root of grad_sum_squares.
 double grad_norm(const core::Tensor& grads, const core::Stream& stream = {});
 
-// Scales `grads` by clip_coef = max_norm / (norm + 1e-6) when that is below 1,
-// and returns the norm before clipping. A non-finite norm leaves the gradients
-// as they are: the loss scaler (or the caller) skips such a step.
+// Scales `ranges` of `grads` by clip_coef = max_norm / (norm + 1e-6) when that
+// is below 1; `norm` is the global norm. A non-finite norm leaves the
+// gradients as they are: the loss scaler (or the caller) skips such a step.
+void clip_to_norm(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges, double norm,
+                  double max_norm, const core::Stream& stream = {});
+// clip_to_norm over the whole buffer with its own norm, which it returns.
 double clip_grad_norm(core::Tensor& grads, double max_norm, const core::Stream& stream = {});
 
 }  // namespace lockstep::engine

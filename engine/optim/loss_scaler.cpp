@@ -43,6 +43,11 @@ LossScaler LossScaler::for_autocast(std::optional<DType> autocast) {
 }
 
 void LossScaler::unscale(core::Tensor& grads, const core::Stream& stream) {
+  unscale(grads, {{0, grads.numel()}}, stream);
+}
+
+void LossScaler::unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                         const core::Stream& stream) {
   if (!enabled()) return;
   if (grads.dtype() != DType::f32)
     throw InvalidArgument(std::string("LossScaler::unscale: gradients are ") +
@@ -53,25 +58,40 @@ void LossScaler::unscale(core::Tensor& grads, const core::Stream& stream) {
   if (!found_nonfinite_.defined() || !(found_nonfinite_.device() == device))
     found_nonfinite_ = core::Tensor::empty({1}, DType::i32, device, stream);
   found_nonfinite_.fill_(0.0, stream);
-  float* data = grads.data_as<float>();
-  const std::int64_t n = grads.numel();
   const float inv_scale = 1.0f / scale_;
   std::int32_t* flag = found_nonfinite_.data_as<std::int32_t>();
-  core::dispatch(
-      device, stream, [&] { kernels::cpu::unscale_and_check(data, n, inv_scale, flag); },
-      [&](kernels::CudaStream cuda_stream) {
-        kernels::cuda::unscale_and_check(data, n, inv_scale, flag, cuda_stream);
-      });
+  for (const comm::FlatRange& r : ranges) {
+    if (r.numel == 0) continue;
+    float* data = grads.view(r.offset, {r.numel}).data_as<float>();
+    const std::int64_t n = r.numel;
+    core::dispatch(
+        device, stream, [&] { kernels::cpu::unscale_and_check(data, n, inv_scale, flag); },
+        [&](kernels::CudaStream cuda_stream) {
+          kernels::cuda::unscale_and_check(data, n, inv_scale, flag, cuda_stream);
+        });
+  }
   unscaled_ = true;
+}
+
+bool LossScaler::found_nonfinite(const core::Stream& stream) const {
+  if (!enabled()) return false;
+  if (!unscaled_) throw InvalidArgument("LossScaler: no unscale() in this step to report on");
+  std::int32_t found = 0;
+  found_nonfinite_.copy_to_host(&found, stream);
+  return found != 0;
 }
 
 bool LossScaler::update(const core::Stream& stream) {
   if (!enabled()) return true;
   if (!unscaled_) throw InvalidArgument("LossScaler::update without unscale() in this step");
+  return update_with(found_nonfinite(stream));
+}
+
+bool LossScaler::update_with(bool found_nonfinite) {
+  if (!enabled()) return true;
+  if (!unscaled_) throw InvalidArgument("LossScaler::update without unscale() in this step");
   unscaled_ = false;
-  std::int32_t found = 0;
-  found_nonfinite_.copy_to_host(&found, stream);
-  if (found != 0) {
+  if (found_nonfinite) {
     if (scale_ <= options_.min_scale)
       throw NumericalError(fmt::format(
           "the loss scale is at its floor (min_scale {}) and the gradients still hold an inf or "

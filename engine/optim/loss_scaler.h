@@ -6,12 +6,15 @@
 // steps in a row. The scale has a floor (min_scale): an inf or NaN found at
 // the floor is an error, since scaling can no longer be the cause. The check
 // runs on allreduced gradients, so every rank decides the same without an
-// extra collective.
+// extra collective; with ZeRO-1 a rank checks its own shard, and the caller
+// agrees on the decision (found_nonfinite, then update_with).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
+#include "comm/shards.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 
@@ -50,12 +53,20 @@ class LossScaler {
   // device and nothing waits. Call once per step, after the allreduce and
   // before clipping. No-op when disabled.
   void unscale(core::Tensor& grads, const core::Stream& stream = {});
+  // The same over `ranges` of the buffer only (this rank's ZeRO-1 shard).
+  void unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+               const core::Stream& stream = {});
   // Reads the flag that unscale() left: this is the step's host
   // synchronisation (it waits for `stream`). Backs off or grows the scale and
   // returns whether the optimizer should step (false: skip it, the gradients
   // had an inf or NaN). Always true when disabled. Throws NumericalError
   // naming min_scale when an inf or NaN is found with the scale at its floor.
   [[nodiscard]] bool update(const core::Stream& stream = {});
+  // Whether unscale() found an inf or NaN in this rank's gradients (waits for
+  // `stream`); false when disabled. For callers that agree with other ranks.
+  bool found_nonfinite(const core::Stream& stream = {}) const;
+  // update() with the finding given: whether any rank found an inf or NaN.
+  [[nodiscard]] bool update_with(bool found_nonfinite);
 
   // For checkpoints. A disabled scaler keeps scale 1 and ignores set_state.
   LossScalerState state() const { return {scale_, growth_tracker_}; }

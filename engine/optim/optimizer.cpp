@@ -2,6 +2,8 @@
 // state and the step bookkeeping shared by SGD and AdamW.
 #include "engine/optim/optimizer.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -28,13 +30,14 @@ std::vector<kernels::OptimizerSegment> build_segments(const ParameterStore& stor
         runs.back().offset + runs.back().length == s.offset)
       runs.back().length += s.numel;
     else
-      runs.push_back({s.offset, s.numel, group_of[i]});
+      runs.push_back({s.offset, s.numel, group_of[i], s.offset});
   }
   std::vector<kernels::OptimizerSegment> segments;
   for (const kernels::OptimizerSegment& run : runs)
     for (std::int64_t start = 0; start < run.length; start += kernels::kMaxSegmentLength)
       segments.push_back({run.offset + start,
-                          std::min(kernels::kMaxSegmentLength, run.length - start), run.group});
+                          std::min(kernels::kMaxSegmentLength, run.length - start), run.group,
+                          run.offset + start});
   return segments;
 }
 
@@ -80,14 +83,20 @@ Optimizer::Optimizer(std::string type_name, ParameterStore& store, std::vector<P
       throw InvalidArgument(type_name_ + ": parameter '" + store.slots()[i].parameter->name +
                             "' is trainable but in no group (add it to one, or freeze it "
                             "before building the ParameterStore)");
-  segments_ = build_segments(store, group_of);
+  set_segments(build_segments(store, group_of), stream);
+}
+
+void Optimizer::set_segments(std::vector<kernels::OptimizerSegment> segments,
+                             const core::Stream& stream) {
+  segments_ = std::move(segments);
   kernels::validate_segments(segments_.data(), static_cast<std::int64_t>(segments_.size()),
                              static_cast<int>(groups_.size()), type_name_.c_str());
-  if (store.device().is_cuda() && !segments_.empty())
+  device_segments_ = core::Tensor();
+  if (store_.device().is_cuda() && !segments_.empty())
     device_segments_ = core::Tensor::from_host(
         segments_.data(),
         {static_cast<std::int64_t>(segments_.size() * sizeof(kernels::OptimizerSegment))},
-        DType::u8, store.device(), stream);
+        DType::u8, store_.device(), stream);
 }
 
 const kernels::OptimizerSegment* Optimizer::device_segments() const {
@@ -114,16 +123,30 @@ void Optimizer::set_lr(std::size_t group, double lr) {
   groups_[group].lr = lr;
 }
 
-core::Tensor Optimizer::add_state(const std::string& name, const core::Stream& stream) {
+void Optimizer::add_state(const std::string& name, const core::Stream& stream) {
   state_.emplace_back(name, store_.make_state_buffer(stream));
-  return state_.back().second;
 }
 
-std::vector<OptimizerStateTensor> Optimizer::state_tensors() const {
+std::vector<OptimizerStateTensor> Optimizer::state_tensors(const core::Stream& stream) const {
+  std::vector<std::pair<std::string, core::Tensor>> full = state_;
+  if (sharded())
+    for (auto& [name, buffer] : full) {
+      core::Tensor gathered =
+          core::Tensor::empty({shard_layout_.padded_numel()}, DType::f32, store_.device(), stream);
+      comm::gather_shards(*shard_comm_, shard_layout_, buffer, gathered, stream);
+      buffer = gathered;
+    }
   std::vector<OptimizerStateTensor> out;
   for (const ParameterStore::Slot& s : store_.slots())
-    for (const auto& [name, buffer] : state_)
+    for (const auto& [name, buffer] : full)
       out.push_back({s.parameter->name, name, buffer.view(s.offset, s.parameter->value.shape())});
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> Optimizer::state_names() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const ParameterStore::Slot& s : store_.slots())
+    for (const auto& entry : state_) out.emplace_back(s.parameter->name, entry.first);
   return out;
 }
 
@@ -147,7 +170,71 @@ void Optimizer::set_state_tensor(const std::string& parameter, const std::string
     throw InvalidArgument(type_name_ + " state '" + parameter + "/" + state + "': got " +
                           core::shape_str(value.shape()) + " " + dtype_name(value.dtype()) +
                           ", expected " + core::shape_str(shape) + " f32");
-  it->second.view(s.offset, shape).copy_from(value, stream);
+  if (!sharded()) {
+    it->second.view(s.offset, shape).copy_from(value, stream);
+    return;
+  }
+  const core::Tensor flat = value.reshape({value.numel()});
+  std::int64_t position = 0;  // of the chunk in the packed state
+  for (std::size_t b = 0; b < shard_layout_.buckets.size(); ++b) {
+    const comm::FlatRange mine = shard_layout_.chunk(b, shard_layout_.rank);
+    const std::int64_t start = std::max(mine.offset, s.offset);
+    const std::int64_t end = std::min(mine.offset + mine.numel, s.offset + s.numel);
+    if (start < end)
+      it->second.view(position + start - mine.offset, {end - start})
+          .copy_from(flat.view(start - s.offset, {end - start}), stream);
+    position += shard_layout_.chunk_numel(b);
+  }
+}
+
+// Note [sharded state]: with ZeRO-1 a rank updates the parameter elements of
+// its chunks (comm::ShardLayout::owned) and keeps their state packed, chunk
+// after chunk in bucket order: shard_numel() elements per state buffer, the
+// unsharded size / ranks rounded up to 64 elements. A segment of the table
+// is a group run cut to one chunk; its state_offset is the packed position.
+void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
+                      const core::Stream& stream) {
+  if (sharded()) throw InvalidArgument(type_name_ + ": shard() was called already");
+  if (layout.buffer_numel != store_.size() || layout.ranks != comm.size() ||
+      layout.rank != comm.rank())
+    throw InvalidArgument(
+        fmt::format("{}: the shard layout (rank {} of {}, {} elements) does not fit the store ({} "
+                    "elements) and communicator '{}' (rank {} of {})",
+                    type_name_, layout.rank, layout.ranks, layout.buffer_numel, store_.size(),
+                    comm.label(), comm.rank(), comm.size()));
+  std::vector<kernels::OptimizerSegment> packed;
+  std::int64_t position = 0;
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+    const comm::FlatRange mine = layout.chunk(b, layout.rank);
+    for (const kernels::OptimizerSegment& segment : segments_) {
+      const std::int64_t start = std::max(mine.offset, segment.offset);
+      const std::int64_t end = std::min(mine.offset + mine.numel, segment.offset + segment.length);
+      if (start < end)
+        packed.push_back({start, end - start, segment.group, position + start - mine.offset});
+    }
+    position += layout.chunk_numel(b);
+  }
+  for (auto& [name, buffer] : state_) {
+    core::Tensor shard =
+        core::Tensor::zeros({layout.shard_numel()}, DType::f32, store_.device(), stream);
+    std::int64_t at = 0;
+    for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+      const comm::FlatRange mine = layout.chunk(b, layout.rank);
+      if (mine.numel > 0)
+        shard.view(at, {mine.numel}).copy_from(buffer.view(mine.offset, {mine.numel}), stream);
+      at += layout.chunk_numel(b);
+    }
+    buffer = shard;
+  }
+  set_segments(std::move(packed), stream);
+  shard_comm_ = &comm;
+  shard_layout_ = layout;
+}
+
+std::int64_t Optimizer::state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& entry : state_) bytes += static_cast<std::int64_t>(entry.second.nbytes());
+  return bytes;
 }
 
 std::vector<OptimizerScalar> Optimizer::scalar_state() const { return {{"step", steps_}}; }

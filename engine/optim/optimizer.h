@@ -3,7 +3,8 @@
 // buffers. Parameter groups (their own lr and weight decay) interleave in the
 // flat layout, so a segment table built once maps runs of the buffers to
 // groups. State (momentum, Adam moments) lives in flat buffers of the same
-// layout and is read and written by parameter name, for checkpoints.
+// layout, or packed for this rank's shard under ZeRO-1 (shard()), and is read
+// and written by parameter name, for checkpoints.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "comm/shards.h"
 #include "engine/parameter_store.h"
 #include "kernels/optimizer.h"
 
@@ -63,10 +66,24 @@ class Optimizer {
   double initial_lr(std::size_t group) const { return group_at(group).initial_lr; }
   double weight_decay(std::size_t group) const { return group_at(group).weight_decay; }
 
+  // ZeRO-1 (Note [sharded state]): from now on update only this rank's shard
+  // of `layout` (the GradientSynchronizer's) and keep state for it alone,
+  // packed; the state so far is kept. `comm` (on the store's device) gathers
+  // the state for state_tensors() and must outlive the optimizer. Once only.
+  void shard(comm::Communicator& comm, const comm::ShardLayout& layout,
+             const core::Stream& stream = {});
+  bool sharded() const { return shard_comm_ != nullptr; }
+  // Bytes of optimizer state this rank holds (every state buffer together).
+  std::int64_t state_bytes() const;
+
   // Every (parameter, state) pair, in store order; writing through a view
-  // writes the state.
-  std::vector<OptimizerStateTensor> state_tensors() const;
-  // Copies `value` (the parameter's shape, f32, any device) into that state.
+  // writes the state. Sharded: views of a gathered copy (writing through them
+  // changes nothing), and a collective that every rank must call.
+  std::vector<OptimizerStateTensor> state_tensors(const core::Stream& stream = {}) const;
+  // The (parameter, state) names of state_tensors(), in the same order; local.
+  std::vector<std::pair<std::string, std::string>> state_names() const;
+  // Copies `value` (the parameter's shape, f32, any device) into that state
+  // (sharded: the part of it in this rank's shard).
   void set_state_tensor(const std::string& parameter, const std::string& state,
                         const core::Tensor& value, const core::Stream& stream = {});
   // {"step", steps()}: with the state tensors, all a resumed run needs.
@@ -79,7 +96,9 @@ class Optimizer {
   Optimizer(std::string type_name, ParameterStore& store, std::vector<ParamGroup> groups,
             const core::Stream& stream);
   // A zero-filled flat state buffer, listed by state_tensors() under `name`.
-  core::Tensor add_state(const std::string& name, const core::Stream& stream);
+  void add_state(const std::string& name, const core::Stream& stream);
+  // The index-th state buffer added, as launch() reads it (shard() replaces them).
+  float* state_data(std::size_t index) { return state_[index].second.data_as<float>(); }
   // Runs the update for step t = steps() + 1.
   virtual void launch(const core::Stream& stream) = 0;
 
@@ -93,6 +112,8 @@ class Optimizer {
     double lr, initial_lr, weight_decay;
   };
   const Group& group_at(std::size_t group) const;
+  // Checks the table and keeps it, and a copy on a GPU store's device.
+  void set_segments(std::vector<kernels::OptimizerSegment> segments, const core::Stream& stream);
   const ParameterStore::Slot& slot_named(const std::string& parameter) const;
 
   std::string type_name_;  // "SGD", "AdamW": for messages
@@ -102,6 +123,8 @@ class Optimizer {
   core::Tensor device_segments_;  // u8 bytes of segments_ on a GPU store
   std::vector<std::pair<std::string, core::Tensor>> state_;
   std::int64_t steps_ = 0;
+  comm::Communicator* shard_comm_ = nullptr;  // set by shard()
+  comm::ShardLayout shard_layout_;
 };
 
 }  // namespace lockstep::engine

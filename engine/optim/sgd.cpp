@@ -22,7 +22,7 @@ SgdOptions validated(const SgdOptions& o) {
 SGD::SGD(ParameterStore& store, std::vector<ParamGroup> groups, SgdOptions options,
          const core::Stream& stream)
     : Optimizer("SGD", store, std::move(groups), stream), options_(validated(options)) {
-  if (options_.momentum != 0.0) momentum_ = add_state("momentum_buffer", stream);
+  if (options_.momentum != 0.0) add_state("momentum_buffer", stream);
 }
 
 void SGD::launch(const core::Stream& stream) {
@@ -34,7 +34,7 @@ void SGD::launch(const core::Stream& stream) {
                       steps() == 0});
   float* params = store().values().data_as<float>();
   const float* grads = store().grads().data_as<float>();
-  float* momentum = momentum_.defined() ? momentum_.data_as<float>() : nullptr;
+  float* momentum = options_.momentum != 0.0 ? state_data(0) : nullptr;
   const auto segment_count = static_cast<std::int64_t>(segments().size());
   const int group_count = static_cast<int>(groups.size());
   core::dispatch(

@@ -28,8 +28,7 @@ class SGD final : public Optimizer {
  private:
   void launch(const core::Stream& stream) override;
 
-  SgdOptions options_;
-  core::Tensor momentum_;  // "momentum_buffer"; undefined without momentum
+  SgdOptions options_;  // with momentum, state 0 is "momentum_buffer"
 };
 
 }  // namespace lockstep::engine

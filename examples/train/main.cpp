@@ -39,7 +39,8 @@ struct Flags {
   std::string metrics, log_level = "info", trace, trace_steps = "1:";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
-  int accum = 1, keep = 3, threads = 1, max_consecutive_skips = StepOptions{}.max_consecutive_skips;
+  int accum = 1, keep = 3, threads = 1, zero = 0,
+      max_consecutive_skips = StepOptions{}.max_consecutive_skips;
   double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0;
   std::int64_t sample_tokens = 0;
   std::string prompt = "\n";
@@ -178,6 +179,7 @@ int run(const Flags& f, comm::World& world) {
   trainer_options.seed = f.seed;
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
   trainer_options.max_consecutive_skips = f.max_consecutive_skips;
+  trainer_options.sync.zero_stage = f.zero;
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   std::optional<CheckpointDirectory> checkpoints;
@@ -281,6 +283,7 @@ int run(const Flags& f, comm::World& world) {
                    .resume = resume_note,
                    .precision = f.precision,
                    .loss_scaling = scaler.enabled(),
+                   .zero_stage = f.zero,
                    .data = {{"train", f.data, &train_data}},
                    .checkpoint_dir = f.checkpoint_dir,
                    .metrics_path = f.metrics};
@@ -420,6 +423,10 @@ int main(int argc, char** argv) {
   app.add_option("--clip", f.clip, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps all optimizer state) or 1 (each rank keeps "
+                 "its shard's; checkpoints are the same either way)")
+      ->capture_default_str();
   app.add_option("--max-consecutive-skips", f.max_consecutive_skips,
                  "stop with an error after this many steps in a row skipped for inf/NaN")
       ->check(CLI::Range(1, 1000000))
@@ -464,6 +471,7 @@ int main(int argc, char** argv) {
   app.get_option("--warmup")->check(within(0, kMaxSteps));
   app.get_option("--clip")->check(within(0, 1e12));
   app.get_option("--precision")->check(precision_name());
+  app.get_option("--zero")->check(within(0, 1));
   app.get_option("--device")->check(device_name());
   app.get_option("--seed")->check(seed_value());
   app.get_option("--shuffle")->check(one_of({"on", "off"}));

@@ -29,7 +29,7 @@ void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, cons
       }
       continue;
     }
-    float* buf = momentum + segment.offset;
+    float* buf = momentum + segment.state_offset;
     const float keep = h.one_minus_dampening;
     const bool first = h.first_step, nesterov = h.nesterov;
     for (std::int64_t i = 0; i < n; ++i) {
@@ -50,8 +50,8 @@ void adamw_step(const OptimizerSegment* segments, std::int64_t segment_count,
     const AdamwGroup& h = groups[segment.group];
     float* p = params + segment.offset;
     const float* g = grads + segment.offset;
-    float* m = exp_avg + segment.offset;
-    float* v = exp_avg_sq + segment.offset;
+    float* m = exp_avg + segment.state_offset;
+    float* v = exp_avg_sq + segment.state_offset;
     const std::int64_t n = segment.length;
     const float decay = h.decay_factor, beta1 = h.beta1, beta2 = h.beta2, eps = h.eps;
     const float one_minus_beta1 = h.one_minus_beta1, one_minus_beta2 = h.one_minus_beta2;

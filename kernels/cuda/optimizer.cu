@@ -48,6 +48,7 @@ __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segmen
     if (!known_group(segment, group_count)) continue;
     const SgdGroup h = groups.group[segment.group];
     const std::int64_t end = segment.offset + segment.length;
+    float* buf = momentum + (segment.state_offset - segment.offset);  // indexed like params
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
       const float p = params[i];
       const float d = h.weight_decay != 0.0f ? grads[i] + h.weight_decay * p : grads[i];
@@ -55,8 +56,8 @@ __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segmen
         params[i] = p - h.lr * d;
         continue;
       }
-      const float b = h.first_step ? d : h.momentum * momentum[i] + h.one_minus_dampening * d;
-      momentum[i] = b;
+      const float b = h.first_step ? d : h.momentum * buf[i] + h.one_minus_dampening * d;
+      buf[i] = b;
       params[i] = p - h.lr * (h.nesterov ? d + h.momentum * b : b);
     }
   }
@@ -70,12 +71,13 @@ __global__ void adamw_kernel(const OptimizerSegment* segments, std::int64_t segm
     if (!known_group(segment, group_count)) continue;
     const AdamwGroup h = groups.group[segment.group];
     const std::int64_t end = segment.offset + segment.length;
+    const std::int64_t to_state = segment.state_offset - segment.offset;
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
       const float g = grads[i];
-      const float m = h.beta1 * exp_avg[i] + h.one_minus_beta1 * g;
-      const float v = h.beta2 * exp_avg_sq[i] + h.one_minus_beta2 * (g * g);
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
+      const float m = h.beta1 * exp_avg[i + to_state] + h.one_minus_beta1 * g;
+      const float v = h.beta2 * exp_avg_sq[i + to_state] + h.one_minus_beta2 * (g * g);
+      exp_avg[i + to_state] = m;
+      exp_avg_sq[i + to_state] = v;
       const float denom = sqrtf(v) / h.bias_correction2_sqrt + h.eps;
       params[i] = params[i] * h.decay_factor - h.step_size * (m / denom);
     }

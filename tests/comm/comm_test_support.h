@@ -66,6 +66,12 @@ inline std::vector<comm::GradientSegment> aligned_segments(
   return segments;
 }
 
+// Whether bucket `b` is the one a test worked out by hand.
+inline bool same_bucket(const comm::Bucket& b, std::int64_t offset, std::int64_t numel,
+                        std::size_t first, std::size_t end) {
+  return b.offset == offset && b.numel == numel && b.first_segment == first && b.end_segment == end;
+}
+
 // The layout test_buckets.cpp works its bucket plans out on by hand and
 // test_synchronizer_unit.cpp synchronises: sizes 1000, 10, 300, 5000, 1, 2000
 // at offsets 0, 1024, 1088, 1408, 6464, 6528 (`total` 8576).

@@ -10,16 +10,8 @@
 using namespace lockstep;
 using comm::Bucket;
 using comm::GradientSegment;
+using test::same_bucket;
 using test::six_segments;
-
-namespace {
-
-bool same_bucket(const Bucket& b, std::int64_t offset, std::int64_t numel, std::size_t first,
-                 std::size_t end) {
-  return b.offset == offset && b.numel == numel && b.first_segment == first && b.end_segment == end;
-}
-
-}  // namespace
 
 TEST_CASE("buckets fill in ready order up to their caps, the first one smaller",
           "[comm][buckets]") {

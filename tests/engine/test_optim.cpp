@@ -343,7 +343,7 @@ TEST_CASE("optimizer misuse is an error that says what to fix", "[engine][optim]
 // before anything moves, it names the segment and the group it lacks.
 TEST_CASE("a segment table naming a missing group is rejected before any update",
           "[engine][optim]") {
-  const kernels::OptimizerSegment table[] = {{0, 4, 0}, {4, 4, 2}, {8, 4, -1}};
+  const kernels::OptimizerSegment table[] = {{0, 4, 0, 0}, {4, 4, 2, 4}, {8, 4, -1, 8}};
   const kernels::SgdGroup groups[2] = {{0.1f, 0.0f, 0.0f, 1.0f, false, true},
                                        {0.2f, 0.0f, 0.0f, 1.0f, false, true}};
   std::vector<float> params(12, 1.0f), grads(12, 1.0f);

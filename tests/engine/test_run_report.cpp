@@ -76,6 +76,7 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   h.length_reason = "--epochs 3";
   h.precision = "bf16";
   h.loss_scaling = true;
+  h.zero_stage = 1;
   h.data = {{"train", dir.string(), &data}};
   h.metrics_path = "m.jsonl";
   const auto lines = format_run_header(h, 8, {{0, "h", "cpu"}});
@@ -86,6 +87,7 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(has_line(lines, "bf16 with dynamic loss scaling"));
   CHECK(has_line(lines, "10 samples, inputs f32 [3], labels i64, 2 shards read in parallel"));
   CHECK(has_line(lines, "checkpoints  none"));
+  CHECK(has_line(lines, "ZeRO-1: optimizer state sharded over 8 ranks"));
   // Shards that are not read by pread say so, with io's reason.
   const io::Dataset locked = io::Dataset::open(dir, {.force_hdf5 = true});
   CHECK(describe_dataset(locked) ==
@@ -95,6 +97,7 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(record.find(R"("run": "start")") != std::string::npos);
   CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
   CHECK(record.find(R"("precision": "bf16")") != std::string::npos);
+  CHECK(record.find(R"("zero_stage": 1)") != std::string::npos);
   CHECK(record.find("tokens_per_sample") == std::string::npos);  // not a language model
   fs::remove_all(dir);
 }

@@ -231,7 +231,8 @@ TEST_CASE("cuda relu backward and dropout select like the cpu, inf and NaN too",
 // contracts p - lr * d into one FMA where the cpu rounds twice: 1e-6 relative
 // holds a rounding or two on values of order 1.
 TEST_CASE("cuda optimizer steps leave a segment with an unknown group untouched", "[gpu][optim]") {
-  const std::vector<kernels::OptimizerSegment> segments = {{0, 5, 0}, {5, 5, 3}, {10, 5, -1}};
+  const std::vector<kernels::OptimizerSegment> segments = {
+      {0, 5, 0, 0}, {5, 5, 3, 5}, {10, 5, -1, 10}};
   std::vector<float> values(15), grads(15);
   for (std::size_t i = 0; i < values.size(); ++i) {
     values[i] = 0.1f * static_cast<float>(i);
@@ -276,6 +277,66 @@ TEST_CASE("cuda optimizer steps leave a segment with an unknown group untouched"
   check_step(p, expected);
   const auto moments = gm.to_vector<float>();
   for (std::size_t i = 5; i < moments.size(); ++i) CHECK(moments[i] == 0.0f);
+}
+
+// ZeRO-1's packed state (Note [sharded state]): a segment's state sits at its
+// state_offset, not at its offset. The reference is the cpu step over the
+// same runs with state in the flat layout (state_offset == offset); the
+// packed state must hold the same values at the packed places. 1e-6 relative
+// as above (FMA contraction).
+TEST_CASE("cuda optimizer steps keep state at each segment's state_offset", "[gpu][optim]") {
+  const std::vector<kernels::OptimizerSegment> packed = {{0, 5, 0, 3}, {8, 3, 0, 0}};
+  const std::vector<kernels::OptimizerSegment> flat = {{0, 5, 0, 0}, {8, 3, 0, 8}};
+  const std::vector<std::pair<std::size_t, std::size_t>> packed_of = {{0, 3},
+                                                                      {8, 0}};  // flat, packed
+  std::vector<float> values(12), grads(12);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = 0.1f * static_cast<float>(i) - 0.3f;
+    grads[i] = 1.0f - 0.15f * static_cast<float>(i);
+  }
+  const auto table_bytes = static_cast<std::int64_t>(packed.size() * sizeof packed[0]);
+  const Tensor table = Tensor::from_host(packed.data(), {table_bytes}, DType::u8, kGpu);
+  const auto* device_segments = static_cast<const kernels::OptimizerSegment*>(table.data());
+  const Tensor g = Tensor::from_vector(grads, {12}, DType::f32).to(kGpu);
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      CHECK(std::fabs(got[i] - want[i]) <= 1e-6 * (1 + std::fabs(want[i])));
+    }
+  };
+  // The packed state, moved to the flat places of the reference's state.
+  auto unpack = [&](const Tensor& state) {
+    const auto s = state.to_vector<float>();
+    std::vector<float> out(12, 0.0f);
+    for (std::size_t k = 0; k < flat.size(); ++k)
+      for (std::int64_t i = 0; i < flat[k].length; ++i)
+        out[packed_of[k].first + static_cast<std::size_t>(i)] =
+            s[packed_of[k].second + static_cast<std::size_t>(i)];
+    return out;
+  };
+  std::vector<float> expected = values, momentum(12, 0.0f);
+  Tensor p = Tensor::from_vector(values, {12}, DType::f32).to(kGpu);
+  Tensor buf = Tensor::zeros({8}, DType::f32, kGpu);
+  for (bool first : {true, false}) {
+    const kernels::SgdGroup sgd{0.5f, 0.01f, 0.9f, 1.0f, false, first};
+    kernels::cpu::sgd_step(flat.data(), 2, &sgd, 1, expected.data(), grads.data(), momentum.data());
+    kernels::cuda::sgd_step(device_segments, 2, &sgd, 1, p.data_as<float>(), g.data_as<float>(),
+                            buf.data_as<float>(), nullptr);
+  }
+  close(p.to_vector<float>(), expected);
+  close(unpack(buf), momentum);
+  const kernels::AdamwGroup adamw{0.99f, 0.9f, 0.1f, 0.999f, 0.001f, 1e-8f, 0.01f, 0.0316f};
+  expected = values;
+  std::vector<float> m(12, 0.0f), v(12, 0.0f);
+  kernels::cpu::adamw_step(flat.data(), 2, &adamw, 1, expected.data(), grads.data(), m.data(),
+                           v.data());
+  p = Tensor::from_vector(values, {12}, DType::f32).to(kGpu);
+  Tensor gm = Tensor::zeros({8}, DType::f32, kGpu), gv = Tensor::zeros({8}, DType::f32, kGpu);
+  kernels::cuda::adamw_step(device_segments, 2, &adamw, 1, p.data_as<float>(), g.data_as<float>(),
+                            gm.data_as<float>(), gv.data_as<float>(), nullptr);
+  close(p.to_vector<float>(), expected);
+  close(unpack(gm), m);
+  close(unpack(gv), v);
 }
 
 TEST_CASE("device memory comes from the pool and is counted", "[gpu][memory]") {

@@ -57,6 +57,11 @@ pair same --data "$work/data" --steps 2 --checkpoint-dir "$work/a" \
 pair lr --data "$work/data" --steps 2 --lr 0.05 -- --data "$work/data" --steps 2 --lr 0.1
 expect_failure lr "ranks disagree on 'optimizer': rank 0 has 'sgd lr=0.05 [^']*'; rank 1 has 'sgd lr=0.1 "
 
+# ZeRO is not in the resume fingerprint, but ranks must share it: the
+# Trainer's own fields carry it.
+pair zero --data "$work/data" --steps 2 --zero 1 -- --data "$work/data" --steps 2
+expect_failure zero "ranks disagree on 'step.zero_stage': rank 0 has '1'; rank 1 has '0'"
+
 pair steps --data "$work/data" --steps 2 -- --data "$work/data" --steps 3
 expect_failure steps "ranks disagree on 'step.schedule': rank 0 has 'constant [^']*total_steps=2 [^']*'; rank 1 has '[^']*total_steps=3 "
 

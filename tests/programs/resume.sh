@@ -8,6 +8,9 @@
 #                project's docs: 2 ranks, fp32 and fp16 (loss scaler), bit for bit
 #   world-size   2 ranks x batch 16 resumed as 1 rank x batch 32: same data
 #                order, parameters within 1e-5
+#   zero         --zero 1 on 2 ranks: exact resume; the checkpoint is the one
+#                --zero 0 writes, bit for bit; resumed without ZeRO on 1 rank
+#                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
 #   ownership    a fresh run refuses a --checkpoint-dir that holds checkpoints;
@@ -81,6 +84,22 @@ case $mode in
     # Same data and order; the sums over 32 rows differ only in order (two
     # halves allreduced vs one GEMM): f32 rounding after 6 SGD steps.
     same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 1e-5
+    ;;
+  zero)
+    exact_resume 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --zero 1
+    echo "exact resume: 2 ranks, --zero 1: identical"
+    for stage in 0 1; do
+      launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
+        --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/z$stage" --zero "$stage" >/dev/null
+    done
+    # Two summands add alike in an allreduce and a reduce-scatter: the same bits.
+    same_checkpoints "$work/z1/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
+    echo "--zero 1 and --zero 0 write the same checkpoint"
+    mkdir -p "$work/b" && cp "$work"/z1/ckpt-6.h5* "$work/b/"
+    launch 1 "${common[@]}" --batch-size 32 --optimizer adamw --lr 0.001 --steps 12 \
+      --checkpoint-dir "$work/b" --resume auto >/dev/null
+    same_checkpoints "$work/z1/ckpt-12.h5" "$work/b/ckpt-12.h5" 1e-5  # as world-size
+    echo "a --zero 1 checkpoint of 2 ranks resumes on 1 rank without ZeRO"
     ;;
   crash)
     # Each run resumes from the last one's newest good checkpoint and saves
