@@ -290,8 +290,11 @@ std::vector<Object> walk_objects(hid_t group, const std::string& object,
       const std::string path = prefix.empty() ? link.name : prefix + "/" + link.name;
       before_open(path, link.address);
       H5O_info_t info{};
-      LOCKSTEP_CHECK_HDF5(
-          H5Oget_info_by_name2(here, link.name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT));
+      if (H5Oget_info_by_name2(here, link.name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+        throw IoError(
+            fmt::format("{}: HDF5 cannot read the object header of '{}': {} (the file "
+                        "is damaged: re-create it)",
+                        where, path, hdf5_error_stack()));
       found.push_back({path, info.type});
       if (info.type != H5O_TYPE_GROUP) continue;
       if (depth + 1 >= kMaxGroupDepth)
