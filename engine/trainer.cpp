@@ -103,11 +103,12 @@ Context Trainer::make_context(std::int64_t micro_batch, std::int64_t rows) {
 std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   const auto start = std::chrono::steady_clock::now();
   core::trace::set_step(steps_ + 1);
+  core::trace::reset_breakdown();  // Note [step breakdown]
   core::trace::Span step_span("step", "step");
   const int k_total = options_.accumulation;
   std::vector<io::Batch> batches;
   for (int k = 0; k < k_total; ++k) {
-    core::trace::Span wait("data wait", "data");
+    core::trace::Span wait("data wait", core::trace::Part::data);
     std::optional<io::Batch> b = loader.next();
     if (!b) return std::nullopt;
     batches.push_back(std::move(*b));
@@ -124,19 +125,19 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
     Context ctx = make_context(k, batch.inputs.dim(0));
     ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     {
-      core::trace::Span forward("forward", "compute");
+      core::trace::Span forward("forward", core::trace::Part::compute);
       const core::Tensor logits = model_.forward(batch.inputs, ctx);
       const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
       core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
       core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
       core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
     }
-    core::trace::Span backward("backward", "compute");
+    core::trace::Span backward("backward", core::trace::Part::compute);
     model_.backward(loss_.backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
   {
-    core::trace::Span wait("gradient sync wait", "comm");
+    core::trace::Span wait("gradient sync wait", core::trace::Part::comm);
     sync_->finish();
   }
 
@@ -145,7 +146,7 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   // finite; the agreement gives the global loss; then the decision.
   StepResult r;
   {
-    core::trace::Span unscale("unscale and clip", "optimizer");
+    core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
     scaler_.unscale(store_.grads(), stream_);
     r.loss_scale = scaler_.scale();
     bool scaler_clean = true;
@@ -164,12 +165,12 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   const auto local = step_totals_.to_vector<float>(stream_);  // waits for the device
   comm::StepTotals totals;
   {
-    core::trace::Span agreement("agreement", "comm");
+    core::trace::Span agreement("agreement", core::trace::Part::comm);
     totals = comm::agree_on_step(world_.host(), local[0], static_cast<std::int64_t>(local[1]));
   }
   r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
   if (!r.skipped) {
-    core::trace::Span optimizer("optimizer", "optimizer");
+    core::trace::Span optimizer("optimizer", core::trace::Part::optimizer);
     optimizer_.step(stream_);
   }
 
@@ -182,6 +183,7 @@ std::optional<StepResult> Trainer::step(io::DataLoader& loader) {
   r.skipped_steps = skipped_steps_;
   if (consecutive_skips_ >= options_.max_consecutive_skips) throw_nonfinite(r.step, r.loss);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.breakdown = core::trace::breakdown();
   return r;
 }
 
