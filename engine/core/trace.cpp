@@ -114,7 +114,7 @@ void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view 
 }
 
 void record(const char (&name)[kNameBytes], const char* category, std::int64_t start_ns,
-            std::int64_t duration_ns) {
+            std::int64_t duration_ns, std::int64_t step) {
   Buffer& b = buffer();
   const std::size_t i = b.size.load(std::memory_order_relaxed);
   if (i == kEventsPerThread) {
@@ -126,7 +126,7 @@ void record(const char (&name)[kNameBytes], const char* category, std::int64_t s
   e.category = category;
   e.start_ns = start_ns;
   e.duration_ns = duration_ns;
-  e.step = state().step.load(std::memory_order_relaxed);
+  e.step = step;
   b.size.store(i + 1, std::memory_order_release);
 }
 
@@ -243,17 +243,29 @@ void instant(std::string_view name, const char* category) {
   if (!(detail::recording.load(std::memory_order_relaxed) & detail::kTraced)) return;
   char text[kNameBytes];
   copy_name(text, name, {});
-  record(text, category, ns(Clock::now()), -1);
+  record(text, category, ns(Clock::now()), -1, state().step.load(std::memory_order_relaxed));
 #if LOCKSTEP_WITH_CUDA
   nvtxMarkA(text);
 #endif
 }
 
+// Note [span step]: a span belongs to the step it began in. Another thread
+// (a loader) may read `mode` for step 9 just before the main thread sets step
+// 10; the step is read here once more and decides, so that a traced span's
+// step always lies in the window and a profiled one's is 1 or more.
 void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
                  const char* category) {
+  const State& s = state();
+  step_ = s.step.load(std::memory_order_relaxed);
+  if (step_ < s.window.first || step_ > s.window.last) mode &= ~detail::kTraced;
+  if (step_ < 1) mode &= ~detail::kProfiled;
+  mode_ = mode;
+  if (!mode_) {
+    start_ = Clock::now();
+    return;
+  }
   copy_name(name_, name, detail);
   category_ = category;
-  mode_ = mode;
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePushA(name_);
 #endif
@@ -270,7 +282,7 @@ void Span::end() {
 #endif
   // A span that began in the window ends in the trace even if the window closed meanwhile.
   if ((mode_ & detail::kTraced) && state().enabled)
-    record(name_, category_, ns(start_), duration_ns);
+    record(name_, category_, ns(start_), duration_ns, step_);
   if (mode_ & detail::kProfiled) add_to_profile(name_, duration_ns);
 }
 

@@ -141,8 +141,9 @@ class Span {
   void begin(unsigned mode, std::string_view name, std::string_view detail, const char* category);
   void end();
 
-  unsigned mode_ = 0;  // detail::kTraced | kProfiled, as it was at the start
-  int part_ = -1;      // a Part, or -1
+  unsigned mode_ = 0;      // detail::kTraced | kProfiled, as it was at the start
+  int part_ = -1;          // a Part, or -1
+  std::int64_t step_ = 0;  // the step it began in (Note [span step], trace.cpp)
   const char* category_ = nullptr;
   Clock::time_point start_;
   char name_[kNameBytes];
