@@ -349,8 +349,10 @@ def plot_trace(directory, steps, png):
             height = max(0.25, 0.8 - 0.2 * depth)  # nested spans drawn thinner, on top
             colour = CATEGORY_COLOURS.get(e.get("cat"), "#999999")
             used.add(e.get("cat") if e.get("cat") in CATEGORY_COLOURS else "other")
+            step = e.get("cat") == "step"  # outlined, so that steps are told apart
             ax.barh(y, e["dur"] / 1e3, left=(e["ts"] - origin) / 1e3, height=height,
-                    color=colour, edgecolor="none", zorder=2 + depth)
+                    color=colour, edgecolor="#555555" if step else "none",
+                    linewidth=0.8 if step else 0, zorder=2 + depth)
         if instants:
             ax.plot([(e["ts"] - origin) / 1e3 for e in instants], [y + 0.42] * len(instants),
                     "v", color="black", markersize=3, zorder=10)

@@ -78,6 +78,20 @@ class TraceToolTest(unittest.TestCase):
         self.assertIn("step 2: rank 1, last to 2 of 2 collectives, up to 1.995 ms behind", out)
         self.assertIn("rank 0 last at 2 of 3 steps, rank 1 last at 1 of 3 steps", out)
 
+    def test_the_straggler_is_the_rank_waited_for_longest(self):
+        # Step 4: rank 1 is 90 ms late to the first collective, then a few µs early to the next
+        # two (the ranks leave the first together): rank 1, though last to 1 of 3.
+        for rank in (0, 1):
+            t = rank_trace(rank, 0.0, None)
+            t["traceEvents"] += [
+                span("allreduce bucket 1", "comm", 1e6 + (90_000 if rank else 0), 10, rank, 4),
+                span("allreduce bucket 0", "comm", 1.2e6 + (0 if rank else 3), 10, rank, 4),
+                span("allreduce", "comm", 1.3e6 + (0 if rank else 4), 10, rank, 4)]
+            self.write(rank, t)
+        rc, out, _ = self.run_tool("summary", self.dir)
+        self.assertEqual(rc, 0)
+        self.assertIn("step 4: rank 1, last to 1 of 3 collectives, up to 90.000 ms behind", out)
+
     def test_gantt_lanes_align_clocks_and_keep_the_steps(self):
         lanes = plot.trace_lanes(self.dir, 2, 3)
         self.assertEqual([label for label, _, _ in lanes], ["rank 0 main", "rank 1 main"])
