@@ -49,19 +49,20 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
   ctx.stream = stream;
   ctx.autocast = autocast;
   std::int64_t steps_done = 0;
-  auto step = [&] {  // with the Trainer's spans, for --trace's cost
+  auto step = [&] {  // with the Trainer's spans and breakdown, for their cost
     core::trace::set_step(++steps_done);
+    core::trace::reset_breakdown();
     core::trace::Span step_span("step", "step");
     t.store->zero_grad(stream);
     {
-      core::trace::Span forward("forward", "compute");
+      core::trace::Span forward("forward", core::trace::Part::compute);
       loss.forward(t.model->forward(t.x, ctx), t.y, ctx);
     }
     {
-      core::trace::Span backward("backward", "compute");
+      core::trace::Span backward("backward", core::trace::Part::compute);
       t.model->backward(loss.backward(scaler.scale(), ctx), ctx);
     }
-    core::trace::Span optimizer("optimizer", "optimizer");
+    core::trace::Span optimizer("optimizer", core::trace::Part::optimizer);
     scaler.unscale(t.store->grads(), stream);
     if (scaler.update(stream)) t.sgd->step(stream);
   };

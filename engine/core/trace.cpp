@@ -67,7 +67,8 @@ struct State {
   std::vector<std::shared_ptr<Buffer>> buffers;
   std::filesystem::path directory;
   int rank = 0;
-  StepWindow window;
+  // The window's ends, read by every thread that begins a span (Note [span step]).
+  std::atomic<std::int64_t> first{1}, last{INT64_MAX};
   std::atomic<std::int64_t> step{0};
   Clock::time_point sync;
   std::atomic<bool> enabled{false};
@@ -133,7 +134,7 @@ void record(const char (&name)[kNameBytes], const char* category, std::int64_t s
 void update_recording() {
   State& s = state();
   const std::int64_t step = s.step.load(std::memory_order_relaxed);
-  const bool traced = s.enabled && step >= s.window.first && step <= s.window.last;
+  const bool traced = s.enabled && step >= s.first && step <= s.last;
   const bool profiled = s.profiling && step >= 1;
   if (profiled && s.profile_start_ns.load(std::memory_order_relaxed) == 0)
     s.profile_start_ns.store(ns(Clock::now()), std::memory_order_relaxed);
@@ -216,7 +217,8 @@ void enable(const std::filesystem::path& directory, int rank, StepWindow window)
                                         directory.string(), ec.message()));
     s.directory = directory;
     s.rank = rank;
-    s.window = window;
+    s.first = window.first;
+    s.last = window.last;
     s.sync = Clock::now();
     s.enabled = true;
   }
@@ -257,7 +259,9 @@ void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
                  const char* category) {
   const State& s = state();
   step_ = s.step.load(std::memory_order_relaxed);
-  if (step_ < s.window.first || step_ > s.window.last) mode &= ~detail::kTraced;
+  if (step_ < s.first.load(std::memory_order_relaxed) ||
+      step_ > s.last.load(std::memory_order_relaxed))
+    mode &= ~detail::kTraced;
   if (step_ < 1) mode &= ~detail::kProfiled;
   mode_ = mode;
   if (!mode_) {
