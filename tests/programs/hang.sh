@@ -32,10 +32,11 @@ for _ in $(seq 600); do  # up to 60 s for 20 steps
   sleep 0.1
 done
 # Rank 1: the lockstep-train process of this job (its LOCKSTEP_FLIGHT_DIR) whose MPI rank is 1.
-for pid in $(pgrep -f -- "$train" || true); do
-  env=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null || true)
+for proc in /proc/[0-9]*; do
+  [ "$(tr '\0' '\n' <"$proc/cmdline" 2>/dev/null | head -n 1)" = "$train" ] || continue
+  env=$(tr '\0' '\n' <"$proc/environ" 2>/dev/null || true)
   if grep -qxF "LOCKSTEP_FLIGHT_DIR=$work/fl" <<<"$env" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$env"; then
-    stopped=$pid
+    stopped=${proc#/proc/}
   fi
 done
 [ -n "$stopped" ] || { cat "$work/out" >&2; fail "found no rank 1 to stop"; }
