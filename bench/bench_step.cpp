@@ -57,6 +57,7 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   const MicroBatch micro_batch{t.x, t.y};
   auto step = [&] {  // numbered and spanned as the Trainer does, for --trace's cost
     core::trace::set_step(data_parallel.steps() + 1);
+    core::trace::reset_breakdown();
     core::trace::Span step_span("step", "step");
     data_parallel.run({&micro_batch, 1});
   };

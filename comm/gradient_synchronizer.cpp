@@ -381,7 +381,7 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
         "GradientSynchronizer::gather: the buffer must be {} f32 elements on {}, like the "
         "model's flat parameters",
         model_.parameters.numel(), comm_.device().str()));
-  core::trace::Span span("parameter gather", "comm");
+  core::trace::Span span("parameter gather", core::trace::Part::comm);
   if (!comm_.device().is_cuda()) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, core::Stream());
     return;

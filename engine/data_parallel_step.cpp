@@ -145,19 +145,19 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     Context ctx = context(k, batch.inputs.dim(0));
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     {
-      core::trace::Span forward("forward", "compute");
+      core::trace::Span forward("forward", core::trace::Part::compute);
       const core::Tensor logits = model_.forward(batch.inputs, ctx);
       const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
       core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
       core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
       core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
     }
-    core::trace::Span backward("backward", "compute");
+    core::trace::Span backward("backward", core::trace::Part::compute);
     model_.backward(loss_.backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
   if (sync_) {
-    core::trace::Span wait("gradient sync wait", "comm");
+    core::trace::Span wait("gradient sync wait", core::trace::Part::comm);
     sync_->finish();
   }
   StepResult r;
@@ -171,7 +171,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
 // finite; the agreement gives the global loss; then the decision.
 void DataParallelStep::update(StepResult& r) {
   {
-    core::trace::Span unscale("unscale and clip", "optimizer");
+    core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
     r.loss_scale = scaler_.scale();
     try {
       r.grad_norm = sharded() ? check_sharded_gradients(
@@ -189,14 +189,17 @@ void DataParallelStep::update(StepResult& r) {
   const auto local_rows = static_cast<std::int64_t>(local[1]);
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {
-    core::trace::Span agreement("agreement", "comm");
+    core::trace::Span agreement("agreement", core::trace::Part::comm);
     totals = comm::agree_on_step(world_->host(), local[0], local_rows);
   }
   r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
   if (!r.skipped) {
-    core::trace::Span optimizer("optimizer", "optimizer");
-    optimizer_.step(stream_);
-    if (sharded()) sync_->gather(store_.values());  // every rank's updated shard
+    {
+      core::trace::Span optimizer("optimizer", core::trace::Part::optimizer);
+      optimizer_.step(stream_);
+    }
+    // Every rank's updated shard; exposed communication in the breakdown.
+    if (sharded()) sync_->gather(store_.values());
   }
 
   r.step = ++steps_;

@@ -59,6 +59,7 @@
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/world.h"
+#include "engine/core/trace.h"
 #include "engine/nn/loss.h"
 #include "engine/nn/module.h"
 #include "engine/optim/loss_scaler.h"
@@ -94,6 +95,8 @@ struct StepResult {
   bool stop = false;               // a rank was asked to stop (Note [stop requests])
   std::int64_t samples = 0;        // global samples in this step (target tokens for token batches)
   double seconds = 0.0;
+  // This rank's time in the step's parts, the trace's spans (Note [step breakdown]).
+  core::trace::Breakdown breakdown;
 };
 
 // One micro-batch of this rank, on the model's device: inputs [B, ...] and

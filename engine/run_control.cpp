@@ -49,6 +49,30 @@ std::string progress_line(std::int64_t step, std::int64_t total_steps, double lo
                      total_steps, loss, lr, samples_per_s, format_duration(eta_s));
 }
 
+std::string step_detail(const core::trace::Breakdown& b, double step_ms, std::size_t peak_bytes,
+                        const std::string& device) {
+  return fmt::format(
+      "data {:.2f}  compute {:.2f}  comm {:.2f}  opt {:.2f} ms (of {:.2f})  peak {} on {}",
+      b.data_wait_ms, b.compute_ms, b.exposed_comm_ms, b.optimizer_ms, step_ms,
+      format_bytes(peak_bytes), device);
+}
+
+std::string step_detail_fields(const core::trace::Breakdown& b, double step_ms,
+                               std::size_t peak_bytes) {
+  return fmt::format(R"("data_wait_ms": {:.4f}, "compute_ms": {:.4f}, "exposed_comm_ms": {:.4f}, )"
+                     R"("optimizer_ms": {:.4f}, "step_ms": {:.4f}, "peak_memory_bytes": {})",
+                     b.data_wait_ms, b.compute_ms, b.exposed_comm_ms, b.optimizer_ms, step_ms,
+                     peak_bytes);
+}
+
+std::string format_bytes(std::size_t bytes) {
+  const auto b = static_cast<double>(bytes);
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  if (b < 1024.0 * 1024) return fmt::format("{:.1f} KiB", b / 1024);
+  if (b < 1024.0 * 1024 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) {
   if (path.empty()) return;
   file_ = std::fopen(path.c_str(), "a");

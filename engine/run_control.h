@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <string>
 
+#include "engine/core/trace.h"
+
 namespace lockstep::engine {
 
 // Installs the handlers of Note [stop requests] (idempotent).
@@ -23,8 +25,20 @@ void install_signal_handlers();
 // "step 120/1000  loss 0.4123  lr 0.1  5230 samples/s  ETA 2m13s".
 std::string progress_line(std::int64_t step, std::int64_t total_steps, double loss, double lr,
                           double samples_per_s, double eta_s);
+// What the progress line adds after progress_line's figures: the step's
+// breakdown (Note [step breakdown], engine/core/trace.h) and the peak memory
+// of this rank's device: "data 0.03  compute 10.21  comm 1.30  opt 0.52 ms
+// (of 12.40)  peak 120.4 MiB on cpu".
+std::string step_detail(const core::trace::Breakdown& breakdown, double step_ms,
+                        std::size_t peak_bytes, const std::string& device);
+// The same as metrics fields: "data_wait_ms": 0.031, "compute_ms": ...,
+// "exposed_comm_ms": ..., "optimizer_ms": ..., "step_ms": ..., "peak_memory_bytes": ...
+std::string step_detail_fields(const core::trace::Breakdown& breakdown, double step_ms,
+                               std::size_t peak_bytes);
 // "2m13s", "1h04m", "45s", "3.2s".
 std::string format_duration(double seconds);
+// "812 B", "3.0 KiB", "120.4 MiB", "1.20 GiB".
+std::string format_bytes(std::size_t bytes);
 
 // Appends one JSON object per line to a file (the --metrics file): appending
 // means a resumed run continues the file instead of overwriting it.

@@ -2,6 +2,7 @@
 #include "engine/run_report.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "engine/core/device.h"
 #include "engine/core/json.h"
+#include "engine/core/memory.h"
 #include "kernels/conv.h"
 
 namespace lockstep::engine {
@@ -173,10 +175,12 @@ std::string run_start_record(const RunHeader& h, int world_size) {
 }
 
 RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metrics)
-    : world_(world), header_(std::move(header)), metrics_(metrics) {
-  const std::vector<RankPlacement> placement = gather_placement(world_);
+    : world_(world),
+      header_(std::move(header)),
+      placement_(gather_placement(world_)),
+      metrics_(metrics) {
   if (world_.rank() == 0) {
-    for (const std::string& line : format_run_header(header_, world_.size(), placement))
+    for (const std::string& line : format_run_header(header_, world_.size(), placement_))
       fmt::print("{}\n", line);
     std::fflush(stdout);
     metrics_.write(run_start_record(header_, world_.size()));
@@ -264,10 +268,28 @@ std::vector<std::string> RunReport::format_summary(const Summary& s) const {
   return lines;
 }
 
+std::string RunReport::format_peak_memory(const std::vector<std::uint64_t>& peak_bytes) const {
+  const auto rank = [&](std::size_t r) {
+    return fmt::format("rank {} {} on {}", r, format_bytes(peak_bytes[r]), placement_[r].device);
+  };
+  std::string line = "  memory       peak ";
+  if (peak_bytes.size() <= 8) {
+    for (std::size_t r = 0; r < peak_bytes.size(); ++r) line += (r ? ", " : "") + rank(r);
+    return line;
+  }
+  const auto [low, high] = std::minmax_element(peak_bytes.begin(), peak_bytes.end());
+  return line + fmt::format("highest {}, lowest {}", rank(high - peak_bytes.begin()),
+                            rank(low - peak_bytes.begin()));
+}
+
 void RunReport::finish() {
+  std::uint64_t mine = core::memory_stats(world_.device()).peak_bytes;
+  std::vector<std::uint64_t> peaks(static_cast<std::size_t>(world_.size()));
+  world_.host().allgather(&mine, peaks.data(), 1, DType::i64);
   if (world_.rank() != 0) return;
   const Summary s = summary();
   for (const std::string& line : format_summary(s)) fmt::print("{}\n", line);
+  fmt::print("{}\n", format_peak_memory(peaks));
   std::fflush(stdout);
   auto number = [](const std::optional<double>& v) {
     return v ? fmt::format("{:.6g}", *v) : std::string("null");
@@ -275,14 +297,16 @@ void RunReport::finish() {
   std::string record = fmt::format(
       R"("run": "end", "step": {}, "wall_s": {:.3f}, "epoch_wall_s": {}, "samples_per_s": {}, )"
       R"("skipped_steps": {}, "steps": {}, "train_loss": {}, "val_loss": {}, "val_accuracy": {}, )"
-      R"("best_val_accuracy": {}, "best_val_step": {}, "checkpoint": {})",
+      R"("best_val_accuracy": {}, "best_val_step": {}, "checkpoint": {}, )"
+      R"("peak_memory_bytes": [{}])",
       s.last_step, s.wall_s,
       s.epoch_wall_s.empty() ? std::string("null") : fmt::format("{:.3f}", mean(s.epoch_wall_s)),
       s.step_s > 0 ? fmt::format("{:.1f}", s.samples / s.step_s) : std::string("null"),
       s.skipped_steps, s.steps, number(s.last_epoch_train_loss), number(s.val_loss),
       number(s.val_accuracy), number(s.best_val_accuracy),
       s.best_val_accuracy ? std::to_string(s.best_val_step) : std::string("null"),
-      last_checkpoint_.empty() ? std::string("null") : core::json_string(last_checkpoint_));
+      last_checkpoint_.empty() ? std::string("null") : core::json_string(last_checkpoint_),
+      fmt::join(peaks, ", "));
   if (header_.tokens_per_sample > 0 && s.step_s > 0)
     record += fmt::format(R"(, "tokens_per_s": {:.1f})",
                           static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);

@@ -113,13 +113,19 @@ class RunReport {
   Summary summary() const;
   // The summary's lines (rank 0 prints them in finish()).
   std::vector<std::string> format_summary(const Summary& s) const;
-  // Prints the summary on rank 0 and writes the "run": "end" record.
+  // "memory       peak rank 0 120.4 MiB on cpu, rank 1 ...": `peak_bytes` per
+  // rank, beside the devices gathered at construction; beyond 8 ranks the
+  // highest and the lowest.
+  std::string format_peak_memory(const std::vector<std::uint64_t>& peak_bytes) const;
+  // Collective (gathers every rank's peak device memory, core::memory_stats):
+  // prints the summary on rank 0 and writes the "run": "end" record.
   void finish();
 
  private:
   using Clock = std::chrono::steady_clock;
   comm::World& world_;
   RunHeader header_;
+  std::vector<RankPlacement> placement_;
   MetricsWriter& metrics_;
   Clock::time_point start_, epoch_start_;
   Summary figures_;  // kept as they come; summary() adds wall_s and last_epoch_train_loss

@@ -18,13 +18,14 @@ Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrS
 std::optional<StepResult> Trainer::step(io::BatchSource& source) {
   const auto start = std::chrono::steady_clock::now();
   core::trace::set_step(step_.steps() + 1);
+  core::trace::reset_breakdown();  // Note [step breakdown]
   core::trace::Span step_span("step", "step");
   // The io::Batch objects are kept until the step ends: a CPU loader's
   // buffers return to its pool only when nothing refers to them.
   std::vector<io::Batch> batches;
   std::vector<MicroBatch> micro_batches;
   for (int k = 0; k < step_.options().accumulation; ++k) {
-    core::trace::Span wait("data wait", "data");
+    core::trace::Span wait("data wait", core::trace::Part::data);
     std::optional<io::Batch> b = source.next();
     if (!b) return std::nullopt;
     micro_batches.push_back({b->inputs, b->labels});
@@ -32,6 +33,7 @@ std::optional<StepResult> Trainer::step(io::BatchSource& source) {
   }
   StepResult r = step_.run(micro_batches);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.breakdown = core::trace::breakdown();
   return r;
 }
 

@@ -79,6 +79,12 @@ def late_ranks(dumps, records):
             if wall_ns(dumps[r], rec["enqueue_ns"]) > gave_up}
 
 
+# Note [stuck collective]: a communicator's stuck collective is the first unfinished one that
+# some rank never reached (it left no dump, issued it too late, or its own records stop before
+# it); only when every rank reached every unfinished one is it simply the first unfinished. A
+# rank stopped in the middle of an allreduce shows why: its partner may complete that allreduce
+# (its share arrived) and wait in the next, which the stopped rank never issued; the first
+# unfinished one, issued by all, would name no culprit.
 def analyse(dumps):
     """The report's lines, given {rank: dump}."""
     lines = []
@@ -104,13 +110,23 @@ def analyse(dumps):
             for ranks in sorted(variants.values()):
                 lines.append(f"  {ranks_text(ranks)} issued {what(records[ranks[0]])}")
 
-    # The stuck collective of each communicator: the first that some rank issued and did not complete.
+    # The stuck collective of each communicator (Note [stuck collective]).
     for comm in sorted({c for c, _ in by_key}):
         unfinished = sorted(s for (c, s), records in by_key.items() if c == comm and any(
             r["state"] != "completed" for r in records.values()))
         if not unfinished:
             continue
-        seq = unfinished[0]
+        last_seen = {rank: max((r["sequence"] for r in dump["collectives"]
+                                if r["communicator"] == comm), default=-1)
+                     for rank, dump in dumps.items()}
+
+        def someone_missing(seq):
+            records = by_key[(comm, seq)]
+            late = late_ranks(dumps, records)
+            return any(rank not in dumps or rank in late
+                       or (rank not in records and last_seen[rank] < seq) for rank in range(size))
+
+        seq = next((s for s in unfinished if someone_missing(s)), unfinished[0])
         records = by_key[(comm, seq)]
         late = late_ranks(dumps, records)
         records = {r: rec for r, rec in records.items() if r not in late}

@@ -7,22 +7,28 @@
   plot.py bench FILE.jsonl... -o bench.png      bench/* --json: one panel per kind of record
                                                  (gemm, step, loader, allreduce,
                                                  scaling, scaling_profile, scaling_link)
+  plot.py trace DIR --steps 3:5 -o gantt.png    --trace DIR: those steps as a Gantt chart,
+                                                 one lane per rank and thread, clocks
+                                                 aligned as tools/trace.py merge aligns them
 
 One script so that both outputs share the input checks and the matplotlib setup.
 """
 import argparse
 import math
 import os
+import re
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on build machines
+import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from jsonl import InputError, metrics_kind, number, read_jsonl  # noqa: E402  (tools/jsonl.py)
+import trace as trace_tool  # noqa: E402  (tools/trace.py, not the standard library's)
 
 
 def field(where, row, key, numeric=True, optional=False):
@@ -278,6 +284,93 @@ def plot_bench(paths, png):
     print(f"{counts} record(s) plotted in {png}")
 
 
+# ---------------------------------------------------------------------------------------
+# trace: a Gantt chart of a few steps
+
+
+# Colours by the trace's categories (engine/trainer.cpp, docs/tracing.md); others are grey.
+CATEGORY_COLOURS = {"step": "#dddddd", "data": "#ff9f1c", "compute": "#3a86ff",
+                    "module": "#8ecae6", "comm": "#e63946", "optimizer": "#2a9d8f",
+                    "eval": "#9b5de5", "checkpoint": "#6d4c41"}
+
+
+def parse_steps(text):
+    m = re.fullmatch(r"(\d+):(\d+)", text)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise InputError(f"--steps '{text}' is not FIRST:LAST with 1 <= FIRST <= LAST (e.g. 3:5)")
+    return int(m[1]), int(m[2])
+
+
+def depths(spans):
+    """Each span's nesting depth among `spans` (one thread's, sorted by start)."""
+    open_ends, out = [], []
+    for e in spans:
+        while open_ends and open_ends[-1] <= e["ts"]:
+            open_ends.pop()
+        out.append(len(open_ends))
+        open_ends.append(e["ts"] + e["dur"])
+    return out
+
+
+def trace_lanes(directory, first, last):
+    """[(label, spans, instants)] of steps first..last, rank by rank, threads in tid order, with
+    each event's ts on rank 0's clock (tools/trace.py's offsets)."""
+    traces, offsets = trace_tool.load_dir(directory)
+    lanes = []  # (label, spans, instants), rank by rank, threads in tid order
+    for rank, t in traces.items():
+        names = {e["tid"]: e["args"]["name"] for e in t["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "thread_name"
+                 and isinstance(e.get("args"), dict) and "name" in e["args"]}
+        chosen = {}
+        for e in t["traceEvents"]:
+            step = trace_tool.step_of(e)
+            if e["ph"] in ("X", "i") and isinstance(step, int) and first <= step <= last:
+                chosen.setdefault(e["tid"], []).append(dict(e, ts=e["ts"] - offsets[rank]))
+        for tid in sorted(chosen):
+            events = sorted(chosen[tid], key=lambda e: (e["ts"], -e.get("dur", 0)))
+            lanes.append((f"rank {rank} {names.get(tid, f'thread {tid}')}",
+                          [e for e in events if e["ph"] == "X"],
+                          [e for e in events if e["ph"] == "i"]))
+    if not any(spans for _, spans, _ in lanes):
+        raise InputError(f"{directory}: no span of steps {first}..{last} in the traces "
+                         "(was --trace-steps narrower?)")
+    return lanes
+
+
+def plot_trace(directory, steps, png):
+    first, last = parse_steps(steps)
+    lanes = trace_lanes(directory, first, last)
+    origin = min(e["ts"] for _, spans, _ in lanes for e in spans)
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.55 * len(lanes)))
+    used = set()
+    for row, (_, spans, instants) in enumerate(lanes):
+        y = len(lanes) - 1 - row
+        for e, depth in zip(spans, depths(spans)):
+            height = max(0.25, 0.8 - 0.2 * depth)  # nested spans drawn thinner, on top
+            colour = CATEGORY_COLOURS.get(e.get("cat"), "#999999")
+            used.add(e.get("cat") if e.get("cat") in CATEGORY_COLOURS else "other")
+            step = e.get("cat") == "step"  # outlined, so that steps are told apart
+            ax.barh(y, e["dur"] / 1e3, left=(e["ts"] - origin) / 1e3, height=height,
+                    color=colour, edgecolor="#555555" if step else "none",
+                    linewidth=0.8 if step else 0, zorder=2 + depth)
+        if instants:
+            ax.plot([(e["ts"] - origin) / 1e3 for e in instants], [y + 0.42] * len(instants),
+                    "v", color="black", markersize=3, zorder=10)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([label for label, _, _ in reversed(lanes)])
+    ax.set_xlabel(f"ms from the start of step {first} (clocks aligned across ranks)")
+    ax.set_title(f"{directory}: steps {first}..{last}" if first < last
+                 else f"{directory}: step {first}")
+    handles = [matplotlib.patches.Patch(color=CATEGORY_COLOURS.get(c, "#999999"), label=c)
+               for c in list(CATEGORY_COLOURS) + ["other"] if c in used]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small",
+              frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"{len(lanes)} lanes, steps {first}..{last}, in {png}")
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description="Plot lockstep's metrics and benchmark JSON lines.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -287,10 +380,17 @@ def main(argv):
     b = sub.add_parser("bench", help="bench/* --json files: one panel per kind of record")
     b.add_argument("files", nargs="+")
     b.add_argument("-o", "--output", required=True, metavar="PNG")
+    t = sub.add_parser("trace", help="--trace DIR: a few steps as a per-rank Gantt chart")
+    t.add_argument("dir", help="the directory holding rank-<r>.json")
+    t.add_argument("--steps", required=True, metavar="FIRST:LAST",
+                   help="the steps to draw (a few: each is a slice of the chart)")
+    t.add_argument("-o", "--output", required=True, metavar="PNG")
     args = ap.parse_args(argv)
     try:
         if args.command == "metrics":
             plot_metrics(args.file, args.output)
+        elif args.command == "trace":
+            plot_trace(args.dir, args.steps, args.output)
         else:
             plot_bench(args.files, args.output)
     except InputError as e:

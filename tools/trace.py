@@ -121,25 +121,32 @@ def summary(directory):
             if v:
                 print(f"  {kind:<13} {statistics.mean(v):9.3f} {percentile(v, 50):9.3f} "
                       f"{percentile(v, 99):9.3f}")
-    last = {}  # step -> {rank: collectives it was last to}
-    lag = {}
+    # Note [straggler]: each collective's last rank made the others wait (last - first arrival);
+    # a step's straggler is the rank whose waits add up to the most. Counting collectives alone
+    # would blame the wrong rank: after one rank arrives 90 ms late to a step's first allreduce,
+    # the ranks leave it together and reach the next ones in an order that is a coin toss.
+    last = {}  # step -> {rank: [collectives it was last to, ms the others waited, largest wait]}
     for (step, name, n), starts in arrivals.items():
         if len(starts) < 2:
             continue
         rank = max(starts, key=starts.get)
-        last.setdefault(step, {}).setdefault(rank, 0)
-        last[step][rank] += 1
-        lag[step] = max(lag.get(step, 0.0), (max(starts.values()) - min(starts.values())) / 1e3)
+        wait = (max(starts.values()) - min(starts.values())) / 1e3
+        figures = last.setdefault(step, {}).setdefault(rank, [0, 0.0, 0.0])
+        figures[0] += 1
+        figures[1] += wait
+        figures[2] = max(figures[2], wait)
     if not last:
         print("straggler: no collective was traced on two or more ranks")
         return
-    print("straggler (the rank last to most of a step's collectives; the largest wait it caused):")
+    print("straggler (the rank the others waited for longest at a step's collectives):")
     counts = {}
     for step in sorted(last):
-        rank = max(last[step], key=last[step].get)
+        rank = max(last[step], key=lambda r: last[step][r][1])
+        collectives, wait, largest = last[step][rank]
         counts[rank] = counts.get(rank, 0) + 1
-        print(f"  step {step}: rank {rank}, last to {last[step][rank]} of "
-              f"{sum(last[step].values())} collectives, up to {lag[step]:.3f} ms behind")
+        print(f"  step {step}: rank {rank}, last to {collectives} of "
+              f"{sum(f[0] for f in last[step].values())} collectives, up to {largest:.3f} ms "
+              "behind")
     print("  " + ", ".join(f"rank {r} last at {c} of {len(last)} steps"
                            for r, c in sorted(counts.items())))
 

@@ -1,5 +1,6 @@
 // The timeline trace (engine/core/trace.h): per-thread span buffers of fixed
-// capacity, a registry of them, and the Chrome trace-event JSON writer.
+// capacity, a registry of them, and the Chrome trace-event JSON writer; the
+// step breakdown's thread-local sums and the profile's per-thread tables.
 #include "engine/core/trace.h"
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/core/json.h"
@@ -22,7 +24,7 @@
 namespace lockstep::core::trace {
 
 namespace detail {
-std::atomic<bool> recording{false};
+std::atomic<unsigned> recording{0};
 }
 
 namespace {
@@ -48,6 +50,16 @@ struct Buffer {
   std::atomic<std::uint64_t> dropped{0};
   std::string thread_name;  // under State::mutex
   int tid = 0;
+  // The profile's sums by span name, this thread's; the owner takes the lock
+  // per span, finish_profile() once, so it is never contended in a step.
+  struct Sum {
+    std::int64_t count = 0, total_ns = 0, max_ns = 0;
+  };
+  struct NameHash : std::hash<std::string_view> {
+    using is_transparent = void;
+  };
+  std::mutex profile_mutex;
+  std::unordered_map<std::string, Sum, NameHash, std::equal_to<>> profile;
 };
 
 struct State {
@@ -55,10 +67,13 @@ struct State {
   std::vector<std::shared_ptr<Buffer>> buffers;
   std::filesystem::path directory;
   int rank = 0;
-  StepWindow window;
+  // The window's ends, read by every thread that begins a span (Note [span step]).
+  std::atomic<std::int64_t> first{1}, last{INT64_MAX};
   std::atomic<std::int64_t> step{0};
   Clock::time_point sync;
   std::atomic<bool> enabled{false};
+  std::atomic<bool> profiling{false};
+  std::atomic<std::int64_t> profile_start_ns{0};  // 0: no step has begun since enable_profile()
 };
 
 State& state() {
@@ -68,6 +83,7 @@ State& state() {
 
 thread_local std::shared_ptr<Buffer> t_buffer;
 thread_local std::string t_name;
+thread_local std::int64_t t_part_ns[4];  // Note [step breakdown], indexed by Part
 
 std::int64_t ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -99,7 +115,7 @@ void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view 
 }
 
 void record(const char (&name)[kNameBytes], const char* category, std::int64_t start_ns,
-            std::int64_t duration_ns) {
+            std::int64_t duration_ns, std::int64_t step) {
   Buffer& b = buffer();
   const std::size_t i = b.size.load(std::memory_order_relaxed);
   if (i == kEventsPerThread) {
@@ -111,15 +127,30 @@ void record(const char (&name)[kNameBytes], const char* category, std::int64_t s
   e.category = category;
   e.start_ns = start_ns;
   e.duration_ns = duration_ns;
-  e.step = state().step.load(std::memory_order_relaxed);
+  e.step = step;
   b.size.store(i + 1, std::memory_order_release);
 }
 
 void update_recording() {
   State& s = state();
   const std::int64_t step = s.step.load(std::memory_order_relaxed);
-  detail::recording.store(s.enabled && step >= s.window.first && step <= s.window.last,
+  const bool traced = s.enabled && step >= s.first && step <= s.last;
+  const bool profiled = s.profiling && step >= 1;
+  if (profiled && s.profile_start_ns.load(std::memory_order_relaxed) == 0)
+    s.profile_start_ns.store(ns(Clock::now()), std::memory_order_relaxed);
+  detail::recording.store((traced ? detail::kTraced : 0u) | (profiled ? detail::kProfiled : 0u),
                           std::memory_order_relaxed);
+}
+
+void add_to_profile(const char (&name)[kNameBytes], std::int64_t duration_ns) {
+  Buffer& b = buffer();
+  std::lock_guard lock(b.profile_mutex);
+  if (!state().profiling.load(std::memory_order_relaxed)) return;  // finish_profile() ran
+  auto it = b.profile.find(std::string_view(name));
+  if (it == b.profile.end()) it = b.profile.emplace(name, Buffer::Sum{}).first;
+  ++it->second.count;
+  it->second.total_ns += duration_ns;
+  it->second.max_ns = std::max(it->second.max_ns, duration_ns);
 }
 
 std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
@@ -149,6 +180,29 @@ StepWindow parse_step_window(std::string_view text, std::string_view what) {
   return w;
 }
 
+const char* category_of(Part part) {
+  switch (part) {
+    case Part::data:
+      return "data";
+    case Part::compute:
+      return "compute";
+    case Part::comm:
+      return "comm";
+    case Part::optimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+void reset_breakdown() {
+  for (std::int64_t& part : t_part_ns) part = 0;
+}
+
+Breakdown breakdown() {
+  const auto ms = [](std::int64_t t) { return static_cast<double>(t) / 1e6; };
+  return {ms(t_part_ns[0]), ms(t_part_ns[1]), ms(t_part_ns[2]), ms(t_part_ns[3])};
+}
+
 void enable(const std::filesystem::path& directory, int rank, StepWindow window) {
   State& s = state();
   {
@@ -163,7 +217,8 @@ void enable(const std::filesystem::path& directory, int rank, StepWindow window)
                                         directory.string(), ec.message()));
     s.directory = directory;
     s.rank = rank;
-    s.window = window;
+    s.first = window.first;
+    s.last = window.last;
     s.sync = Clock::now();
     s.enabled = true;
   }
@@ -187,19 +242,34 @@ void set_thread_name(std::string_view name) {
 }
 
 void instant(std::string_view name, const char* category) {
-  if (!active()) return;
+  if (!(detail::recording.load(std::memory_order_relaxed) & detail::kTraced)) return;
   char text[kNameBytes];
   copy_name(text, name, {});
-  record(text, category, ns(Clock::now()), -1);
+  record(text, category, ns(Clock::now()), -1, state().step.load(std::memory_order_relaxed));
 #if LOCKSTEP_WITH_CUDA
   nvtxMarkA(text);
 #endif
 }
 
-void Span::begin(std::string_view name, std::string_view detail, const char* category) {
+// Note [span step]: a span belongs to the step it began in. Another thread
+// (a loader) may read `mode` for step 9 just before the main thread sets step
+// 10; the step is read here once more and decides, so that a traced span's
+// step always lies in the window and a profiled one's is 1 or more.
+void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
+                 const char* category) {
+  const State& s = state();
+  step_ = s.step.load(std::memory_order_relaxed);
+  if (step_ < s.first.load(std::memory_order_relaxed) ||
+      step_ > s.last.load(std::memory_order_relaxed))
+    mode &= ~detail::kTraced;
+  if (step_ < 1) mode &= ~detail::kProfiled;
+  mode_ = mode;
+  if (!mode_) {
+    start_ = Clock::now();
+    return;
+  }
   copy_name(name_, name, detail);
   category_ = category;
-  open_ = true;
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePushA(name_);
 #endif
@@ -208,11 +278,16 @@ void Span::begin(std::string_view name, std::string_view detail, const char* cat
 
 void Span::end() {
   const auto stop = Clock::now();
+  const std::int64_t duration_ns = ns(stop) - ns(start_);
+  if (part_ >= 0) t_part_ns[part_] += duration_ns;
+  if (!mode_) return;
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePop();
 #endif
   // A span that began in the window ends in the trace even if the window closed meanwhile.
-  if (state().enabled) record(name_, category_, ns(start_), ns(stop) - ns(start_));
+  if ((mode_ & detail::kTraced) && state().enabled)
+    record(name_, category_, ns(start_), duration_ns, step_);
+  if (mode_ & detail::kProfiled) add_to_profile(name_, duration_ns);
 }
 
 std::filesystem::path finish() {
@@ -220,7 +295,7 @@ std::filesystem::path finish() {
   std::lock_guard lock(s.mutex);
   if (!s.enabled) return {};
   s.enabled = false;
-  detail::recording.store(false, std::memory_order_relaxed);
+  update_recording();
   const auto us = [](std::int64_t t) {
     return fmt::format("{:.3f}", static_cast<double>(t) / 1e3);
   };
@@ -263,6 +338,55 @@ std::filesystem::path finish() {
         fmt::format("trace::finish: cannot write the trace file {}", file.string()));
   for (const auto& b : s.buffers) b->size.store(0, std::memory_order_relaxed);
   return file;
+}
+
+void enable_profile() {
+  State& s = state();
+  s.profile_start_ns.store(0, std::memory_order_relaxed);
+  s.profiling = true;
+  update_recording();
+}
+
+Profile finish_profile() {
+  State& s = state();
+  if (!s.profiling.exchange(false)) return {};
+  update_recording();
+  Profile p;
+  const std::int64_t start = s.profile_start_ns.load(std::memory_order_relaxed);
+  if (start != 0) p.wall_ms = static_cast<double>(ns(Clock::now()) - start) / 1e6;
+  std::unordered_map<std::string, Buffer::Sum> sums;  // over the threads
+  {
+    std::lock_guard lock(s.mutex);
+    for (const auto& b : s.buffers) {
+      std::lock_guard own(b->profile_mutex);
+      for (const auto& [name, sum] : b->profile) {
+        Buffer::Sum& all = sums[name];
+        all.count += sum.count;
+        all.total_ns += sum.total_ns;
+        all.max_ns = std::max(all.max_ns, sum.max_ns);
+      }
+      b->profile.clear();
+    }
+  }
+  for (const auto& [name, sum] : sums)
+    p.rows.push_back({name, sum.count, static_cast<double>(sum.total_ns) / 1e6,
+                      static_cast<double>(sum.max_ns) / 1e6});
+  std::sort(p.rows.begin(), p.rows.end(), [](const ProfileRow& a, const ProfileRow& b) {
+    return a.total_ms != b.total_ms ? a.total_ms > b.total_ms : a.name < b.name;
+  });
+  return p;
+}
+
+std::string format_profile(const Profile& p) {
+  std::size_t width = 4;
+  for (const ProfileRow& r : p.rows) width = std::max(width, r.name.size());
+  std::string out = fmt::format("{:<{}} {:>8} {:>12} {:>10} {:>10} {:>8}\n", "span", width, "count",
+                                "total ms", "mean ms", "max ms", "% of run");
+  for (const ProfileRow& r : p.rows)
+    out += fmt::format("{:<{}} {:>8} {:>12.3f} {:>10.3f} {:>10.3f} {:>8.1f}\n", r.name, width,
+                       r.count, r.total_ms, r.total_ms / static_cast<double>(r.count), r.max_ms,
+                       p.wall_ms > 0 ? 100 * r.total_ms / p.wall_ms : 0.0);
+  return out;
 }
 
 }  // namespace lockstep::core::trace

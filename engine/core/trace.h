@@ -2,7 +2,18 @@
 // recorded into a per-thread buffer with no lock, and written at finish() as
 // Chrome trace-event JSON, DIR/rank-<r>.json, for Perfetto, chrome://tracing
 // and tools/trace.py. Compiled in and off by default: a span then costs one
-// relaxed atomic load. In CUDA builds each span is also an NVTX range.
+// relaxed atomic load. In CUDA builds each span is also an NVTX range. Two
+// readings of the same spans: the step breakdown (always on) and the profile.
+//
+// Note [step breakdown]: a span made with a Part (data, compute, comm,
+// optimizer) times itself whether or not anything records, and adds its
+// duration to its thread's breakdown, a plain thread-local array: no lock, no
+// allocation, two clock reads a span. Trainer::step marks the main thread's
+// spans that make up a step (the comm part holds only the waits the main
+// thread sees, i.e. exposed communication), resets the breakdown when a step
+// starts and reads it when it ends. Traced, the same span with the same two
+// clock reads becomes the trace's event, so the breakdown users see is the
+// sum of the spans the trace shows (tools/trace.py summary adds the same).
 #pragma once
 
 #include <atomic>
@@ -12,6 +23,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lockstep::core::trace {
 
@@ -25,14 +37,33 @@ struct StepWindow {
 StepWindow parse_step_window(std::string_view text, std::string_view what);
 
 namespace detail {
-extern std::atomic<bool> recording;
-}
+// What a span begun now goes to: kTraced, kProfiled, both or neither.
+inline constexpr unsigned kTraced = 1, kProfiled = 2;
+extern std::atomic<unsigned> recording;
+}  // namespace detail
 
 // A span's or instant's name buffer, its NUL included.
 inline constexpr std::size_t kNameBytes = 48;
 
-// Whether spans are being recorded now (enabled and the step is in the window).
-inline bool active() { return detail::recording.load(std::memory_order_relaxed); }
+// Whether spans are being recorded now: traced (enabled and the step in the
+// window) or profiled (enable_profile() and a step begun).
+inline bool active() { return detail::recording.load(std::memory_order_relaxed) != 0; }
+
+// The parts of a step (Note [step breakdown]); each is also the span's category.
+enum class Part { data, compute, comm, optimizer };
+const char* category_of(Part part);
+
+// One thread's step breakdown in milliseconds (Note [step breakdown]).
+struct Breakdown {
+  double data_wait_ms = 0;     // Part::data
+  double compute_ms = 0;       // Part::compute
+  double exposed_comm_ms = 0;  // Part::comm
+  double optimizer_ms = 0;     // Part::optimizer
+};
+// Starts this thread's breakdown afresh (when a step starts).
+void reset_breakdown();
+// What this thread's Part spans added up since reset_breakdown().
+Breakdown breakdown();
 
 // The clock of every span: the flight recorder's (comm/flight_recorder.h), steady_clock.
 using Clock = std::chrono::steady_clock;
@@ -54,6 +85,25 @@ std::filesystem::path finish();
 // A moment, on this thread ("bucket 2 ready").
 void instant(std::string_view name, const char* category);
 
+// The profile (lockstep-train --profile): every span of every thread added up
+// by name from the first step (set_step(1) or later) on, the same spans a
+// trace of window 1: holds, traced or not. Cheap enough for a whole run: one
+// uncontended lock and a hash lookup per span, nothing per step kept.
+void enable_profile();
+struct ProfileRow {
+  std::string name;
+  std::int64_t count = 0;
+  double total_ms = 0, max_ms = 0;
+};
+struct Profile {
+  double wall_ms = 0;            // from the first step's start to finish_profile()
+  std::vector<ProfileRow> rows;  // by total, largest first (name breaks ties)
+};
+// Stops profiling and returns what it added up; empty when not enabled.
+Profile finish_profile();
+// The table: name, count, total, mean and max ms, % of the wall time.
+std::string format_profile(const Profile& profile);
+
 // A span from construction (or open()) to destruction. Names are read only
 // when active; a name of two parts is joined by a space ("forward", "fc1").
 // Names longer than kNameBytes - 1 (47) bytes are cut.
@@ -61,26 +111,39 @@ class Span {
  public:
   Span() = default;
   Span(std::string_view name, const char* category) {
-    if (active()) begin(name, {}, category);
+    if (const unsigned mode = mode_now()) begin(mode, name, {}, category);
   }
   Span(std::string_view name, std::string_view detail, const char* category) {
-    if (active()) begin(name, detail, category);
+    if (const unsigned mode = mode_now()) begin(mode, name, detail, category);
+  }
+  // A part of a step: timed always, added to this thread's breakdown at its
+  // end (Note [step breakdown]); recorded as the others are, category_of(part).
+  Span(std::string_view name, Part part) : part_(static_cast<int>(part)) {
+    if (const unsigned mode = mode_now()) {
+      begin(mode, name, {}, category_of(part));
+    } else {
+      start_ = Clock::now();
+    }
   }
   // Starts a default-constructed span now, when active.
   void open(std::string_view name, std::string_view detail, const char* category) {
-    if (active() && !open_) begin(name, detail, category);
+    const unsigned mode = mode_now();
+    if (mode && !mode_) begin(mode, name, detail, category);
   }
   ~Span() {
-    if (open_) end();
+    if (mode_ || part_ >= 0) end();
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 
  private:
-  void begin(std::string_view name, std::string_view detail, const char* category);
+  static unsigned mode_now() { return detail::recording.load(std::memory_order_relaxed); }
+  void begin(unsigned mode, std::string_view name, std::string_view detail, const char* category);
   void end();
 
-  bool open_ = false;
+  unsigned mode_ = 0;      // detail::kTraced | kProfiled, as it was at the start
+  int part_ = -1;          // a Part, or -1
+  std::int64_t step_ = 0;  // the step it began in (Note [span step], trace.cpp)
   const char* category_ = nullptr;
   Clock::time_point start_;
   char name_[kNameBytes];

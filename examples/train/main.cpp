@@ -16,6 +16,7 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_choice.h"
 #include "engine/core/log.h"
+#include "engine/core/memory.h"
 #include "engine/core/trace.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
@@ -45,7 +46,7 @@ struct Flags {
   std::int64_t sample_tokens = 0;
   std::string prompt = "\n";
   std::uint64_t seed = 0;
-  bool no_decay_bias_norm = false, deterministic = false;
+  bool no_decay_bias_norm = false, deterministic = false, profile = false;
 };
 
 std::optional<DType> autocast_for(const std::string& precision) {
@@ -296,6 +297,8 @@ int run(const Flags& f, comm::World& world) {
   report.emplace(world, std::move(header), metrics);
   EtaClock eta;
   eta.start(trainer.steps());
+  const std::int64_t first_step = trainer.steps() + 1;
+  if (f.profile) core::trace::enable_profile();  // from the first step on
 
   // Where the next step would start: saved with every checkpoint.
   std::int64_t next_epoch = epoch, next_position = position;
@@ -311,14 +314,19 @@ int run(const Flags& f, comm::World& world) {
       const std::int64_t samples = r->samples / tokens_per_window;
       const double samples_per_s = static_cast<double>(samples) / r->seconds;
       report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
+      // Rank 0's breakdown and device memory; the summary gives every rank's peak.
+      const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
       if (lead && !f.metrics.empty())  // formatted only when written
         metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {})",
+            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {}, {})",
             r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            samples_per_s, r->skipped_steps));
+            samples_per_s, r->skipped_steps,
+            step_detail_fields(r->breakdown, 1e3 * r->seconds, peak_bytes)));
       if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
-        fmt::print("{}\n", progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
-                                         eta.eta_s(r->step, total_steps)));
+        fmt::print("{}  {}\n",
+                   progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
+                                 eta.eta_s(r->step, total_steps)),
+                   step_detail(r->breakdown, 1e3 * r->seconds, peak_bytes, device.str()));
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
         save(next_epoch, next_position);
       if (r->stop) {
@@ -372,6 +380,11 @@ int run(const Flags& f, comm::World& world) {
   }
   if (const auto file = core::trace::finish(); !file.empty() && lead)
     fmt::print("trace: {} (and the other ranks' files beside it)\n", file.string());
+  if (const core::trace::Profile p = core::trace::finish_profile(); f.profile && lead)
+    fmt::print(
+        "profile of rank 0: spans by name over {:.3f} s from step {} on (a span's time "
+        "also counts in the spans around it)\n{}",
+        p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
   report->finish();
   return 0;
 }
@@ -450,6 +463,9 @@ int main(int argc, char** argv) {
                                "tools/trace.py)");
   app.add_option("--trace-steps", f.trace_steps, "trace only steps FIRST:LAST (e.g. 10:20)")
       ->needs(trace);
+  app.add_flag("--profile", f.profile,
+               "at the end, print rank 0's spans by name (count, total, mean, max ms, % of the "
+               "run), slowest first");
   app.add_flag("--deterministic", f.deterministic,
                "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
                "CPU is deterministic anyway)");

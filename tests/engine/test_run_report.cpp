@@ -139,6 +139,8 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
     CHECK(has_line(lines, "skipped      1 of 5 steps"));
     CHECK(has_line(lines, "accuracy 70.00% at step 2 (epoch 1)"));
     CHECK(has_line(lines, "ck/ckpt-5.h5"));
+    CHECK(report.format_peak_memory({3 * 1024 * 1024}) ==
+          "  memory       peak rank 0 3.0 MiB on " + world().device().str());
     report.finish();
   }
   const std::string text = test::file_text(metrics_path);
@@ -146,5 +148,19 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
   CHECK(text.find(R"({"run": "end", "step": 5)") != std::string::npos);
   CHECK(text.find(R"("skipped_steps": 1)") != std::string::npos);
   CHECK(text.find(R"("checkpoint": "ck/ckpt-5.h5")") != std::string::npos);
+  CHECK(text.find(R"("peak_memory_bytes": [)") != std::string::npos);
   fs::remove(metrics_path);
+}
+
+TEST_CASE("the step detail states the breakdown in ms and the peak memory", "[engine][run]") {
+  CHECK(format_bytes(812) == "812 B");
+  CHECK(format_bytes(3 * 1024) == "3.0 KiB");
+  CHECK(format_bytes(126'254'080) == "120.4 MiB");  // 126254080 / 2^20 = 120.405
+  CHECK(format_bytes(std::size_t{3} << 30) == "3.00 GiB");
+  const core::trace::Breakdown b{0.031, 10.2, 1.3, 0.52};
+  CHECK(step_detail(b, 12.4, 2048, "cuda:1") ==
+        "data 0.03  compute 10.20  comm 1.30  opt 0.52 ms (of 12.40)  peak 2.0 KiB on cuda:1");
+  CHECK(step_detail_fields(b, 12.4, 2048) ==
+        R"("data_wait_ms": 0.0310, "compute_ms": 10.2000, "exposed_comm_ms": 1.3000, )"
+        R"("optimizer_ms": 0.5200, "step_ms": 12.4000, "peak_memory_bytes": 2048)");
 }

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The timeline trace of a 2-rank lockstep-train run (--trace, --trace-steps):
-# each rank's file is valid trace-event JSON (checked here, independently of
-# tools/trace.py: every event has name, ph, ts, pid, tid; ph in the allowed
-# set; complete events have dur >= 0; metadata names the threads), holds the
-# expected spans within the window only, and tools/trace.py merge and summary
-# read it; so is bench_scaling's trace. Bad window flags are refused.
+# each rank's file is valid trace-event JSON (checked here against the format's
+# rules, independently of tools/trace.py: every event has a string name and ph,
+# a numeric ts, integer pid and tid; ph in the allowed set; complete events
+# have dur >= 0; instants a scope g, p or t; metadata events are process_name
+# or thread_name with args.name, naming the process and every thread), holds
+# the expected spans within the window only, and tools/trace.py merge and
+# summary and tools/plot.py trace read it; so is bench_scaling's trace. Bad
+# window flags are refused.
 # Usage: trace.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -33,16 +36,24 @@ for rank in (0, 1):
     trace = json.load(open(path))
     events = trace["traceEvents"]
     assert isinstance(events, list) and events, path
-    threads = {}
+    assert trace.get("displayTimeUnit", "ms") in ("ms", "ns"), path
+    threads, processes = {}, {}
     for e in events:
-        for key in ("name", "ph", "ts", "pid", "tid"):
-            assert key in e, (path, key, e)
+        for key, kind in (("name", str), ("ph", str), ("ts", (int, float)), ("pid", int),
+                          ("tid", int)):
+            assert isinstance(e.get(key), kind) and not isinstance(e.get(key), bool), (path, key, e)
+        assert isinstance(e.get("cat", ""), str) and isinstance(e.get("args", {}), dict), (path, e)
         assert e["ph"] in ("X", "i", "M"), (path, e)
         assert e["pid"] == rank, (path, e)
         if e["ph"] == "X":
             assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, (path, e)
-        if e["ph"] == "M" and e["name"] == "thread_name":
-            threads[e["tid"]] = e["args"]["name"]
+        if e["ph"] == "i":
+            assert e.get("s", "t") in ("g", "p", "t"), (path, e)
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name"), (path, e)
+            assert isinstance(e["args"]["name"], str), (path, e)
+            (threads if e["name"] == "thread_name" else processes)[e["tid"]] = e["args"]["name"]
+    assert list(processes.values()) == [f"rank {rank}"], (path, processes)
     for e in events:
         assert e["tid"] in threads, (path, "a thread without a name", e)
     assert threads[0] == "main", (path, threads)
@@ -79,6 +90,10 @@ for want in "2 ranks" "rank 0: 7 steps (3..9)" "rank 1: 7 steps (3..9)" "  compu
   "  exposed comm" "  data wait" "  optimizer" "straggler" "  step 3: rank"; do
   grep -qF -- "$want" "$work/summary" || { cat "$work/summary" >&2; fail "no '$want' in the summary"; }
 done
+# The Gantt chart of three steps: a lane per rank and thread with spans there, a PNG.
+/usr/bin/python3 "$src/tools/plot.py" trace "$work/tr" --steps 4:6 -o "$work/gantt.png" >"$work/plot"
+grep -qE "^([2-9]|1[0-9]) lanes, steps 4..6, in " "$work/plot" || { cat "$work/plot" >&2; fail "plot.py trace"; }
+head -c 8 "$work/gantt.png" | od -An -c | grep -q "P   N   G" || fail "plot.py trace wrote no PNG"
 
 # Bad windows and a window without a trace are refused while parsing.
 for bad in "9:3" "0:5" "x" "3"; do

@@ -1,5 +1,6 @@
 """tools/flight.py on dumps written here: a size desync, a rank that never reached a collective,
-a rank without a dump, and bad input named by file. The end-to-end runs on real dumps are the
+a rank without a dump, a rank stopped inside an allreduce that its partner completed, and bad
+input named by file. The end-to-end runs on real dumps are the
 mpi_flight_* tests (tests/mpi/CMakeLists.txt). Run by ctest (tools_python)."""
 import json
 import os
@@ -55,6 +56,23 @@ class FlightTest(unittest.TestCase):
                                          "(the last step it completed is 0)") for l in lines), out)
         self.assertTrue(any(l.startswith("  rank 3 never reached gradients#1; it left no dump; "
                                          "it had joined gradients#0") for l in lines), out)
+
+    def test_a_rank_stopped_inside_an_allreduce_is_named_at_the_next_one(self):
+        # As a real 2-rank lockstep-train run left them (rank 1 SIGSTOPped): rank 0 completed
+        # #1, whose share had arrived, and waits in #2; rank 1 is still in #1.
+        self.write(0, dump(0, 2, [record(0), record(1, step=3, bucket=1),
+                                  record(2, state="started", step=3, bucket=0)], step=3))
+        self.write(1, dump(1, 2, [record(0), record(1, state="started", step=3, bucket=1)],
+                           step=3))
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        lines = out.splitlines()
+        self.assertTrue(lines[1].startswith("STUCK at gradients#2: allreduce 256 f32 (1024 bytes) "
+                                            "at step 3, gradient bucket 1, issued by rank 0 "
+                                            "(started;"), out)
+        self.assertTrue(lines[2].startswith("  rank 1 never reached gradients#2; it is in step 3"),
+                        out)
+        self.assertIn("it waits in gradients#1", lines[2])
 
     def test_all_completed(self):
         for r in range(2):

@@ -1,14 +1,16 @@
 """tools/trace.py on traces written here: clock alignment in merge and summary (rank 1's clock
 runs 1 s ahead; it arrives 2 ms late to every collective of step 2, so the straggler there is
 rank 1 and elsewhere rank 0), the per-step sums against hand-computed figures, and bad input
-named by file. The end-to-end run on a real trace is programs_trace. Run by ctest (tools_python)."""
+named by file; tools/plot.py trace's lanes (the same alignment) and its Gantt PNG. The end-to-end run on a real trace is programs_trace. Run by ctest (tools_python)."""
 import json
 import os
 import tempfile
 import unittest
 
+import plot
 import trace as trace_tool
 from fixtures import run_main
+from jsonl import InputError
 
 
 def span(name, cat, ts, dur, rank, step, tid=0):
@@ -75,6 +77,44 @@ class TraceToolTest(unittest.TestCase):
         self.assertIn("step 1: rank 0, last to 2 of 2 collectives, up to 0.005 ms behind", out)
         self.assertIn("step 2: rank 1, last to 2 of 2 collectives, up to 1.995 ms behind", out)
         self.assertIn("rank 0 last at 2 of 3 steps, rank 1 last at 1 of 3 steps", out)
+
+    def test_the_straggler_is_the_rank_waited_for_longest(self):
+        # Step 4: rank 1 is 90 ms late to the first collective, then a few µs early to the next
+        # two (the ranks leave the first together): rank 1, though last to 1 of 3.
+        for rank in (0, 1):
+            t = rank_trace(rank, 0.0, None)
+            t["traceEvents"] += [
+                span("allreduce bucket 1", "comm", 1e6 + (90_000 if rank else 0), 10, rank, 4),
+                span("allreduce bucket 0", "comm", 1.2e6 + (0 if rank else 3), 10, rank, 4),
+                span("allreduce", "comm", 1.3e6 + (0 if rank else 4), 10, rank, 4)]
+            self.write(rank, t)
+        rc, out, _ = self.run_tool("summary", self.dir)
+        self.assertEqual(rc, 0)
+        self.assertIn("step 4: rank 1, last to 1 of 3 collectives, up to 90.000 ms behind", out)
+
+    def test_gantt_lanes_align_clocks_and_keep_the_steps(self):
+        lanes = plot.trace_lanes(self.dir, 2, 3)
+        self.assertEqual([label for label, _, _ in lanes], ["rank 0 main", "rank 1 main"])
+        for _, spans, instants in lanes:
+            self.assertEqual(len(spans), 2 * 8)  # steps 2 and 3, 8 spans each
+            self.assertEqual(instants, [])
+        # Rank 1's clock runs 1 s ahead: on rank 0's clock its step 2 starts when rank 0's does.
+        starts = [min(e["ts"] for e in spans if e["args"]["step"] == 2) for _, spans, _ in lanes]
+        self.assertEqual(starts, [5_200_000.0, 5_200_000.0])
+        # Nesting depth by containment in start order (a span ending where the next starts
+        # does not hold it).
+        self.assertEqual(plot.depths([{"ts": 0, "dur": 10}, {"ts": 1, "dur": 2},
+                                      {"ts": 2, "dur": 1}, {"ts": 5, "dur": 1},
+                                      {"ts": 10, "dur": 1}]), [0, 1, 2, 1, 0])
+        png = os.path.join(self.dir, "gantt.png")
+        rc, out, _ = run_main(plot.main, ["trace", self.dir, "--steps", "1:2", "-o", png])
+        self.assertIn("2 lanes, steps 1..2", out)
+        self.assertGreater(os.path.getsize(png), 1000)
+        with self.assertRaisesRegex(InputError, "no span of steps 7..9"):
+            plot.trace_lanes(self.dir, 7, 9)
+        for bad in ("3:1", "0:2", "x", "3"):
+            with self.assertRaisesRegex(InputError, f"--steps '{bad}' is not FIRST:LAST"):
+                plot.parse_steps(bad)
 
     def test_bad_input_is_named(self):
         self.write(2, {"traceEvents": [{"name": "x", "ph": "X", "ts": 1, "pid": 2, "tid": 0,

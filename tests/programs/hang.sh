@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A hang in a real 2-rank lockstep-train run, found as docs/debugging.md says:
+# rank 1 is stopped (SIGSTOP) mid-run; rank 0's watchdog ends the job (exit
+# 70) within LOCKSTEP_COMM_TIMEOUT, its message names the rank that did not
+# answer, the dump directory and the tools/flight.py command; the dumps are
+# there and tools/flight.py names the stuck collective and rank 1. Usage:
+# hang.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+train=$build/examples/train/lockstep-train
+work=$(mktemp -d)
+stopped=""
+mpirun_pid=""
+cleanup() {  # a failed check must not leave a stopped rank behind
+  [ -n "$stopped" ] && kill -CONT "$stopped" 2>/dev/null && kill -KILL "$stopped" 2>/dev/null
+  [ -n "$mpirun_pid" ] && kill "$mpirun_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail() { echo "hang.sh: $*" >&2; exit 1; }
+"$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
+  --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
+
+LOCKSTEP_COMM_TIMEOUT=2 LOCKSTEP_FLIGHT_DIR="$work/fl" timeout 120 mpirun -np 2 --oversubscribe \
+  "$train" --data "$work/train" --model mlp --device cpu --batch-size 32 --steps 1000000 \
+  --log-every 1000000 --metrics "$work/m.jsonl" >"$work/out" 2>&1 &
+mpirun_pid=$!
+for _ in $(seq 600); do  # up to 60 s for 20 steps
+  [ -f "$work/m.jsonl" ] && [ "$(grep -c '"loss"' "$work/m.jsonl")" -ge 20 ] && break
+  sleep 0.1
+done
+# Rank 1: the lockstep-train process of this job (its LOCKSTEP_FLIGHT_DIR) whose MPI rank is 1.
+for proc in /proc/[0-9]*; do
+  [ "$(tr '\0' '\n' <"$proc/cmdline" 2>/dev/null | head -n 1)" = "$train" ] || continue
+  env=$(tr '\0' '\n' <"$proc/environ" 2>/dev/null || true)
+  if grep -qxF "LOCKSTEP_FLIGHT_DIR=$work/fl" <<<"$env" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$env"; then
+    stopped=${proc#/proc/}
+  fi
+done
+[ -n "$stopped" ] || { cat "$work/out" >&2; fail "found no rank 1 to stop"; }
+kill -STOP "$stopped"
+status=0
+wait "$mpirun_pid" || status=$?
+mpirun_pid=""
+[ "$status" -eq 70 ] || { cat "$work/out" >&2; fail "exit status $status, expected 70 (the watchdog)"; }
+expect() { grep -qE -- "$2" "$1" || { cat "$1" >&2; fail "no match for '$2' in $(basename "$1")"; }; }
+expect "$work/out" "^\[rank 0\] watchdog: .* has not completed after [0-9.]+ s \(LOCKSTEP_COMM_TIMEOUT is 2 s\)"
+expect "$work/out" "ranks that did not answer: 1$"
+expect "$work/out" "run: python3 tools/flight.py $work/fl$"
+[ -f "$work/fl/flight-rank-0.json" ] || fail "rank 0 left no flight dump"
+/usr/bin/python3 "$src/tools/flight.py" "$work/fl" >"$work/report"
+expect "$work/report" "^STUCK at (gradients|world)#[0-9]+: "
+# Rank 1 stopped between collectives, or inside one its partner completed: named as the rank
+# that never reached the next; stopped inside one both are still in, it is one of its issuers.
+expect "$work/report" "^  rank 1 never reached |issued by ranks 0, 1 \(started"
+echo "hang.sh: ok"
