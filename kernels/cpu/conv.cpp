@@ -321,8 +321,11 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
     for (std::int64_t i = 0; i < weight_elements; ++i) dw[i] += detail::round_to(type, acc[i]);
 }
 
-void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
-                       std::int64_t spatial, float* db) {
+// AVX2: the four f64 lanes are one vector (the same sums, in the same order).
+[[gnu::target_clones("avx2", "default")]] void channel_bias_grad(const void* dy, DType type,
+                                                                 std::int64_t batch,
+                                                                 std::int64_t channels,
+                                                                 std::int64_t spatial, float* db) {
   detail::require_float(type, "channel_bias_grad");
   for (std::int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;
