@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -53,7 +54,9 @@ std::vector<float> micro_batches(Module& model, ParameterStore& store, bool lazy
                                  const std::vector<core::Tensor>& targets,
                                  std::optional<DType> autocast) {
   if (lazy) {
-    store.grads().fill_(12345.0);  // stale values the first writers must not add to
+    // Stale values the first writers must not add to: NaN, as a skipped step
+    // (an overflowed gradient) leaves behind.
+    store.grads().fill_(std::numeric_limits<double>::quiet_NaN());
     store.zero_grad();
   } else {
     store.grads().fill_(0.0);
@@ -160,7 +163,7 @@ TEST_CASE("conv2d_backward_filter without accumulate writes the bits of zero the
     const core::Tensor dy =
         random_f32({s.batch, s.out_channels, s.out_h(), s.out_w()}, 2).cast(type);
     const std::size_t n = static_cast<std::size_t>(s.out_channels * s.in_channels * 3 * 2);
-    std::vector<float> zeroed(n, 0.0f), stale(n, -3.5f);
+    std::vector<float> zeroed(n, 0.0f), stale(n, std::numeric_limits<float>::quiet_NaN());
     kernels::cpu::conv2d_backward_filter(s, type, x.data(), dy.data(), zeroed.data(), true);
     kernels::cpu::conv2d_backward_filter(s, type, x.data(), dy.data(), stale.data(), false);
     require_same_bits(stale, zeroed);
