@@ -40,6 +40,7 @@ struct Baseline {
 struct Measure {
   double ms_per_step;
   std::size_t peak_bytes;
+  double allocations_per_step;     // tensors allocated (core::allocate) by one step
   std::optional<double> floor_ms;  // the GEMMs alone
   std::vector<Baseline> baselines;
 };
@@ -78,9 +79,14 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
   };
   const auto sync = [&] { stream.synchronize(); };
   core::reset_peak_memory(device);
-  for (int i = 0; i < 3; ++i) step();
+  step();  // the first step also makes what the model keeps (autocast copies, scratch)
+  const std::size_t allocations_before = core::memory_stats(device).allocations;
+  for (int i = 0; i < 2; ++i) step();
   sync();
-  const std::size_t peak = core::memory_stats(device).peak_bytes;
+  const core::MemoryStats warm = core::memory_stats(device);
+  const double allocations_per_step =
+      static_cast<double>(warm.allocations - allocations_before) / 2;
+  const std::size_t peak = warm.peak_bytes;
 
   std::vector<std::unique_ptr<bench::TorchBaseline>> torches;
   std::vector<std::function<double(int)>> contenders{
@@ -93,7 +99,7 @@ Measure run_lockstep(const std::string& name, std::int64_t batch, std::optional<
     if (torch->ready()) contenders.push_back([torch](int calls) { return torch->run(calls); });
   }
   const std::vector<double> medians = bench::interleaved_medians(contenders, 7, 0.002 * steps);
-  Measure m{1e3 * medians[0], peak, std::nullopt, {}};
+  Measure m{1e3 * medians[0], peak, allocations_per_step, std::nullopt, {}};
   std::size_t next = 1;
   if (floor) m.floor_ms = 1e3 * medians[next++];
   for (const auto& torch : torches) {
@@ -237,6 +243,7 @@ int main(int argc, char** argv) {
     if (gemm_ms)
       fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
                  *gemm_ratio);
+    fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
     for (const Baseline& b : ours.baselines)
       if (b.ms_per_step)
         fmt::print("PyTorch {} ({}): {:.2f} ms/step, {:.0f} samples/s; ratio {:.3f}\n",
@@ -272,6 +279,7 @@ int main(int argc, char** argv) {
          bench::field("samples_per_s", samples_per_s),
          bench::field("ms_per_step", ours.ms_per_step),
          bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
+         bench::field("allocations_per_step", ours.allocations_per_step),
          bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
          bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
          bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
