@@ -1,16 +1,16 @@
 // bench_step: single-process training-step throughput (the Trainer's step,
 // engine::DataParallelStep: forward, cross-entropy, backward, the gradient
 // norm, SGD with momentum) of a model preset, against PyTorch running the
-// same step in the same run (bench/torch_step.py), and for mlp against the
+// same step in the same run (bench/torch_step.py under one or more Pythons,
+// timed in batches alternating with lockstep's), and for mlp against the
 // floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
 // (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
 #include <cblas.h>
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <array>
 #include <chrono>
-#include <cstdio>
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,6 +19,7 @@
 
 #include "bench/report.h"
 #include "bench/synthetic_training.h"
+#include "bench/torch_baseline.h"
 #include "comm/world.h"
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
@@ -32,20 +33,29 @@ using namespace lockstep::engine;
 
 namespace {
 
+// One PyTorch baseline's figures, or why there are none.
+struct Baseline {
+  std::string python, torch_version, why_none;
+  std::optional<double> ms_per_step, peak_bytes;
+};
+
 struct Measure {
   double ms_per_step;
   std::size_t peak_bytes;
-  std::optional<double> floor_ms;  // the GEMMs alone, timed alternately with the step
+  double allocations_per_step;     // tensors allocated (core::allocate) by one step
+  std::optional<double> floor_ms;  // the GEMMs alone
+  std::vector<Baseline> baselines;
 };
 
 // The Trainer's step (engine::DataParallelStep over a world of one) on one
-// batch, again and again. With a `floor` (the step's GEMMs alone), step and
-// floor are timed in alternating batches (bench::compare_seconds), so that
-// the machine's drift does not tilt their ratio; the peak memory then comes
-// from the warm-up.
+// batch, again and again. The step, its GEMM floor (when given) and every
+// PyTorch baseline that started are timed in alternating batches (bench::interleaved_medians), so
+// that the machine's drift and other load do not tilt their ratios. The peak
+// memory comes from the warm-up.
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
-                     std::optional<DType> autocast, core::Device device, int steps, int threads,
-                     const std::function<void()>& floor = nullptr) {
+                     std::optional<DType> autocast, core::Device device, int steps,
+                     const std::function<void()>& floor, const std::vector<std::string>& pythons,
+                     const std::string& torch_args, int threads) {
   bench::SyntheticTraining t(name, batch, device);
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
@@ -61,56 +71,41 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
     core::trace::Span step_span("step", "step");
     data_parallel.run({&micro_batch, 1});
   };
+  const auto sync = [&] { stream.synchronize(); };
   core::reset_peak_memory(device);
-  for (int i = 0; i < 3; ++i) step();
-  stream.synchronize();
-  if (floor) {
-    const std::size_t peak = core::memory_stats(device).peak_bytes;
-    const auto [step_s, floor_s] = bench::compare_seconds(
-        step, floor, [&] { stream.synchronize(); }, 7, 0.002 * steps);
-    return {1e3 * step_s, peak, 1e3 * floor_s};
-  }
-  core::reset_peak_memory(device);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) step();
-  stream.synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {1e3 * s / steps, core::memory_stats(device).peak_bytes, std::nullopt};
-}
+  step();  // the first step also makes what the model keeps (autocast copies, scratch)
+  const std::size_t allocations_before = core::memory_stats(device).allocations;
+  for (int i = 0; i < 2; ++i) step();
+  sync();
+  const core::MemoryStats warm = core::memory_stats(device);
+  const double allocations_per_step =
+      static_cast<double>(warm.allocations - allocations_before) / 2;
+  const std::size_t peak = warm.peak_bytes;
 
-// PyTorch's figures for the same step, or why there are none (the last line
-// the Python printed: "ModuleNotFoundError: No module named 'torch'").
-struct TorchResult {
-  std::optional<Measure> measure;
-  std::string why_none;
-};
-TorchResult run_torch(const std::string& python, const std::string& name, std::int64_t batch,
-                      const std::string& precision, core::Device device, int steps, int threads) {
-  const std::string cmd =
-      fmt::format("OMP_NUM_THREADS={} OPENBLAS_NUM_THREADS={} {} " LOCKSTEP_BENCH_DIR
-                  "/torch_step.py --model {} --batch {} --precision {} --device {} --steps {} "
-                  "--threads {} 2>&1",
-                  threads, threads, python, name, batch, precision,
-                  device.is_cuda() ? "cuda" : "cpu", steps, threads);
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return {std::nullopt, "cannot start " + python};
-  std::array<char, 4096> line{};
-  std::string out;
-  while (std::fgets(line.data(), line.size(), pipe)) out += line.data();
-  const int status = ::pclose(pipe);
-  double ms = 0, peak = 0;
-  const auto at = out.find("\"ms_per_step\": ");
-  const auto at_peak = out.find("\"peak_bytes\": ");
-  if (status != 0 || at == std::string::npos ||
-      std::sscanf(out.c_str() + at + 15, "%lf", &ms) != 1) {
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    const std::string last =
-        out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
-    return {std::nullopt, fmt::format("{} could not run bench/torch_step.py ({})", python,
-                                      last.empty() ? "no output" : last)};
+  std::vector<std::unique_ptr<bench::TorchBaseline>> torches;
+  std::vector<std::function<double(int)>> contenders{
+      [&](int calls) { return bench::batch_seconds(step, sync, calls); }};
+  if (floor)
+    contenders.push_back([&](int calls) { return bench::batch_seconds(floor, sync, calls); });
+  for (const std::string& python : pythons) {
+    torches.push_back(std::make_unique<bench::TorchBaseline>(python, torch_args, threads));
+    bench::TorchBaseline* torch = torches.back().get();
+    if (torch->ready()) contenders.push_back([torch](int calls) { return torch->run(calls); });
   }
-  if (at_peak != std::string::npos) std::sscanf(out.c_str() + at_peak + 14, "%lf", &peak);
-  return {Measure{ms, static_cast<std::size_t>(peak), std::nullopt}, ""};
+  const std::vector<double> medians = bench::interleaved_medians(contenders, 7, 0.002 * steps);
+  Measure m{1e3 * medians[0], peak, allocations_per_step, std::nullopt, {}};
+  std::size_t next = 1;
+  if (floor) m.floor_ms = 1e3 * medians[next++];
+  for (const auto& torch : torches) {
+    Baseline b{torch->python(), torch->torch_version(), torch->why_none(), std::nullopt,
+               std::nullopt};
+    if (torch->ready()) {
+      b.ms_per_step = 1e3 * medians[next++];
+      b.peak_bytes = torch->peak_bytes();
+    }
+    m.baselines.push_back(b);
+  }
+  return m;
 }
 
 // mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
@@ -153,7 +148,7 @@ std::function<void()> mlp_gemms(std::int64_t batch) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_step: training-step throughput of a model preset against PyTorch"};
   std::string model = "mlp", precision = "fp32", device_text = "cpu", json_path;
-  std::string python = "/usr/bin/python3";
+  std::vector<std::string> pythons{"/usr/bin/python3"};
   std::int64_t batch = 128;
   int steps = 30, threads = 1;
   bool baseline = true;
@@ -165,7 +160,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenBLAS; PyTorch's intra-op threads)")
       ->capture_default_str();
-  app.add_option("--python", python, "python with torch, for the baseline")->capture_default_str();
+  app.add_option("--python", pythons,
+                 "python with torch, for the baseline (repeat for several baselines, all timed "
+                 "in the same run; the first fills the table's PyTorch columns)")
+      ->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
   std::string trace_dir;
@@ -181,6 +179,7 @@ int main(int argc, char** argv) {
   app.get_option("--json")->check(examples::non_empty());
   app.get_option("--trace")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
+  std::signal(SIGPIPE, SIG_IGN);  // a baseline that dies is reported, not fatal
   std::unique_ptr<comm::World> world;
   try {
     if (!trace_dir.empty()) examples::start_trace(0, trace_dir, "1:");
@@ -200,21 +199,30 @@ int main(int argc, char** argv) {
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
-    const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps, threads,
-                                      gemm_floor ? mlp_gemms(batch) : nullptr);
+    const std::string torch_args =
+        fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,
+                    precision, device.is_cuda() ? "cuda" : "cpu", threads);
+    const Measure ours = run_lockstep(
+        *world, model, batch, autocast, device, steps, gemm_floor ? mlp_gemms(batch) : nullptr,
+        baseline ? pythons : std::vector<std::string>{}, torch_args, threads);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
-    TorchResult torch_result{std::nullopt, "not run (--baseline false)"};
-    if (baseline) torch_result = run_torch(python, model, batch, precision, device, steps, threads);
-    const std::optional<Measure>& torch = torch_result.measure;
+    const std::optional<Baseline> first =
+        ours.baselines.empty() ? std::nullopt : std::optional<Baseline>(ours.baselines[0]);
+    const std::string why_none = !baseline ? "not run (--baseline false)" : first->why_none;
     const std::optional<double> gemm_ms = ours.floor_ms;
 
     const double samples_per_s = 1e3 * batch / ours.ms_per_step;
-    std::optional<double> torch_sps, ratio, gemm_ratio;
-    if (torch) {
-      torch_sps = 1e3 * batch / torch->ms_per_step;
-      ratio = samples_per_s / *torch_sps;
-    }
+    const auto sps = [&](const Baseline& b) {
+      return b.ms_per_step ? std::optional<double>(1e3 * batch / *b.ms_per_step) : std::nullopt;
+    };
+    const auto ratio_of = [&](const Baseline& b) {
+      return b.ms_per_step ? std::optional<double>(*b.ms_per_step / ours.ms_per_step)
+                           : std::nullopt;
+    };
+    const std::optional<double> torch_sps = first ? sps(*first) : std::nullopt;
+    const std::optional<double> ratio = first ? ratio_of(*first) : std::nullopt;
+    std::optional<double> gemm_ratio;
     if (gemm_ms) gemm_ratio = ours.ms_per_step / *gemm_ms;
     const ModelPreset& preset = model_preset(model);
     std::optional<double> tokens_per_s, torch_tokens_per_s;
@@ -234,28 +242,50 @@ int main(int argc, char** argv) {
     if (gemm_ms)
       fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
                  *gemm_ratio);
+    fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
+    for (const Baseline& b : ours.baselines)
+      if (b.ms_per_step)
+        fmt::print("PyTorch {} ({}): {:.2f} ms/step, {:.0f} samples/s; ratio {:.3f}\n",
+                   b.torch_version, b.python, *b.ms_per_step, *sps(b), *ratio_of(b));
+      else
+        fmt::print("PyTorch under {}: none ({})\n", b.python, b.why_none);
     bench::print_legend(
-        fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} thread(s))",
-                    python, threads),
+        fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} thread(s)), "
+                    "in batches alternating with lockstep's",
+                    baseline ? pythons[0] : "none", threads),
         std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
             (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
-        torch ? "" : torch_result.why_none);
+        ratio ? "" : why_none);
+    std::string baselines_json = "[";
+    for (const Baseline& b : ours.baselines) {
+      const std::vector<bench::JsonField> fields{
+          bench::field("python", b.python), bench::field("torch_version", b.torch_version),
+          bench::field("samples_per_s", sps(b)), bench::field("ratio", ratio_of(b)),
+          b.ms_per_step ? bench::JsonField{"no_baseline", "null"}
+                        : bench::field("no_baseline", b.why_none)};
+      std::string object = "{";
+      for (const bench::JsonField& f : fields)
+        object += fmt::format("{}\"{}\": {}", object.size() > 1 ? ", " : "", f.key, f.value);
+      baselines_json += (baselines_json.size() > 1 ? ", " : "") + object + "}";
+    }
+    baselines_json += "]";
     bench::JsonLines json(json_path);
-    json.write({bench::field("bench", "step"), bench::field("model", model),
-                bench::field("batch", static_cast<long long>(batch)),
-                bench::field("precision", precision), bench::field("device", device.str()),
-                bench::field("threads", static_cast<long long>(threads)),
-                bench::field("samples_per_s", samples_per_s),
-                bench::field("ms_per_step", ours.ms_per_step),
-                bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
-                bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
-                bench::field("torch_peak_bytes",
-                             torch ? std::optional<double>(torch->peak_bytes) : std::nullopt),
-                bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
-                bench::field("tokens_per_s", tokens_per_s),
-                bench::field("torch_tokens_per_s", torch_tokens_per_s),
-                torch ? bench::JsonField{"no_baseline", "null"}
-                      : bench::field("no_baseline", torch_result.why_none)});
+    json.write(
+        {bench::field("bench", "step"), bench::field("model", model),
+         bench::field("batch", static_cast<long long>(batch)), bench::field("precision", precision),
+         bench::field("device", device.str()),
+         bench::field("threads", static_cast<long long>(threads)),
+         bench::field("samples_per_s", samples_per_s),
+         bench::field("ms_per_step", ours.ms_per_step),
+         bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
+         bench::field("allocations_per_step", ours.allocations_per_step),
+         bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
+         bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
+         bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
+         bench::field("tokens_per_s", tokens_per_s),
+         bench::field("torch_tokens_per_s", torch_tokens_per_s),
+         bench::JsonField{"baselines", baselines_json},
+         ratio ? bench::JsonField{"no_baseline", "null"} : bench::field("no_baseline", why_none)});
     world->shutdown();
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_step: {}\n", e.what());

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -78,56 +79,64 @@ class JsonLines {
   std::FILE* file_ = nullptr;
 };
 
-// Seconds per call of `run`: calls are timed in batches, so that `sync` (a
-// GPU stream synchronisation, or nothing) is paid once per batch. The batch
-// size makes one batch last about `min_batch_s`.
-class Timer {
- public:
-  template <typename Run, typename Sync>
-  static int calibrate(Run&& run, Sync&& sync, double min_batch_s) {
-    run();
-    sync();  // warm-up: first-call planning and allocation are not measured
-    int calls = 1;
-    while (true) {
-      const double s = batch_seconds(run, sync, calls);
-      if (s >= min_batch_s || calls >= (1 << 20)) return calls;
-      calls *= s > 0 ? std::max(2, static_cast<int>(min_batch_s / s) + 1) : 2;
-    }
-  }
-  template <typename Run, typename Sync>
-  static double batch_seconds(Run&& run, Sync&& sync, int calls) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) run();
-    sync();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-};
+// Seconds for `calls` calls of `run`, then `sync` (a GPU stream
+// synchronisation, or nothing), paid once per batch.
+template <typename Run, typename Sync>
+double batch_seconds(Run&& run, Sync&& sync, int calls) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) run();
+  sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
-// Median seconds per call of `ours` and of `baseline`, measured in alternating
-// batches so that clock drift and other load hit both alike.
+// Median seconds per call of each contender, measured in alternating batches
+// (one batch of each in turn, `trials` rounds) so that clock drift and other
+// load hit all alike. A contender runs `calls` calls and returns their seconds
+// (it times itself, as a child process does); each batch lasts about
+// `min_batch_s`.
+inline std::vector<double> interleaved_medians(
+    const std::vector<std::function<double(int calls)>>& contenders, int trials,
+    double min_batch_s) {
+  std::vector<int> calls;
+  for (const auto& run : contenders) {
+    run(1);  // warm-up: first-call planning and allocation are not measured
+    int n = 1;
+    while (true) {
+      const double s = run(n);
+      if (s >= min_batch_s || n >= (1 << 20)) break;
+      n *= s > 0 ? std::max(2, static_cast<int>(min_batch_s / s) + 1) : 2;
+    }
+    calls.push_back(n);
+  }
+  std::vector<std::vector<double>> seconds(contenders.size());
+  for (int t = 0; t < trials; ++t)
+    for (std::size_t c = 0; c < contenders.size(); ++c)
+      seconds[c].push_back(contenders[c](calls[c]) / calls[c]);
+  std::vector<double> medians;
+  for (auto& s : seconds) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
+}
+
+// Median seconds per call of `ours` and of `baseline` (interleaved_medians of
+// the two, each batch ended by `sync`).
 template <typename Ours, typename Baseline, typename Sync>
 std::pair<double, double> compare_seconds(Ours&& ours, Baseline&& baseline, Sync&& sync, int trials,
                                           double min_batch_s) {
-  const int ours_calls = Timer::calibrate(ours, sync, min_batch_s);
-  const int base_calls = Timer::calibrate(baseline, sync, min_batch_s);
-  std::vector<double> a, b;
-  for (int t = 0; t < trials; ++t) {
-    a.push_back(Timer::batch_seconds(ours, sync, ours_calls) / ours_calls);
-    b.push_back(Timer::batch_seconds(baseline, sync, base_calls) / base_calls);
-  }
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  return {a[a.size() / 2], b[b.size() / 2]};
+  const auto medians =
+      interleaved_medians({[&](int calls) { return batch_seconds(ours, sync, calls); },
+                           [&](int calls) { return batch_seconds(baseline, sync, calls); }},
+                          trials, min_batch_s);
+  return {medians[0], medians[1]};
 }
 
 // Median seconds per call of `run` alone (when no baseline exists).
 template <typename Run, typename Sync>
 double median_seconds(Run&& run, Sync&& sync, int trials, double min_batch_s) {
-  const int calls = Timer::calibrate(run, sync, min_batch_s);
-  std::vector<double> s;
-  for (int t = 0; t < trials; ++t) s.push_back(Timer::batch_seconds(run, sync, calls) / calls);
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
+  return interleaved_medians({[&](int calls) { return batch_seconds(run, sync, calls); }}, trials,
+                             min_batch_s)[0];
 }
 
 }  // namespace lockstep::bench

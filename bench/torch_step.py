@@ -4,10 +4,11 @@ same step (forward, cross-entropy, backward, SGD with momentum), timed the
 same way; prints one JSON object. gpt-tiny and gpt2 are nanoGPT's GPT (its
 explicit attention path: masked softmax(QK^T / sqrt(D)) V; tied head).
 
-usage: torch_step.py --model mlp --batch 128 --precision fp32 --device cpu --steps 50 --threads 1
+usage: echo 50 | torch_step.py --model mlp --batch 128 --precision fp32 --device cpu --threads 1
 """
 import argparse
 import json
+import sys
 import time
 
 import math
@@ -121,7 +122,6 @@ def main():
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
@@ -157,21 +157,28 @@ def main():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    def timed(steps):
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        return time.perf_counter() - start
+
     for _ in range(args.warmup):
         step()
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    sync()
-    seconds = (time.perf_counter() - start) / args.steps
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-    print(json.dumps({"model": args.model, "batch": args.batch, "precision": args.precision,
-                      "device": args.device, "threads": args.threads, "ms_per_step": 1e3 * seconds,
-                      "samples_per_s": args.batch / seconds, "peak_bytes": peak,
-                      "torch_version": torch.__version__}))
+
+    def peak():
+        return torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+
+    print(json.dumps({"ready": True, "torch_version": torch.__version__}), flush=True)
+    for line in sys.stdin:
+        seconds = timed(int(line))
+        print(json.dumps({"seconds": seconds, "peak_bytes": peak()}), flush=True)
+
 
 
 if __name__ == "__main__":

@@ -14,6 +14,15 @@ ParameterStore::ParameterStore(Module& model, core::Device device, const core::S
     index_[p] = slots_.size() - 1;
     offset += (p->value.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
   }
+  // Note [lazy zero_grad]: zero_grad fills everything but the lazy
+  // parameters' own elements, in as few runs as the layout allows.
+  std::int64_t eager_from = 0;
+  for (const Slot& s : slots_) {
+    if (!s.parameter->lazy_zero_grad) continue;
+    if (s.offset > eager_from) eager_ranges_.emplace_back(eager_from, s.offset - eager_from);
+    eager_from = s.offset + s.numel;
+  }
+  if (offset > eager_from) eager_ranges_.emplace_back(eager_from, offset - eager_from);
   values_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
   grads_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
   for (const Slot& s : slots_) {
@@ -42,7 +51,16 @@ std::size_t ParameterStore::index_of(const Parameter& p) const {
   return it->second;
 }
 
-void ParameterStore::zero_grad(const core::Stream& stream) { grads_.fill_(0.0, stream); }
+void ParameterStore::zero_grad(const core::Stream& stream) {
+  for (const auto& [offset, count] : eager_ranges_) grads_.view(offset, {count}).fill_(0.0, stream);
+  for (const Slot& s : slots_) s.parameter->grad_stale = s.parameter->lazy_zero_grad;
+  zero_stream_ = stream;
+}
+
+core::Tensor& ParameterStore::grads() {
+  for (const Slot& s : slots_) grad_to_add(*s.parameter, zero_stream_);
+  return grads_;
+}
 
 core::Tensor ParameterStore::make_state_buffer(const core::Stream& stream) const {
   return core::Tensor::zeros({values_.numel()}, DType::f32, device_, stream);

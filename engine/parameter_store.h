@@ -3,12 +3,13 @@
 // [grad-ready order] in engine/nn/module.h), each parameter at a 256-byte
 // aligned offset. Each Parameter's value and grad become views into them.
 // Consequences, all intended: a gradient bucket is a contiguous slice (no copy
-// for an f32 allreduce); zero_grad is one fill; optimizer state gets flat
-// buffers of the same layout, updated by a few launches driven by slots().
+// for an f32 allreduce); zero_grad skips the bulk (Note [lazy zero_grad]); optimizer state gets
+// flat buffers of the same layout, updated by a few launches driven by slots().
 #pragma once
 
 #include <cstdint>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/nn/module.h"
@@ -36,11 +37,16 @@ class ParameterStore {
   core::Device device() const { return device_; }
   const std::vector<Slot>& slots() const { return slots_; }  // ready order
   core::Tensor& values() { return values_; }
-  core::Tensor& grads() { return grads_; }
+  // Zero-fills first any gradient still stale (Note [lazy zero_grad]).
+  core::Tensor& grads();
   std::int64_t size() const { return values_.numel(); }  // elements, padding included
   // Position of `p` in slots(); throws InvalidArgument for a foreign parameter.
   std::size_t index_of(const Parameter& p) const;
 
+  // Zero-fills the gradients, but marks those of lazy_zero_grad parameters
+  // stale instead: their first writer overwrites them, and one nothing
+  // writes reads as zero (Note [lazy zero_grad] in engine/nn/module.h).
+  // Fills happen on `stream`.
   void zero_grad(const core::Stream& stream = {});
   // A zero-filled flat buffer with this layout, for optimizer state.
   core::Tensor make_state_buffer(const core::Stream& stream = {}) const;
@@ -53,6 +59,9 @@ class ParameterStore {
   std::vector<Slot> slots_;
   std::unordered_map<const Parameter*, std::size_t> index_;
   core::Tensor values_, grads_;
+  std::vector<std::pair<std::int64_t, std::int64_t>>
+      eager_ranges_;          // (offset, count) zero_grad fills
+  core::Stream zero_stream_;  // where zero_grad's deferred fills go
 };
 
 }  // namespace lockstep::engine

@@ -54,10 +54,12 @@ void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void*
 // dx = the input gradient for dy, in `type`.
 void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, const void* w,
                           void* dx);
-// dw (f32) += the weight gradient; for 16-bit types the batch's gradient is
-// rounded to `type` once before it is added, as the CUDA path does.
+// dw (f32) += the weight gradient (accumulate), or dw = it (not accumulate:
+// bit for bit what zeroing dw and accumulating gives, without the zeroing
+// pass); for 16-bit types the batch's gradient is rounded to `type` once
+// before it is added, as the CUDA path does.
 void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
-                            float* dw);
+                            float* dw, bool accumulate);
 // The bias gradient: db[c] += the sum of dy[:, c, :], accumulated in f64.
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db);
@@ -74,8 +76,8 @@ void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void*
 void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, const void* w, void* dx,
                           void* workspace, std::size_t workspace_bytes, CudaStream stream);
 void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
-                            float* dw, void* workspace, std::size_t workspace_bytes,
-                            CudaStream stream);
+                            float* dw, bool accumulate, void* workspace,
+                            std::size_t workspace_bytes, CudaStream stream);
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db, CudaStream stream);
 }  // namespace cuda

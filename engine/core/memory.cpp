@@ -26,8 +26,10 @@ constexpr int kMaxGpus = 64;
 struct Counter {
   std::atomic<std::size_t> current{0};
   std::atomic<std::size_t> peak{0};
+  std::atomic<std::size_t> allocations{0};
 
   void add(std::size_t bytes) {
+    allocations.fetch_add(1);
     const std::size_t now = current.fetch_add(bytes) + bytes;
     std::size_t seen = peak.load();
     while (now > seen && !peak.compare_exchange_weak(seen, now)) {
@@ -195,7 +197,7 @@ std::shared_ptr<Storage> allocate_pinned(std::size_t bytes) {
 
 MemoryStats memory_stats(Device device) {
   const Counter& c = counter(device);
-  return {c.current.load(), c.peak.load()};
+  return {c.current.load(), c.peak.load(), c.allocations.load()};
 }
 
 void reset_peak_memory(Device device) {

@@ -49,6 +49,7 @@ std::shared_ptr<Storage> allocate_pinned(std::size_t bytes);
 struct MemoryStats {
   std::size_t current_bytes = 0;
   std::size_t peak_bytes = 0;
+  std::size_t allocations = 0;  // calls to allocate since the process started
 };
 // Host memory (pinned included) for cpu; pool allocations for cuda:N.
 MemoryStats memory_stats(Device device);

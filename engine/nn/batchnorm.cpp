@@ -127,6 +127,7 @@ core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
   // cuDNN always writes both parameter gradients: frozen or absent ones go to scratch.
   auto grad_or_scratch = [&](Parameter* p) {
+    if (p && p->requires_grad) grad_to_add(*p, ctx.stream);
     return p && p->requires_grad
                ? p->grad
                : core::Tensor::zeros({num_features_}, DType::f32, g.device(), ctx.stream);

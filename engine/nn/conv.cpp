@@ -49,6 +49,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel
   weight_ =
       &add_parameter("weight", {out_channels, in_channels / groups, kernel_size.h, kernel_size.w},
                      ParamRole::weight);
+  weight_->lazy_zero_grad = true;  // Note [lazy zero_grad]
   if (bias) bias_ = &add_parameter("bias", {out_channels}, ParamRole::bias);
 }
 
@@ -116,12 +117,14 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx =
       want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();
   float* dw = weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
-  float* db = bias_ && bias_->requires_grad ? bias_->grad.data_as<float>() : nullptr;
+  const bool accumulate = dw && accumulate_grad(*weight_);  // Note [lazy zero_grad]
+  float* db = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;
   const std::int64_t spatial = s.out_h() * s.out_w();
   core::dispatch(
       g.device(), ctx.stream,
       [&] {
-        if (dw) kernels::cpu::conv2d_backward_filter(s, type, input_.data(), g.data(), dw);
+        if (dw)
+          kernels::cpu::conv2d_backward_filter(s, type, input_.data(), g.data(), dw, accumulate);
         if (db)
           kernels::cpu::channel_bias_grad(g.data(), type, s.batch, s.out_channels, spatial, db);
         if (want_dx) kernels::cpu::conv2d_backward_data(s, type, g.data(), w.data(), dx.data());
@@ -133,7 +136,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
               kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_filter);
           const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
                                                              DType::u8, g.device(), ctx.stream);
-          kernels::cuda::conv2d_backward_filter(s, type, input_.data(), g.data(), dw,
+          kernels::cuda::conv2d_backward_filter(s, type, input_.data(), g.data(), dw, accumulate,
                                                 workspace.data(), bytes, stream);
         }
         if (db)

@@ -44,7 +44,7 @@ core::Tensor Embedding::backward(const core::Tensor& dy, Context& ctx) {
     const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
     const kernels::EmbeddingShape s{indices_.numel(), vocab_, dim_, indices_.dtype()};
     const float* pg = g.data_as<float>();
-    float* dw = weight_->grad.data_as<float>();
+    float* dw = grad_to_add(*weight_, ctx.stream);
     core::dispatch(
         g.device(), ctx.stream,
         [&] { kernels::cpu::embedding_backward(s, pg, indices_.data(), dw); },

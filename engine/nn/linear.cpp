@@ -24,6 +24,7 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
     throw InvalidArgument("Linear(" + std::to_string(in_features) + ", " +
                           std::to_string(out_features) + "): sizes must be positive");
   weight_ = &add_parameter("weight", {out_features, in_features}, ParamRole::weight);
+  weight_->lazy_zero_grad = true;  // Note [lazy zero_grad]
   if (bias) bias_ = &add_parameter("bias", {out_features}, ParamRole::bias);
 }
 
@@ -79,10 +80,12 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   const DType type = input_.dtype();
   const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
   const core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
-  if (weight_->requires_grad)  // dW += dy^T x, straight into the f32 gradient
-    core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = 1.0f}, ctx.stream);
+  if (weight_->requires_grad) {  // dW (+)= dy^T x, straight into the f32 gradient
+    const float beta = accumulate_grad(*weight_) ? 1.0f : 0.0f;  // Note [lazy zero_grad]
+    core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = beta}, ctx.stream);
+  }
   if (bias_ && bias_->requires_grad) {
-    float* db = bias_->grad.data_as<float>();
+    float* db = grad_to_add(*bias_, ctx.stream);
     const std::int64_t rows = g.dim(0);
     core::dispatch(
         g.device(), ctx.stream,

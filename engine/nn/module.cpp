@@ -74,9 +74,23 @@ void Module::append_ready_order(std::vector<Parameter*>& out) {
 }
 
 void Module::report_ready(Context& ctx) {
+  for (Parameter& p : parameters_)
+    if (p.requires_grad) grad_to_add(p, ctx.stream);  // Note [lazy zero_grad]: no stale reads
   if (!ctx.on_grad_ready) return;
   for (Parameter& p : parameters_)
     if (p.requires_grad) ctx.on_grad_ready(p);
+}
+
+bool accumulate_grad(Parameter& p) {
+  const bool accumulate = !p.grad_stale;
+  p.grad_stale = false;
+  return accumulate;
+}
+
+float* grad_to_add(Parameter& p, const core::Stream& stream) {
+  if (p.grad_stale) p.grad.fill_(0.0, stream);
+  p.grad_stale = false;
+  return p.grad.data_as<float>();
 }
 
 Parameter& Module::add_parameter(const std::string& name, const core::Shape& shape,

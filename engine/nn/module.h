@@ -39,7 +39,31 @@ struct Parameter {
   // Bumped whenever `value` changes (optimizer step, load): modules key
   // caches derived from the value (the autocast low-precision copy) on it.
   std::uint64_t version = 0;
+  // Note [lazy zero_grad]: set by the owning module when every writer of
+  // this gradient honours grad_stale; then `grad_stale` says that `grad`
+  // holds stale values that count as zero.
+  bool lazy_zero_grad = false;
+  bool grad_stale = false;
 };
+
+// Note [lazy zero_grad]: ParameterStore::zero_grad fills most gradients with
+// zeros but not the weights of Linear and Conv2d (the bulk of the bytes),
+// whose owners set Parameter::lazy_zero_grad: it marks those stale, and
+// their first backward writer overwrites them (a weight-gradient GEMM with
+// beta 0) instead of adding to zeros; later writers and micro-batches add.
+// Every writer of such a gradient must go through accumulate_grad (a writer
+// that can overwrite) or grad_to_add (one that can only add, such as the
+// embedding that shares its weight with a tied Linear head). A gradient no
+// writer reached is zero-filled before anyone reads it: when its module
+// reports it ready (Module::report_ready) and in ParameterStore::grads().
+// Modules written elsewhere own parameters without the flag: their gradients
+// are zero-filled as before, so they may add to them directly.
+//
+// For a writer that can overwrite: false when `p`'s gradient is stale (write
+// it, do not add to it), and marks it written.
+bool accumulate_grad(Parameter& p);
+// For a writer that can only add: `p`'s gradient, zero-filled first when stale.
+float* grad_to_add(Parameter& p, const core::Stream& stream);
 
 struct Buffer {
   std::string name;

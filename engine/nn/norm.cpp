@@ -57,8 +57,8 @@ core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
   const kernels::LayerNormShape s{input_.numel() / features_, features_, eps_};
   core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
   const float* gamma = weight_ ? weight_->value.data_as<float>() : nullptr;
-  float* dgamma = weight_ && weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
-  float* dbeta = bias_ && bias_->requires_grad ? bias_->grad.data_as<float>() : nullptr;
+  float* dgamma = weight_ && weight_->requires_grad ? grad_to_add(*weight_, ctx.stream) : nullptr;
+  float* dbeta = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;
   const float *pdy = g.data_as<float>(), *px = input_.data_as<float>();
   const float *pm = mean_.data_as<float>(), *pr = rstd_.data_as<float>();
   float* pdx = dx.data_as<float>();

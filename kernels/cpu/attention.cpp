@@ -1,7 +1,7 @@
 // CPU attention pieces (kernels/attention.h): head moves as plain copies of
 // D-element runs, and the causal softmax in f32 with f64 row sums, the
-// reference the CUDA kernels are tested against. Its exponentials are
-// kernels/detail/vector_exp.h's, vectorised (this file is built with
+// reference the CUDA kernels are tested against. Its rows are
+// kernels/detail/vector_softmax.h's, vectorised (this file is built with
 // -fno-trapping-math, kernels/CMakeLists.txt); libm's scalar expf took most of
 // the softmax's time at gpt2's T = 1024.
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kernels/attention.h"
-#include "kernels/detail/vector_exp.h"
+#include "kernels/detail/vector_softmax.h"
 
 namespace lockstep::kernels::cpu {
 namespace {
@@ -48,25 +48,17 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
   });
 }
 
-void causal_softmax_forward(std::int64_t matrices, std::int64_t seq, float scale,
-                            const float* scores, float* probs) {
+// An AVX2 clone besides the baseline one, as the activations have (Note
+// [vector tanh]): the same bits, 8 exponentials at a time.
+[[gnu::target_clones("avx2", "default")]] void causal_softmax_forward(std::int64_t matrices,
+                                                                      std::int64_t seq, float scale,
+                                                                      const float* scores,
+                                                                      float* probs) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {
     const std::int64_t i = r % seq;  // this row attends to columns 0..i
     const float* in = scores + r * seq;
     float* out = probs + r * seq;
-    float max = in[0] * scale;
-    for (std::int64_t j = 1; j <= i; ++j) max = std::max(max, in[j] * scale);
-    // Arguments are <= 0 (below -87 the result is ~0); a NaN (from an inf or
-    // NaN score) stays NaN, for the loss scaler to see.
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const float y = in[j] * scale - max;
-      const float e = detail::exp_in_range(y > -87.0f ? y : -87.0f);
-      out[j] = y != y ? y : e;
-    }
-    double sum = 0.0;
-    for (std::int64_t j = 0; j <= i; ++j) sum += out[j];
-    const auto inv = static_cast<float>(1.0 / sum);
-    for (std::int64_t j = 0; j <= i; ++j) out[j] *= inv;
+    detail::softmax_row(in, scale, i + 1, out);
     std::fill(out + i + 1, out + seq, 0.0f);
   }
 }

@@ -294,18 +294,20 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
 }
 
 void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
-                            float* dw) {
+                            float* dw, bool accumulate) {
   validate_conv2d(s);
   detail::require_float(type, "conv2d_backward_filter");
   const Geometry g(s);
   const Padded pad(s);
   const std::int64_t weight_elements = s.out_channels * g.k;
-  // f32 accumulates straight into dw; 16-bit types sum the batch in f32 first
-  // and round that once, as cuDNN writes a 16-bit weight gradient.
+  // f32 accumulates straight into dw (the first image's GEMM overwrites it
+  // unless `accumulate`); 16-bit types sum the batch in f32 first and round
+  // that once, as cuDNN writes a 16-bit weight gradient.
   float* acc = dw;
+  bool first_adds = accumulate;
   if (type != DType::f32) {
+    first_adds = false;
     acc = scratch(kBatchSum, weight_elements);
-    std::fill(acc, acc + weight_elements, 0.0f);
   }
   float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
   for (std::int64_t n = 0; n < s.batch; ++n) {
@@ -315,14 +317,19 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
     const float* columns = g.pointwise ? image : col;
     for (std::int64_t grp = 0; grp < s.groups; ++grp)  // dW_g += dy_g col_g^T
       sgemm(false, true, g.out_per_group, g.k, g.out_hw, grad + grp * g.out_per_group * g.out_hw,
-            columns + grp * g.k * g.out_hw, 1.0f, acc + grp * g.out_per_group * g.k);
+            columns + grp * g.k * g.out_hw, n == 0 && !first_adds ? 0.0f : 1.0f,
+            acc + grp * g.out_per_group * g.k);
   }
   if (type != DType::f32)
-    for (std::int64_t i = 0; i < weight_elements; ++i) dw[i] += detail::round_to(type, acc[i]);
+    for (std::int64_t i = 0; i < weight_elements; ++i)
+      dw[i] = (accumulate ? dw[i] : 0.0f) + detail::round_to(type, acc[i]);
 }
 
-void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
-                       std::int64_t spatial, float* db) {
+// AVX2: the four f64 lanes are one vector (the same sums, in the same order).
+[[gnu::target_clones("avx2", "default")]] void channel_bias_grad(const void* dy, DType type,
+                                                                 std::int64_t batch,
+                                                                 std::int64_t channels,
+                                                                 std::int64_t spatial, float* db) {
   detail::require_float(type, "channel_bias_grad");
   for (std::int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;

@@ -114,6 +114,47 @@ struct Tables {
   }
 };
 
+// Note [pool 2x2]: the 2x2, stride-2, unpadded window (most CNNs' pooling)
+// has its own loop: each output reads two adjacent pairs, so the loads are
+// contiguous and GCC vectorises the loop, where the general loop's strided
+// gather stays scalar. The four elements are taken in the general loop's
+// order under the same rule (Note [max pool ties]), so both give the same
+// outputs and argmax.
+bool is_pool_2x2(const Pool2dShape& s) {
+  return s.kernel_h == 2 && s.kernel_w == 2 && s.stride_h == 2 && s.stride_w == 2 && s.pad_h == 0 &&
+         s.pad_w == 0;
+}
+
+[[gnu::target_clones("avx2", "default")]] void max_pool_2x2(const Pool2dShape& s, const Tables& t,
+                                                            const float* in, float* out,
+                                                            std::int32_t* argmax) {
+  const std::int64_t w = s.in_w;
+  const auto w32 = static_cast<std::int32_t>(w);
+  for (std::int64_t p = 0; p < t.planes; ++p)
+    for (std::int64_t oh = 0; oh < t.out_h; ++oh) {
+      const float* r0 = in + p * t.in_hw + 2 * oh * w;
+      const float* r1 = r0 + w;
+      float* y = out + p * t.out_hw + oh * t.out_w;
+      std::int32_t* index = argmax ? argmax + p * t.out_hw + oh * t.out_w : nullptr;
+      const auto row = static_cast<std::int32_t>(2 * oh * w);
+      for (std::int64_t ow = 0; ow < t.out_w; ++ow) {
+        const auto col = static_cast<std::int32_t>(2 * ow);
+        float best = r0[2 * ow];  // taken over -inf: v > -inf or v is NaN, unless v is -inf
+        std::int32_t at = row + col;
+        const float candidates[3] = {r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+        const std::int32_t offsets[3] = {1, w32, w32 + 1};
+        for (int c = 0; c < 3; ++c) {
+          const float v = candidates[c];
+          const bool take = (v > best) | (v != v);
+          best = take ? v : best;
+          at = take ? row + col + offsets[c] : at;
+        }
+        y[ow] = best;
+        if (index) index[ow] = at;
+      }
+    }
+}
+
 }  // namespace
 
 void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y,
@@ -124,6 +165,11 @@ void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y
   std::vector<float> x_scratch, y_scratch;
   const float* in = as_f32(x, type, t.planes * t.in_hw, x_scratch);
   float* out = out_f32(y, type, t.planes * t.out_hw, y_scratch);
+  if (is_pool_2x2(s)) {
+    max_pool_2x2(s, t, in, out, argmax);
+    finish(y_scratch, type, y);
+    return;
+  }
   // A row of outputs at a time, the window position outermost: the innermost
   // loop runs over independent outputs (no dependency chain through the
   // maximum), and each output still sees its window in row-major order.

@@ -267,10 +267,10 @@ void require_workspace(const Plan& plan, std::size_t given, ConvPass pass) {
 }
 
 template <typename T>
-__global__ void accumulate_kernel(const T* src, float* dst, std::int64_t n) {
+__global__ void accumulate_kernel(const T* src, float* dst, bool accumulate, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
-    dst[i] += to_f32(src[i]);
+    dst[i] = (accumulate ? dst[i] : 0.0f) + to_f32(src[i]);
 }
 
 template <typename T>
@@ -335,16 +335,16 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
 }
 
 void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, const void* dy,
-                            float* dw, void* workspace, std::size_t workspace_bytes,
-                            CudaStream stream) {
+                            float* dw, bool accumulate, void* workspace,
+                            std::size_t workspace_bytes, CudaStream stream) {
   const Plan& plan = plan_for(s, type, ConvPass::backward_filter, stream);
   require_workspace(plan, workspace_bytes, ConvPass::backward_filter);
   cudnnHandle_t handle = detail::cudnn_handle(stream);
   const float one = 1.0f, zero = 0.0f;
-  if (type == DType::f32) {  // beta = 1: accumulate straight into the f32 gradient
+  if (type == DType::f32) {  // beta = 1: accumulate straight into the f32 gradient; 0: write it
     LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
-        plan.algo_workspace_bytes, &one, plan.w, dw));
+        plan.algo_workspace_bytes, accumulate ? &one : &zero, plan.w, dw));
     return;
   }
   // cuDNN writes a 16-bit weight gradient in the data type: into scratch past
@@ -356,8 +356,8 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   const std::int64_t n = s.out_channels * (s.in_channels / s.groups) * s.kernel_h * s.kernel_w;
   detail::dispatch_float(type, "conv2d_backward_filter", [&](auto tag) {
     using T = decltype(tag);
-    accumulate_kernel<T>
-        <<<detail::grid_for(n), kThreads, 0, stream>>>(static_cast<const T*>(scratch), dw, n);
+    accumulate_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(scratch), dw, accumulate, n);
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   });
 }

@@ -59,7 +59,7 @@ TEST_CASE("matmul checks shapes and computes op(a) op(b)", "[core][ops]") {
   CHECK_THROWS_WITH(ops::matmul(a, a, bad), Catch::Contains("[2, 3]"));
 }
 
-TEST_CASE("memory statistics count current and peak bytes", "[core][memory]") {
+TEST_CASE("memory statistics count current and peak bytes and allocations", "[core][memory]") {
   reset_peak_memory(Device::cpu());
   const MemoryStats before = memory_stats(Device::cpu());
   {
@@ -70,6 +70,10 @@ TEST_CASE("memory statistics count current and peak bytes", "[core][memory]") {
   const MemoryStats after = memory_stats(Device::cpu());
   CHECK(after.current_bytes == before.current_bytes);
   CHECK(after.peak_bytes >= before.current_bytes + (4u << 20));
+  CHECK(after.allocations == before.allocations + 1);  // one tensor; a view allocates nothing
+  const Tensor small = Tensor::empty({8}, DType::f32);
+  const Tensor view = small.view(2, {4});
+  CHECK(memory_stats(Device::cpu()).allocations == before.allocations + 2);
 }
 
 TEST_CASE("devices parse and unusable GPUs are refused by name", "[core][device]") {

@@ -2,7 +2,10 @@
 // finite differences.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "engine/nn/loss.h"
 #include "support/gradcheck.h"
@@ -34,6 +37,44 @@ TEST_CASE("cross-entropy is the mean over counted rows of -log softmax", "[engin
   CHECK(d[2] == 0.0f);
   CHECK(d[3] == 0.0f);
   CHECK(d[4] == Approx(-0.5 / 2));
+}
+
+TEST_CASE("cross-entropy over many classes matches a float64 softmax, -inf and NaN included",
+          "[engine][loss]") {
+  // The vectorised f32 softmax (kernels/detail/vector_softmax.h): exp within
+  // 2 ulp, f64 sums. 301 classes (not a multiple of the vector width), logits
+  // up to +-24, one -inf logit (probability exactly 0), one ignored row.
+  // Tolerances: the loss (about ln 301 = 5.7) to 1e-6 relative, each
+  // gradient element to 1e-7 absolute (a few f32 ulp of probabilities <= 1,
+  // divided by 3 counted rows).
+  const std::int64_t rows = 4, classes = 301;
+  core::Tensor logits = test::random_f32({rows, classes}, 11, 8.0f);
+  float* x = logits.data_as<float>();
+  x[classes + 17] = -std::numeric_limits<float>::infinity();
+  const std::vector<std::int64_t> y{5, 300, -100, 0};
+  CrossEntropyLoss loss(-100);
+  Context ctx;
+  const double got = loss.forward(logits, labels(y), ctx).to_vector<float>()[0];
+  const auto d = loss.backward(1.0f, ctx).to_vector<float>();
+  double want = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double max = -1e300, sum = 0;
+    for (std::int64_t j = 0; j < classes; ++j) max = std::max(max, double{x[r * classes + j]});
+    for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(x[r * classes + j] - max);
+    if (y[r] >= 0) want += std::log(sum) - (x[r * classes + y[r]] - max);
+    for (std::int64_t j = 0; j < classes; ++j) {
+      const double p = std::exp(x[r * classes + j] - max) / sum;
+      const double g = y[r] < 0 ? 0.0 : (p - (j == y[r] ? 1.0 : 0.0)) / 3;
+      INFO("row " << r << ", class " << j);
+      CHECK(d[r * classes + j] == Approx(g).margin(1e-7).epsilon(0));
+    }
+  }
+  CHECK(d[classes + 17] == 0.0f);
+  CHECK(got == Approx(want / 3).epsilon(1e-6));
+  x[2 * classes + 40] = std::numeric_limits<float>::quiet_NaN();  // in the ignored row: no effect
+  CHECK(std::isfinite(loss.forward(logits, labels(y), ctx).to_vector<float>()[0]));
+  x[3 * classes + 40] = std::numeric_limits<float>::quiet_NaN();  // in a counted row: NaN
+  CHECK(std::isnan(loss.forward(logits, labels(y), ctx).to_vector<float>()[0]));
 }
 
 TEST_CASE("cross-entropy gradient matches finite differences", "[engine][loss]") {

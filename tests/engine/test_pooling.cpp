@@ -64,6 +64,49 @@ TEST_CASE("MaxPool2d gives a tie's gradient to the first maximum and NaN to the 
   CHECK(dx == std::vector<float>{1, 0, 0, 0, 0, 0, 2, 0});
 }
 
+TEST_CASE("MaxPool2d 2x2 stride 2 agrees with a window-by-window reference on ties, NaN and -inf",
+          "[engine][pooling]") {
+  // Note [pool 2x2] in kernels/cpu/pooling.cpp: the vectorised 2x2 loop keeps
+  // Note [max pool ties]. Values from a small set so that ties are common;
+  // odd sizes leave a last row and column outside every window. Exact checks:
+  // a maximum is one of the inputs and a gradient one of dy's values.
+  const std::int64_t planes = 6, h = 7, w = 9, oh = 3, ow = 4;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float pool_values[] = {1.0f, 2.0f, 2.0f, -inf, nan, 0.5f, 2.0f, -1.0f};
+  std::mt19937 rng(7);
+  std::vector<float> x(static_cast<std::size_t>(planes * h * w));
+  for (float& v : x) v = pool_values[rng() % 8];
+  std::vector<float> dy(static_cast<std::size_t>(planes * oh * ow));
+  std::iota(dy.begin(), dy.end(), 1.0f);
+  std::vector<float> want_y(dy.size()), want_dx(x.size(), 0.0f);
+  for (std::int64_t p = 0; p < planes; ++p)
+    for (std::int64_t i = 0; i < oh; ++i)
+      for (std::int64_t j = 0; j < ow; ++j) {
+        float best = -inf;
+        std::int64_t at = (p * h + 2 * i) * w + 2 * j;
+        for (std::int64_t a = 0; a < 2; ++a)
+          for (std::int64_t b = 0; b < 2; ++b) {
+            const std::int64_t k = (p * h + 2 * i + a) * w + 2 * j + b;
+            if (x[k] > best || std::isnan(x[k])) best = x[k], at = k;
+          }
+        want_y[(p * oh + i) * ow + j] = best;
+        want_dx[at] += dy[(p * oh + i) * ow + j];
+      }
+  Context ctx;
+  MaxPool2d pool(2);
+  const auto y = pool.forward(image(x, {2, 3, h, w}), ctx).to_vector<float>();
+  REQUIRE(y.size() == want_y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    INFO("output " << i);
+    if (std::isnan(want_y[i]))
+      CHECK(std::isnan(y[i]));
+    else
+      CHECK(y[i] == want_y[i]);
+  }
+  CHECK(pool.backward(image(dy, {2, 3, oh, ow}), ctx).to_vector<float>() == want_dx);
+}
+
 TEST_CASE("MaxPool2d pads with -inf, overlaps windows and keeps 16-bit dtypes",
           "[engine][pooling]") {
   Context ctx;
