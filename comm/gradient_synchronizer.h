@@ -184,6 +184,7 @@ class GradientSynchronizer {
   SynchronizerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::string> bucket_names_;                        // for watchdog messages
+  std::vector<std::string> gather_names_;                        // zero_stage 1: the same, gathers
   ShardLayout shards_;                                           // zero_stage 1
   std::vector<std::pair<std::size_t, std::size_t>> buckets_of_;  // segment -> [first, end) bucket
   std::vector<std::size_t> pending_;        // per bucket: segments not yet ready
