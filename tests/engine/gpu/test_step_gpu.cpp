@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -24,22 +23,12 @@
 #include "engine/nn/linear.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
+#include "support/world_of_one.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
 
 namespace {
-
-comm::World& gpu_world() {
-  static std::unique_ptr<comm::World> world = [] {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-      unsetenv(name);
-    int argc = 0;
-    char** argv = nullptr;
-    return comm::init(argc, argv);
-  }();
-  return *world;
-}
 
 struct Run {
   std::vector<float> start, parameters;
@@ -50,7 +39,7 @@ struct Run {
 // Six steps of a small MLP on fixed device batches; buckets of 2 KiB, so the
 // shard layout has several buckets, one of them cutting fc1.weight.
 Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType> autocast) {
-  comm::World& world = gpu_world();
+  comm::World& world = test::gpu_world_of_one();
   const core::Device gpu = world.device();
   core::Stream stream = core::Stream::create(gpu);
   Sequential model;
@@ -104,7 +93,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism's bits",
           "[gpu][step][zero]") {
-  REQUIRE(gpu_world().device().is_cuda());
+  REQUIRE(test::gpu_world_of_one().device().is_cuda());
   for (const std::string optimizer : {"sgd", "adamw"})
     for (const std::optional<DType> autocast :
          {std::optional<DType>{}, std::optional(DType::f16)}) {
