@@ -187,7 +187,8 @@ void DataParallelStep::update(StepResult& r) {
     scheduler_.apply(optimizer_, steps_);
     r.lr = optimizer_.lr(0);
   }
-  const auto local = step_totals_.to_vector<float>(stream_);  // waits for the device
+  float local[2];
+  step_totals_.copy_to_host(local, stream_);  // waits for the device
   const auto local_rows = static_cast<std::int64_t>(local[1]);
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {
