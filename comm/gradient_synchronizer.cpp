@@ -389,12 +389,11 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, core::Stream());
     return;
   }
-  core::Event updated, gathered;
-  updated.record(options_.compute_stream);
-  comm_stream_.wait(updated);
+  updated_.record(options_.compute_stream);
+  comm_stream_.wait(updated_);
   for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, comm_stream_);
-  gathered.record(comm_stream_);
-  options_.compute_stream.wait(gathered);
+  gathered_.record(comm_stream_);
+  options_.compute_stream.wait(gathered_);
 }
 
 }  // namespace lockstep::comm

@@ -195,6 +195,7 @@ class GradientSynchronizer {
   core::Tensor wire_;                          // scratch for a 16-bit wire format
   core::Tensor tail_;                          // f32 scratch for the shard layout's tail bucket
   core::Stream comm_stream_;                   // GPU buffers: where buckets are reduced
+  core::Event updated_, gathered_;             // gather()'s, created once, recorded each step
   std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
   std::unique_ptr<detail::BucketRunner> runner_;
   std::int64_t step_ = -1;
