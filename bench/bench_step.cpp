@@ -183,11 +183,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<comm::World> world;
   try {
     if (!trace_dir.empty()) examples::start_trace(0, trace_dir, "1:");
-    world = comm::init(argc, argv, {.use_gpu = device_text == "cuda"});
+    world = comm::init(argc, argv, {.use_gpu = examples::usable_device(device_text).is_cuda()});
     if (world->size() > 1)
       throw InvalidArgument("bench_step runs as one process: start it without mpirun");
-    if (device_text == "cuda" && !world->device().is_cuda())
-      throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
     const core::Device device = world->device();
     kernels::cpu::set_gemm_threads(threads);
     std::optional<DType> autocast;

@@ -137,6 +137,10 @@ void GradientSynchronizer::plan() {
                           model_.segments[bucket.end_segment - 1].name);
     bucket_names_.push_back(fmt::format("gradient bucket {} of {}: {}, {}", b + 1, buckets_.size(),
                                         what, size_text(bucket.numel * sizeof(float))));
+    if (sharded())
+      gather_names_.push_back(fmt::format("parameter bucket {} of {}: {}, {}", b + 1,
+                                          buckets_.size(), what,
+                                          size_text(bucket.numel * sizeof(float))));
   }
   pending_.assign(buckets_.size(), 0);
   ready_.assign(model_.segments.size(), 0);
@@ -347,8 +351,7 @@ void GradientSynchronizer::reduce_scatter_bucket(std::size_t b, const core::Stre
 void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
                                          const core::Stream& stream) {
   const Bucket& bucket = buckets_[b];
-  OperationContext context(fmt::format("parameter bucket {} of {}", b + 1, buckets_.size()),
-                           static_cast<std::int64_t>(b));
+  OperationContext context(gather_names_[b], static_cast<std::int64_t>(b));
   Communicator& comm = bucket_comm();
   const std::int64_t chunk = shards_.chunk_numel(b);
   const std::int64_t in_buffer = std::min(bucket.numel, shards_.buffer_numel - bucket.offset);
@@ -386,12 +389,11 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, core::Stream());
     return;
   }
-  core::Event updated, gathered;
-  updated.record(options_.compute_stream);
-  comm_stream_.wait(updated);
+  updated_.record(options_.compute_stream);
+  comm_stream_.wait(updated_);
   for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, comm_stream_);
-  gathered.record(comm_stream_);
-  options_.compute_stream.wait(gathered);
+  gathered_.record(comm_stream_);
+  options_.compute_stream.wait(gathered_);
 }
 
 }  // namespace lockstep::comm

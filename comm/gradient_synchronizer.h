@@ -184,6 +184,7 @@ class GradientSynchronizer {
   SynchronizerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::string> bucket_names_;                        // for watchdog messages
+  std::vector<std::string> gather_names_;                        // zero_stage 1: the same, gathers
   ShardLayout shards_;                                           // zero_stage 1
   std::vector<std::pair<std::size_t, std::size_t>> buckets_of_;  // segment -> [first, end) bucket
   std::vector<std::size_t> pending_;        // per bucket: segments not yet ready
@@ -194,6 +195,7 @@ class GradientSynchronizer {
   core::Tensor wire_;                          // scratch for a 16-bit wire format
   core::Tensor tail_;                          // f32 scratch for the shard layout's tail bucket
   core::Stream comm_stream_;                   // GPU buffers: where buckets are reduced
+  core::Event updated_, gathered_;             // gather()'s, created once, recorded each step
   std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
   std::unique_ptr<detail::BucketRunner> runner_;
   std::int64_t step_ = -1;

@@ -67,8 +67,10 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     loss_gradient_divisor_ = mean.loss_gradient_divisor;
     sync_ = std::make_unique<comm::GradientSynchronizer>(
         world_->for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
-    if (sync_->sharded())
+    if (sync_->sharded()) {
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
+      owned_ = sync_->shard_layout().owned();
+    }
   }
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
@@ -174,18 +176,19 @@ void DataParallelStep::update(StepResult& r) {
     core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
     r.loss_scale = scaler_.scale();
     try {
-      r.grad_norm = sharded() ? check_sharded_gradients(
-                                    store_.grads(), sync_->shard_layout().owned(), scaler_,
-                                    options_.max_grad_norm, world_->host(), stream_)
-                                    .grad_norm
-                              : unscale_and_clip();
+      r.grad_norm = sharded()
+                        ? check_sharded_gradients(store_.grads(), owned_, scaler_,
+                                                  options_.max_grad_norm, world_->host(), stream_)
+                              .grad_norm
+                        : unscale_and_clip();
     } catch (const NumericalError& e) {
       throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
     }
     scheduler_.apply(optimizer_, steps_);
     r.lr = optimizer_.lr(0);
   }
-  const auto local = step_totals_.to_vector<float>(stream_);  // waits for the device
+  float local[2];
+  step_totals_.copy_to_host(local, stream_);  // waits for the device
   const auto local_rows = static_cast<std::int64_t>(local[1]);
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {

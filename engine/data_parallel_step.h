@@ -55,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
@@ -177,6 +178,7 @@ class DataParallelStep {
   StepOptions options_;
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
+  std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
   CrossEntropyLoss loss_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.

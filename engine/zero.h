@@ -24,8 +24,10 @@ struct ShardedCheck {
 // squares] gives every rank the same two numbers: the loss scaler decides on
 // the global finding (LossScaler::update_with), and the global norm drives
 // clipping (of the shard, when max_grad_norm > 0) and the skip of an fp32 or
-// bf16 step with a non-finite gradient. Collective; throws NumericalError
-// when the loss scale is at its floor and an inf or NaN was found.
+// bf16 step with a non-finite gradient. `host` is a communicator of host
+// memory (comm::World::host(); InvalidArgument otherwise). Collective;
+// throws NumericalError when the loss scale is at its floor and an inf or
+// NaN was found.
 ShardedCheck check_sharded_gradients(core::Tensor& grads, const std::vector<comm::FlatRange>& owned,
                                      LossScaler& scaler, double max_grad_norm,
                                      comm::Communicator& host, const core::Stream& stream);

@@ -8,7 +8,9 @@
 #                                  .gpu-pack/lockstep-gpu.tar.gz (under 64 MiB)
 #   tools/gpu-check.sh run-tests   first device call (carry .gpu-pack): a 30 s
 #                                  smoke step, stopping there if it fails, then
-#                                  the [gpu] test binaries
+#                                  the [gpu] test binaries (among them ZeRO-1's
+#                                  NCCL reduce-scatter and gather, the packed
+#                                  optimizer state, the data-parallel step on CUDA)
 #   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
 #                                  bench_step against PyTorch, and a 300-step
 #                                  training run held to the packed cpu run

@@ -6,13 +6,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "comm/comm_test_support.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/world.h"
+#include "support/world_of_one.h"
 
 using namespace lockstep;
 using comm::ReduceOp;
@@ -20,28 +20,33 @@ using core::Tensor;
 
 namespace {
 
-comm::World& gpu_world() {
-  static std::unique_ptr<comm::World> world = [] {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-      unsetenv(name);
-    int argc = 0;
-    char** argv = nullptr;
-    return comm::init(argc, argv);
-  }();
-  return *world;
-}
-
 std::vector<float> ramp(std::int64_t n) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = 0.25f * (i % 97) - 12.0f;
   return v;
 }
 
+// Elements of the segments whose one-rank reduction `got` is not `sent` as
+// the wire format rounds it (an f32 wire leaves it as it is).
+std::size_t wire_mismatches(const std::vector<float>& got, const std::vector<float>& sent,
+                            const std::vector<comm::GradientSegment>& segments, DType wire) {
+  std::size_t wrong = 0;
+  for (const auto& s : segments)
+    for (std::int64_t i = s.offset; i < s.offset + s.numel; ++i) {
+      const double x = sent[static_cast<std::size_t>(i)];
+      const double want = wire == DType::bf16  ? test::round_bf16(x)
+                          : wire == DType::f16 ? test::round_f16(x)
+                                               : x;
+      if (got[static_cast<std::size_t>(i)] != want) ++wrong;
+    }
+  return wrong;
+}
+
 }  // namespace
 
 TEST_CASE("launched directly, the world binds cuda:0 and a one-rank NCCL communicator",
           "[gpu][comm]") {
-  comm::World& world = gpu_world();
+  comm::World& world = test::gpu_world_of_one();
   CHECK_FALSE(world.uses_mpi());
   CHECK(world.size() == 1);
   REQUIRE(world.device() == core::Device::cuda(0));
@@ -51,7 +56,7 @@ TEST_CASE("launched directly, the world binds cuda:0 and a one-rank NCCL communi
 }
 
 TEST_CASE("one-rank NCCL collectives on device buffers return the inputs", "[gpu][comm]") {
-  comm::World& world = gpu_world();
+  comm::World& world = test::gpu_world_of_one();
   comm::Communicator& nccl = world.for_device(world.device());
   const core::Device gpu = world.device();
   core::Stream stream = core::Stream::create(gpu);
@@ -84,7 +89,7 @@ TEST_CASE("one-rank NCCL collectives on device buffers return the inputs", "[gpu
 
 TEST_CASE("the synchroniser reduces device gradients on its stream, f32 and 16-bit wire",
           "[gpu][comm]") {
-  comm::World& world = gpu_world();
+  comm::World& world = test::gpu_world_of_one();
   const core::Device gpu = world.device();
   core::Stream compute = core::Stream::create(gpu);
   for (DType wire : {DType::f32, DType::bf16, DType::f16}) {
@@ -110,17 +115,56 @@ TEST_CASE("the synchroniser reduces device gradients on its stream, f32 and 16-b
     sync.begin_step(0);
     for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
     sync.finish();
-    const std::vector<float> got = grads.to_vector<float>(compute);
-    std::size_t wrong = 0;
-    for (const auto& s : sync.segments())
-      for (std::int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-        const double x = host[static_cast<std::size_t>(i)];
-        const double want = wire == DType::bf16  ? test::round_bf16(x)
-                            : wire == DType::f16 ? test::round_f16(x)
-                                                 : x;
-        if (got[static_cast<std::size_t>(i)] != want) ++wrong;
-      }
     INFO("wire " << dtype_name(wire));
-    CHECK(wrong == 0);
+    CHECK(wire_mismatches(grads.to_vector<float>(compute), host, sync.segments(), wire) == 0);
+  }
+}
+
+// ZeRO-1 on device buffers (Note [shard layout]): ncclReduceScatter per
+// bucket on the communication stream, the tail bucket and a 16-bit wire
+// through their scratch buffers, and gather()'s ncclAllGather back, ordered
+// after the compute stream's work and before its next. The buffer ends 10
+// elements after a 64-element boundary, so even one rank has a tail bucket.
+// One rank owns every chunk: the gradients are the inputs (or their 16-bit
+// roundings) and the gather leaves the parameters as the compute stream wrote them.
+TEST_CASE("ZeRO-1 reduce-scatters device gradients and gathers parameters, with a tail",
+          "[gpu][comm][zero]") {
+  comm::World& world = test::gpu_world_of_one();
+  const core::Device gpu = world.device();
+  core::Stream compute = core::Stream::create(gpu);
+  for (DType wire : {DType::f32, DType::bf16, DType::f16}) {
+    INFO("wire " << dtype_name(wire));
+    std::int64_t padded = 0;
+    comm::SynchronizedModel model;
+    model.segments = test::aligned_segments(
+        {{"fc2.weight", {10, 300}}, {"fc2.bias", {10}}, {"fc1.weight", {10, 1}}}, padded);
+    const std::int64_t total = model.segments.back().offset + model.segments.back().numel;
+    std::mt19937 rng(6);
+    std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+    std::vector<float> grads_host(static_cast<std::size_t>(total)), params_host(grads_host.size());
+    for (float& v : grads_host) v = dist(rng);
+    for (float& v : params_host) v = dist(rng);
+    model.parameters = Tensor::zeros({total}, DType::f32, gpu, compute);
+    model.gradients = Tensor::from_vector(grads_host, {total}, DType::f32, gpu, compute);
+    Tensor params = model.parameters, grads = model.gradients;
+    comm::SynchronizerOptions options;
+    options.first_bucket_cap_bytes = options.bucket_cap_bytes = 4096;
+    options.wire_dtype = wire;
+    options.compute_stream = compute;
+    options.zero_stage = 1;
+    comm::GradientSynchronizer sync(world.for_device(gpu), std::move(model), options);
+    const comm::ShardLayout& layout = sync.shard_layout();
+    REQUIRE(layout.buckets.size() > 2);
+    REQUIRE(layout.padded_numel() > total);  // the tail bucket
+    sync.begin_step(0);
+    for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
+    sync.finish();
+    CHECK(wire_mismatches(grads.to_vector<float>(compute), grads_host, sync.segments(), wire) == 0);
+    // The "update", on the compute stream; the gather must come after it.
+    const Tensor updated =
+        Tensor::from_vector(params_host, {total}, DType::f32);  // outlives the copy
+    params.copy_from(updated, compute);
+    sync.gather(params);
+    CHECK(params.to_vector<float>(compute) == params_host);
   }
 }

@@ -1,0 +1,122 @@
+// engine::DataParallelStep on a GPU over a one-rank NCCL world (launched
+// directly: no MPI): the step's device path (the synchroniser's stream,
+// ncclAvg, the loss totals on the device, unscaling on the device) and
+// ZeRO-1's (ncclReduceScatter and ncclAllGather per bucket, the CUDA
+// optimizer kernels on packed state). With one rank every reduction is the
+// identity, the shard is the whole buffer cut into chunks, and the update is
+// elementwise, so ZeRO-1 and plain data parallelism give the same bits; the
+// grad norm differs only in its summation order (per chunk, then summed).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/world.h"
+#include "engine/data_parallel_step.h"
+#include "engine/nn/activation.h"
+#include "engine/nn/containers.h"
+#include "engine/nn/linear.h"
+#include "engine/optim/adamw.h"
+#include "engine/optim/sgd.h"
+#include "engine/zero.h"
+#include "support/world_of_one.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+
+namespace {
+
+struct Run {
+  std::vector<float> start, parameters;
+  std::int64_t skipped = 0;
+  float loss_scale = 1.0f;
+};
+
+// Six steps of a small MLP on fixed device batches; buckets of 2 KiB, so the
+// shard layout has several buckets, one of them cutting fc1.weight.
+Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType> autocast) {
+  comm::World& world = test::gpu_world_of_one();
+  const core::Device gpu = world.device();
+  core::Stream stream = core::Stream::create(gpu);
+  Sequential model;
+  model.emplace<Linear>("fc1", 24, 40);
+  model.emplace<GELU>("act");
+  model.emplace<Linear>("fc2", 40, 5);
+  model.set_input_grad(false);
+  initialize(model, 11);
+  ParameterStore store(model, gpu, stream);
+  std::unique_ptr<Optimizer> optimizer;
+  if (optimizer_name == "adamw")
+    optimizer =
+        std::make_unique<AdamW>(store, decay_groups(store, 1e-2, 0.1), AdamwOptions{}, stream);
+  else
+    optimizer = std::make_unique<SGD>(store, decay_groups(store, 0.1, 1e-3),
+                                      SgdOptions{.momentum = 0.9}, stream);
+  LossScaler scaler(LossScalerOptions{.enabled = autocast == DType::f16, .init_scale = 65536.0f});
+  StepOptions o;
+  o.autocast = autocast;
+  o.sync.bucket_cap_bytes = o.sync.first_bucket_cap_bytes = 2048;
+  o.sync.zero_stage = zero_stage;
+  DataParallelStep step(model, store, *optimizer, make_scheduler("constant", {}), scaler, &world, o,
+                        stream);
+  if (zero_stage == 1) REQUIRE(step.synchronizer().shard_layout().buckets.size() > 2);
+
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  Run r;
+  r.start = store.values().to_vector<float>(stream);
+  for (int s = 0; s < 6; ++s) {
+    std::vector<float> x(16 * 24);
+    std::vector<std::int64_t> y(16);
+    for (float& v : x) v = normal(rng);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int64_t>(rng() % 5);
+    const MicroBatch batch{core::Tensor::from_vector(x, {16, 24}, DType::f32, gpu, stream),
+                           core::Tensor::from_vector(y, {16}, DType::i64, gpu, stream)};
+    const StepResult result = step.run({&batch, 1});
+    REQUIRE(std::isfinite(result.loss));
+    r.skipped += result.skipped ? 1 : 0;
+  }
+  r.parameters = store.values().to_vector<float>(stream);
+  r.loss_scale = scaler.scale();
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism's bits",
+          "[gpu][step][zero]") {
+  REQUIRE(test::gpu_world_of_one().device().is_cuda());
+  for (const std::string optimizer : {"sgd", "adamw"})
+    for (const std::optional<DType> autocast :
+         {std::optional<DType>{}, std::optional(DType::f16)}) {
+      INFO(optimizer << (autocast ? " f16" : " fp32"));
+      const Run plain = train(optimizer, 0, autocast);
+      const Run zero = train(optimizer, 1, autocast);
+      CHECK(same_bits(zero.parameters, plain.parameters));
+      CHECK(zero.skipped == plain.skipped);
+      CHECK(zero.loss_scale == plain.loss_scale);
+      // The steps updated: the parameters moved from where they started.
+      CHECK(plain.skipped < 6);
+      CHECK_FALSE(same_bits(plain.parameters, plain.start));
+    }
+}
+
+TEST_CASE("ZeRO-1's step check refuses a device communicator, naming the host one",
+          "[gpu][step][zero]") {
+  comm::World& world = test::gpu_world_of_one();
+  REQUIRE(world.device().is_cuda());
+  core::Tensor grads = core::Tensor::zeros({64}, DType::f32, world.device());
+  LossScaler scaler(LossScalerOptions{.enabled = false});
+  CHECK_THROWS_WITH(check_sharded_gradients(grads, {{0, 64}}, scaler, 0.0,
+                                            world.for_device(world.device()), core::Stream()),
+                    Catch::Contains("pass the world's host one (comm::World::host())"));
+}
