@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A hang in a real 2-rank lockstep-train run, found as docs/debugging.md says:
 # rank 1 is stopped (SIGSTOP) mid-run; rank 0's watchdog ends the job (exit
-# 70) within LOCKSTEP_COMM_TIMEOUT, its message names the rank that did not
+# 70) within LOCKSTEP_COMM_TIMEOUT (5 s, so that a slow step on a loaded
+# machine is not taken for the hang), its message names the rank that did not
 # answer, the dump directory and the tools/flight.py command; the dumps are
 # there and tools/flight.py names the stuck collective and rank 1. Usage:
 # hang.sh BUILD_DIR SOURCE_DIR
@@ -23,7 +24,7 @@ fail() { echo "hang.sh: $*" >&2; exit 1; }
 "$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
   --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
 
-LOCKSTEP_COMM_TIMEOUT=2 LOCKSTEP_FLIGHT_DIR="$work/fl" timeout 120 mpirun -np 2 --oversubscribe \
+LOCKSTEP_COMM_TIMEOUT=5 LOCKSTEP_FLIGHT_DIR="$work/fl" timeout 120 mpirun -np 2 --oversubscribe \
   "$train" --data "$work/train" --model mlp --device cpu --batch-size 32 --steps 1000000 \
   --log-every 1000000 --metrics "$work/m.jsonl" >"$work/out" 2>&1 &
 mpirun_pid=$!
@@ -33,20 +34,21 @@ for _ in $(seq 600); do  # up to 60 s for 20 steps
 done
 # Rank 1: the lockstep-train process of this job (its LOCKSTEP_FLIGHT_DIR) whose MPI rank is 1.
 for proc in /proc/[0-9]*; do
-  [ "$(tr '\0' '\n' <"$proc/cmdline" 2>/dev/null | head -n 1)" = "$train" ] || continue
-  env=$(tr '\0' '\n' <"$proc/environ" 2>/dev/null || true)
+  # A process may end between the glob and the read: its files are gone.
+  [ "$({ tr '\0' '\n' <"$proc/cmdline"; } 2>/dev/null | head -n 1)" = "$train" ] || continue
+  env=$({ tr '\0' '\n' <"$proc/environ"; } 2>/dev/null || true)
   if grep -qxF "LOCKSTEP_FLIGHT_DIR=$work/fl" <<<"$env" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$env"; then
     stopped=${proc#/proc/}
   fi
 done
 [ -n "$stopped" ] || { cat "$work/out" >&2; fail "found no rank 1 to stop"; }
-kill -STOP "$stopped"
+kill -STOP "$stopped" || { cat "$work/out" >&2; fail "rank 1 ended before it could be stopped"; }
 status=0
 wait "$mpirun_pid" || status=$?
 mpirun_pid=""
 [ "$status" -eq 70 ] || { cat "$work/out" >&2; fail "exit status $status, expected 70 (the watchdog)"; }
 expect() { grep -qE -- "$2" "$1" || { cat "$1" >&2; fail "no match for '$2' in $(basename "$1")"; }; }
-expect "$work/out" "^\[rank 0\] watchdog: .* has not completed after [0-9.]+ s \(LOCKSTEP_COMM_TIMEOUT is 2 s\)"
+expect "$work/out" "^\[rank 0\] watchdog: .* has not completed after [0-9.]+ s \(LOCKSTEP_COMM_TIMEOUT is 5 s\)"
 expect "$work/out" "ranks that did not answer: 1$"
 expect "$work/out" "run: python3 tools/flight.py $work/fl$"
 [ -f "$work/fl/flight-rank-0.json" ] || fail "rank 0 left no flight dump"
