@@ -1,8 +1,7 @@
-// CPU convolution (kernels/conv.h): im2col + OpenBLAS GEMM, one GEMM per chunk
-// of images and group, on an im2col buffer that stays in cache (Note [conv
-// chunks]); col2im scatters the column gradient back in one pass (Note
-// [explicit padding]). 16-bit data is widened to f32 per chunk (exact) and
-// outputs are rounded once. Also the shape checks and the process-wide algorithm
+// CPU convolution (kernels/conv.h): im2col + OpenBLAS GEMM, one GEMM per image
+// and group, on an im2col buffer that stays in cache; col2im scatters the
+// column gradient back in one pass (Note [explicit padding]). 16-bit data is widened to f32 per
+// image (exact) and outputs are rounded once. Also the shape checks and the process-wide algorithm
 // settings, which both backends share.
 #include <algorithm>
 #include <atomic>
@@ -110,14 +109,13 @@ void pad_image(const Conv2dShape& s, const Padded& p, const float* x, float* pad
                 padded + (c * p.h + ih + s.pad_h) * p.w + s.pad_w);
 }
 
-// col[(c, ki, kj), (oh, ow)] = padded[c, oh * sh + ki * dh, ow * sw + kj * dw] for one image,
-// whose columns start at `col` in rows `ld` apart (Note [conv chunks]).
+// col[(c, ki, kj), (oh, ow)] = padded[c, oh * sh + ki * dh, ow * sw + kj * dw]. One image.
 void im2col(const Conv2dShape& s, const Geometry& g, const Padded& p, const float* padded,
-            float* col, std::int64_t ld) {
+            float* col) {
   for (std::int64_t c = 0; c < s.in_channels; ++c)
     for (std::int64_t ki = 0; ki < s.kernel_h; ++ki)
       for (std::int64_t kj = 0; kj < s.kernel_w; ++kj) {
-        float* row = col + ((c * s.kernel_h + ki) * s.kernel_w + kj) * ld;
+        float* row = col + ((c * s.kernel_h + ki) * s.kernel_w + kj) * g.out_hw;
         for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
           const float* in =
               padded + (c * p.h + oh * s.stride_h + ki * s.dilation_h) * p.w + kj * s.dilation_w;
@@ -131,14 +129,14 @@ void im2col(const Conv2dShape& s, const Geometry& g, const Padded& p, const floa
 }
 
 // The transpose of im2col: padded = 0, then every col entry is added to the
-// element it was read from. One image, laid out as im2col writes it.
+// element it was read from. One image.
 void col2im(const Conv2dShape& s, const Geometry& g, const Padded& p, const float* col,
-            std::int64_t ld, float* padded) {
+            float* padded) {
   std::fill(padded, padded + s.in_channels * p.h * p.w, 0.0f);
   for (std::int64_t c = 0; c < s.in_channels; ++c)
     for (std::int64_t ki = 0; ki < s.kernel_h; ++ki)
       for (std::int64_t kj = 0; kj < s.kernel_w; ++kj) {
-        const float* row = col + ((c * s.kernel_h + ki) * s.kernel_w + kj) * ld;
+        const float* row = col + ((c * s.kernel_h + ki) * s.kernel_w + kj) * g.out_hw;
         for (std::int64_t oh = 0; oh < g.out_h; ++oh) {
           float* out =
               padded + (c * p.h + oh * s.stride_h + ki * s.dilation_h) * p.w + kj * s.dilation_w;
@@ -183,7 +181,7 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
 // widened 16-bit data) are kept per thread and reused, growing only. Fresh
 // buffers of that size come from mmap and cost a page fault per 4 KiB on
 // every call, as much as a fifth of a small convolution's time.
-enum Slot { kWeight, kImage, kResult, kColumns, kPadded, kBatchSum, kRows, kSlots };
+enum Slot { kWeight, kImage, kResult, kColumns, kPadded, kBatchSum, kSlots };
 
 float* scratch(Slot slot, std::int64_t count) {
   thread_local std::vector<float> buffers[kSlots];
@@ -192,67 +190,31 @@ float* scratch(Slot slot, std::int64_t count) {
   return b.data();
 }
 
-// Note [conv chunks]: the batch is processed in chunks of images whose im2col
-// columns lie side by side, col[(c, ki, kj), (image, oh, ow)], so each group
-// makes one GEMM per chunk with N (forward, input gradient) or K (weight
-// gradient) of images * out_hw instead of one small GEMM per image, which
-// OpenBLAS runs far below its peak (cnn's conv2: N = 196). Activations and
-// their gradients are [image, channel, hw]; the GEMMs want [channel, (image,
-// hw)], so gather() and scatter() move them between the two (a copy of the
-// activation, cheap next to the GEMM). A chunk's columns take about
-// kColumnsBudget floats, so they stay in cache between im2col and the GEMM.
-// The chunk size depends only on the shape: the same shape sums in the same
-// order on every call and every rank. The 1x1 path reads the images
-// themselves, one at a time.
-constexpr std::int64_t kColumnsBudget = std::int64_t{1} << 19;  // 2 MiB of f32
-
-std::int64_t chunk_images(const Conv2dShape& s, const Geometry& g) {
-  if (g.pointwise) return 1;
-  return std::clamp<std::int64_t>(kColumnsBudget / (g.col_rows * g.out_hw), 1, s.batch);
-}
-
-// rows[c, (i, j)] = images[i, c, j] for `count` images of [channels, hw].
-void gather(const float* images, std::int64_t count, std::int64_t channels, std::int64_t hw,
-            float* rows) {
-  for (std::int64_t i = 0; i < count; ++i)
-    for (std::int64_t c = 0; c < channels; ++c)
-      std::copy(images + (i * channels + c) * hw, images + (i * channels + c + 1) * hw,
-                rows + (c * count + i) * hw);
-}
-
-// The inverse of gather: images[i, c, j] = rows[c, (i, j)].
-void scatter(const float* rows, std::int64_t count, std::int64_t channels, std::int64_t hw,
-             float* images) {
-  for (std::int64_t i = 0; i < count; ++i)
-    for (std::int64_t c = 0; c < channels; ++c)
-      std::copy(rows + (c * count + i) * hw, rows + (c * count + i + 1) * hw,
-                images + (i * channels + c) * hw);
-}
-
-// `elements` values of a buffer of `type` from element `offset` on, as f32:
-// the buffer itself for f32, else widened into scratch (exactly: every 16-bit
-// value is an f32).
-const float* span_f32(const void* base, DType type, std::int64_t offset, std::int64_t elements,
-                      Slot slot) {
-  if (type == DType::f32) return static_cast<const float*>(base) + offset;
+// Image n of a [batch, channels, hw] buffer as f32: the buffer itself for f32,
+// else widened into scratch (exactly: every 16-bit value is an f32).
+const float* image_f32(const void* base, DType type, std::int64_t n, std::int64_t elements,
+                       Slot slot) {
+  if (type == DType::f32) return static_cast<const float*>(base) + n * elements;
   float* out = scratch(slot, elements);
-  detail::widen(static_cast<const char*>(base) + offset * dtype_size(type), type, elements, out);
+  detail::widen(static_cast<const char*>(base) + n * elements * dtype_size(type), type, elements,
+                out);
   return out;
 }
 
-// A result buffer of `type`: at() is where the f32 values of a span are
-// computed (the buffer itself for f32, else scratch), and store() rounds them
-// there.
-struct Output {
+// Image n of a [batch, channels, hw] buffer: where its f32 result is computed
+// (the buffer itself for f32, else scratch), and store() rounds it there.
+struct ImageOut {
   void* base;
   DType type;
-  float* at(std::int64_t offset, std::int64_t elements) const {
-    return type == DType::f32 ? static_cast<float*>(base) + offset : scratch(kResult, elements);
+  std::int64_t elements;
+  float* at(std::int64_t n) const {
+    return type == DType::f32 ? static_cast<float*>(base) + n * elements
+                              : scratch(kResult, elements);
   }
-  void store(std::int64_t offset, std::int64_t elements) const {
+  void store(std::int64_t n) const {
     if (type != DType::f32)
       detail::narrow(scratch(kResult, elements), elements, type,
-                     static_cast<char*>(base) + offset * dtype_size(type));
+                     static_cast<char*>(base) + n * elements * dtype_size(type));
   }
 };
 
@@ -273,7 +235,7 @@ void add_bias(float* y, DType type, const float* bias, std::int64_t channels,
 
 // The weight as f32: itself, or widened into scratch.
 const float* weight_f32(const Conv2dShape& s, const Geometry& g, DType type, const void* w) {
-  return span_f32(w, type, 0, s.out_channels * g.k, kWeight);
+  return image_f32(w, type, 0, s.out_channels * g.k, kWeight);
 }
 
 // The image ready for im2col: padded into scratch when needed (Note [explicit padding]).
@@ -282,14 +244,6 @@ const float* source(const Conv2dShape& s, const Padded& pad, const float* image)
   float* padded = scratch(kPadded, s.in_channels * pad.h * pad.w);
   pad_image(s, pad, image, padded);
   return padded;
-}
-
-// The im2col columns of `count` images side by side (Note [conv chunks]).
-void chunk_columns(const Conv2dShape& s, const Geometry& g, const Padded& pad, const float* images,
-                   std::int64_t count, float* col) {
-  for (std::int64_t i = 0; i < count; ++i)
-    im2col(s, g, pad, source(s, pad, images + i * s.in_channels * g.in_hw), col + i * g.out_hw,
-           count * g.out_hw);
 }
 
 }  // namespace
@@ -301,27 +255,18 @@ void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void*
   const Geometry g(s);
   const Padded pad(s);
   const float* weight = weight_f32(s, g, type, w);
-  const std::int64_t chunk = chunk_images(s, g);
-  const std::int64_t in_elements = s.in_channels * g.in_hw;
-  const std::int64_t out_elements = s.out_channels * g.out_hw;
-  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * chunk * g.out_hw);
-  const Output out{y, type};
-  for (std::int64_t n = 0; n < s.batch; n += chunk) {
-    const std::int64_t count = std::min(chunk, s.batch - n);
-    const std::int64_t width = count * g.out_hw;
-    const float* images = span_f32(x, type, n * in_elements, count * in_elements, kImage);
-    if (!g.pointwise) chunk_columns(s, g, pad, images, count, col);
-    const float* columns = g.pointwise ? images : col;
-    float* result = out.at(n * out_elements, count * out_elements);
-    float* rows = count == 1 ? result : scratch(kRows, count * out_elements);
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
+  const ImageOut out{y, type, s.out_channels * g.out_hw};
+  for (std::int64_t n = 0; n < s.batch; ++n) {
+    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, kImage);
+    if (!g.pointwise) im2col(s, g, pad, source(s, pad, image), col);
+    const float* columns = g.pointwise ? image : col;
+    float* result = out.at(n);
     for (std::int64_t grp = 0; grp < s.groups; ++grp)
-      sgemm(false, false, g.out_per_group, width, g.k, weight + grp * g.out_per_group * g.k,
-            columns + grp * g.k * width, 0.0f, rows + grp * g.out_per_group * width);
-    if (count > 1) scatter(rows, count, s.out_channels, g.out_hw, result);
-    if (bias)  // while in cache
-      for (std::int64_t i = 0; i < count; ++i)
-        add_bias(result + i * out_elements, type, bias, s.out_channels, g.out_hw);
-    out.store(n * out_elements, count * out_elements);
+      sgemm(false, false, g.out_per_group, g.out_hw, g.k, weight + grp * g.out_per_group * g.k,
+            columns + grp * g.k * g.out_hw, 0.0f, result + grp * g.out_per_group * g.out_hw);
+    if (bias) add_bias(result, type, bias, s.out_channels, g.out_hw);  // while in cache
+    out.store(n);
   }
 }
 
@@ -332,34 +277,19 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
   const Geometry g(s);
   const Padded pad(s);
   const float* weight = weight_f32(s, g, type, w);
-  const std::int64_t chunk = chunk_images(s, g);
-  const std::int64_t in_elements = s.in_channels * g.in_hw;
-  const std::int64_t out_elements = s.out_channels * g.out_hw;
-  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * chunk * g.out_hw);
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
   float* padded = pad.needed ? scratch(kPadded, s.in_channels * pad.h * pad.w) : nullptr;
-  const Output out{dx, type};
-  for (std::int64_t n = 0; n < s.batch; n += chunk) {
-    const std::int64_t count = std::min(chunk, s.batch - n);
-    const std::int64_t width = count * g.out_hw;
-    const float* grads = span_f32(dy, type, n * out_elements, count * out_elements, kImage);
-    float* rows = nullptr;
-    if (count > 1) {
-      rows = scratch(kRows, count * out_elements);
-      gather(grads, count, s.out_channels, g.out_hw, rows);
-    }
-    float* result = out.at(n * in_elements, count * in_elements);
+  const ImageOut out{dx, type, s.in_channels * g.in_hw};
+  for (std::int64_t n = 0; n < s.batch; ++n) {
+    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, kImage);
+    float* result = out.at(n);
     float* columns = g.pointwise ? result : col;
     for (std::int64_t grp = 0; grp < s.groups; ++grp)  // dcol_g = W_g^T dy_g
-      sgemm(true, false, g.k, width, g.out_per_group, weight + grp * g.out_per_group * g.k,
-            (rows ? rows : grads) + grp * g.out_per_group * width, 0.0f,
-            columns + grp * g.k * width);
-    if (!g.pointwise)
-      for (std::int64_t i = 0; i < count; ++i) {
-        float* image = result + i * in_elements;
-        col2im(s, g, pad, col + i * g.out_hw, width, pad.needed ? padded : image);
-        if (pad.needed) unpad(s, pad, padded, image);
-      }
-    out.store(n * in_elements, count * in_elements);
+      sgemm(true, false, g.k, g.out_hw, g.out_per_group, weight + grp * g.out_per_group * g.k,
+            grad + grp * g.out_per_group * g.out_hw, 0.0f, columns + grp * g.k * g.out_hw);
+    if (!g.pointwise) col2im(s, g, pad, col, pad.needed ? padded : result);
+    if (pad.needed) unpad(s, pad, padded, result);
+    out.store(n);
   }
 }
 
@@ -370,7 +300,7 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   const Geometry g(s);
   const Padded pad(s);
   const std::int64_t weight_elements = s.out_channels * g.k;
-  // f32 accumulates straight into dw (the first chunk's GEMM overwrites it
+  // f32 accumulates straight into dw (the first image's GEMM overwrites it
   // unless `accumulate`); 16-bit types sum the batch in f32 first and round
   // that once, as cuDNN writes a 16-bit weight gradient.
   float* acc = dw;
@@ -379,26 +309,16 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
     first_adds = false;
     acc = scratch(kBatchSum, weight_elements);
   }
-  const std::int64_t chunk = chunk_images(s, g);
-  const std::int64_t in_elements = s.in_channels * g.in_hw;
-  const std::int64_t out_elements = s.out_channels * g.out_hw;
-  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * chunk * g.out_hw);
-  for (std::int64_t n = 0; n < s.batch; n += chunk) {
-    const std::int64_t count = std::min(chunk, s.batch - n);
-    const std::int64_t width = count * g.out_hw;
-    const float* images = span_f32(x, type, n * in_elements, count * in_elements, kImage);
-    const float* grads = span_f32(dy, type, n * out_elements, count * out_elements, kResult);
-    float* rows = nullptr;
-    if (count > 1) {
-      rows = scratch(kRows, count * out_elements);
-      gather(grads, count, s.out_channels, g.out_hw, rows);
-    }
-    if (!g.pointwise) chunk_columns(s, g, pad, images, count, col);
-    const float* columns = g.pointwise ? images : col;
+  float* col = g.pointwise ? nullptr : scratch(kColumns, g.col_rows * g.out_hw);
+  for (std::int64_t n = 0; n < s.batch; ++n) {
+    const float* image = image_f32(x, type, n, s.in_channels * g.in_hw, kImage);
+    const float* grad = image_f32(dy, type, n, s.out_channels * g.out_hw, kResult);
+    if (!g.pointwise) im2col(s, g, pad, source(s, pad, image), col);
+    const float* columns = g.pointwise ? image : col;
     for (std::int64_t grp = 0; grp < s.groups; ++grp)  // dW_g += dy_g col_g^T
-      sgemm(false, true, g.out_per_group, g.k, width,
-            (rows ? rows : grads) + grp * g.out_per_group * width, columns + grp * g.k * width,
-            n == 0 && !first_adds ? 0.0f : 1.0f, acc + grp * g.out_per_group * g.k);
+      sgemm(false, true, g.out_per_group, g.k, g.out_hw, grad + grp * g.out_per_group * g.out_hw,
+            columns + grp * g.k * g.out_hw, n == 0 && !first_adds ? 0.0f : 1.0f,
+            acc + grp * g.out_per_group * g.k);
   }
   if (type != DType::f32)
     for (std::int64_t i = 0; i < weight_elements; ++i)
@@ -414,7 +334,7 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   for (std::int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;
     for (std::int64_t n = 0; n < batch; ++n) {
-      const float* plane = span_f32(dy, type, (n * channels + c) * spatial, spatial, kImage);
+      const float* plane = image_f32(dy, type, n * channels + c, spatial, kImage);
       double lanes[4] = {0.0, 0.0, 0.0, 0.0};  // four chains of f64 adds, not one
       std::int64_t i = 0;
       for (; i + 4 <= spatial; i += 4)
