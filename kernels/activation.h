@@ -17,9 +17,6 @@ void activation_forward(Activation act, const void* x, void* y, DType type, std:
 // dx = dy * act'(x); dx may alias dy.
 void activation_backward(Activation act, const void* dy, const void* x, void* dx, DType type,
                          std::int64_t n);
-// tanh as the f32 GELU(tanh) loops compute it (Note [vector tanh] in
-// kernels/cpu/activation.cpp), for tests.
-float tanh_f32(float x);
 }  // namespace cpu
 
 namespace cuda {

@@ -31,6 +31,9 @@ void split_heads(const AttentionShape& s, const void* rows, void* heads);
 void merge_heads(const AttentionShape& s, const void* heads, void* rows);
 // probs[n, i, j] = softmax over j <= i of scale * scores[n, i, j], and 0 for
 // j > i; n runs over `matrices` T x T f32 matrices. Max-subtracted, so stable.
+// Both softmax functions (CPU and CUDA) may run in place: probs == scores,
+// dscores == dprobs (each element is written after its row's reductions, and
+// from its own input element only).
 void causal_softmax_forward(std::int64_t matrices, std::int64_t seq, float scale,
                             const float* scores, float* probs);
 // dscores = scale * probs * (dprobs - sum_j probs * dprobs) for j <= i, else 0.

@@ -72,7 +72,7 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
 
   core::Tensor scores = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
   core::ops::batched_matmul(part(heads, 0), part(heads, 1), scores, {.trans_b = true}, ctx.stream);
-  core::Tensor probs = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
+  core::Tensor probs = scores;  // the softmax runs in place (kernels/attention.h)
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   core::dispatch(
       device, ctx.stream,
@@ -129,7 +129,7 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
   const core::Tensor dprobs =
       attn_dropout_->backward(dweights.reshape({batch_, num_heads_ * seq * seq}), ctx);
 
-  core::Tensor dscores = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
+  core::Tensor dscores = dweights;  // in place: dprobs is dweights or a copy of it
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   core::dispatch(
       device, ctx.stream,

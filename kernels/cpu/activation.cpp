@@ -12,43 +12,34 @@ namespace lockstep::kernels::cpu {
 namespace {
 
 // Note [vector tanh]: libm's tanhf is a scalar call (through expm1f) that took
-// 40% of a gpt-tiny training step. This is Cephes' tanhf written without
-// branches or calls, so that GCC vectorises the f32 GELU(tanh) loops: for
-// |x| < 0.625 the odd polynomial x + x^3 P(x^2), beyond it 1 - 2 / (e^2|x| + 1)
-// with x's sign, e^y from kernels/detail/vector_exp.h (y clamped to 88,
-// where tanh is 1 in f32). NaN stays NaN. Within 3e-7 relative of tanh
-// (tests/kernels/test_elementwise.cpp). The f16/bf16 paths and CUDA keep tanhf.
+// 40% of a gpt-tiny training step. GELU(tanh) is computed instead through
+// 0.5 (1 + tanh u) = sigmoid(2u) = 1 / (1 + e^-2u), u = sqrt(2/pi) (x + c x^3):
+// one exponential (kernels/detail/vector_exp.h, its argument clamped to
+// [-87, 88], where sigmoid is 1 or 0 in f32) and one division, written without
+// branches or calls so that GCC vectorises the f32 loops. It is the same
+// function, and more accurate in f32 for negative x, where 1 + tanh u cancels;
+// within 1e-6 relative of the float64 formula (tests/kernels/test_elementwise.cpp).
+// A NaN stays NaN; GELU(-inf) is -inf where PyTorch's formula gives NaN (both
+// non-finite for the loss scaler). The f16/bf16 paths and CUDA keep tanhf.
 // This file is built with -fno-trapping-math (kernels/CMakeLists.txt): with
 // FP exceptions deemed observable GCC may not evaluate both sides of a select,
 // and the loops stay scalar. lockstep never reads the FP exception flags.
-[[gnu::always_inline]] inline float tanh_vectorisable(float x) {
-  const float a = std::fabs(x), z = x * x;
-  float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float small = x + x * z * p;
-  const float twice = 2.0f * a;
-  const float e = detail::exp_in_range(twice < 88.0f ? twice : 88.0f);  // NaN: 88
-  const float large = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
-  return x != x ? x : a < 0.625f ? small : large;
+[[gnu::always_inline]] inline float sigmoid_twice_inner(float x) {
+  const float y = -2.0f * detail::kSqrt2OverPi * (x + detail::kGeluCubic * x * x * x);
+  const float e = detail::exp_in_range(y < 88.0f ? (y > -87.0f ? y : -87.0f) : 88.0f);  // NaN: 88
+  return 1.0f / (1.0f + e);
 }
 
-[[gnu::always_inline]] inline float gelu_tanh(float x) {
-  return 0.5f * x *
-         (1.0f + tanh_vectorisable(detail::kSqrt2OverPi * (x + detail::kGeluCubic * x * x * x)));
-}
+[[gnu::always_inline]] inline float gelu_tanh(float x) { return x * sigmoid_twice_inner(x); }
 
+// d/dx x s(x), s = sigmoid(2u): s + 2 x s (1 - s) u', as 1 - tanh^2 u = 4 s (1 - s).
 [[gnu::always_inline]] inline float gelu_tanh_derivative(float x) {
-  const float t = tanh_vectorisable(detail::kSqrt2OverPi * (x + detail::kGeluCubic * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * detail::kSqrt2OverPi *
-                                 (1.0f + 3.0f * detail::kGeluCubic * x * x);
+  const float s = sigmoid_twice_inner(x);
+  return s + 2.0f * x * s * (1.0f - s) * detail::kSqrt2OverPi *
+                 (1.0f + 3.0f * detail::kGeluCubic * x * x);
 }
 
 }  // namespace
-
-float tanh_f32(float x) { return tanh_vectorisable(x); }
 
 // Note [vector tanh]: an AVX2 clone besides the baseline one (chosen at load
 // time); without FMA contraction (-std=c++20) both give the same bits.

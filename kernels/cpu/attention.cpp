@@ -63,15 +63,15 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
   }
 }
 
-void causal_softmax_backward(std::int64_t matrices, std::int64_t seq, float scale,
-                             const float* probs, const float* dprobs, float* dscores) {
+[[gnu::target_clones("avx2", "default")]] void causal_softmax_backward(
+    std::int64_t matrices, std::int64_t seq, float scale, const float* probs, const float* dprobs,
+    float* dscores) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {
     const std::int64_t i = r % seq;
     const float *p = probs + r * seq, *dp = dprobs + r * seq;
     float* out = dscores + r * seq;
-    double dot = 0.0;
-    for (std::int64_t j = 0; j <= i; ++j) dot += static_cast<double>(p[j]) * dp[j];
-    const auto d = static_cast<float>(dot);
+    const auto d = static_cast<float>(
+        detail::lane_sum(i + 1, [&](std::int64_t j) { return static_cast<double>(p[j]) * dp[j]; }));
     for (std::int64_t j = 0; j <= i; ++j) out[j] = scale * p[j] * (dp[j] - d);
     std::fill(out + i + 1, out + seq, 0.0f);
   }

@@ -1,62 +1,75 @@
-// CPU LayerNorm (kernels/layernorm.h); row statistics accumulate in f64.
+// CPU LayerNorm (kernels/layernorm.h); row statistics accumulate in f64, over
+// eight lanes (kernels/detail/lane_sum.h) so that the reductions vectorise.
+// Each function has an AVX2 clone besides the baseline one (chosen at load
+// time), as the activations have (Note [vector tanh] in activation.cpp).
 #include "kernels/layernorm.h"
 
 #include <cmath>
 #include <vector>
 
+#include "kernels/detail/lane_sum.h"
+
 namespace lockstep::kernels::cpu {
 
-void layernorm_forward(const LayerNormShape& s, const float* x, const float* gamma,
-                       const float* beta, float* y, float* mean, float* rstd) {
+[[gnu::target_clones("avx2", "default")]] void layernorm_forward(const LayerNormShape& s,
+                                                                 const float* x, const float* gamma,
+                                                                 const float* beta, float* y,
+                                                                 float* mean, float* rstd) {
+  const std::int64_t n = s.cols;
   for (std::int64_t i = 0; i < s.rows; ++i) {
-    const float* row = x + i * s.cols;
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < s.cols; ++j) sum += row[j];
-    const double mu = sum / static_cast<double>(s.cols);
-    double sq = 0.0;
-    for (std::int64_t j = 0; j < s.cols; ++j) sq += (row[j] - mu) * (row[j] - mu);
-    const double r = 1.0 / std::sqrt(sq / static_cast<double>(s.cols) + s.eps);
-    mean[i] = static_cast<float>(mu);
-    rstd[i] = static_cast<float>(r);
-    for (std::int64_t j = 0; j < s.cols; ++j) {
-      const float xhat = (row[j] - mean[i]) * rstd[i];
-      y[i * s.cols + j] = (gamma ? xhat * gamma[j] : xhat) + (beta ? beta[j] : 0.0f);
+    const float* row = x + i * n;
+    float* out = y + i * n;
+    const double mu =
+        detail::lane_sum(n, [&](std::int64_t j) { return static_cast<double>(row[j]); }) /
+        static_cast<double>(n);
+    const double sq = detail::lane_sum(n, [&](std::int64_t j) {
+      const double d = row[j] - mu;
+      return d * d;
+    });
+    const double r = 1.0 / std::sqrt(sq / static_cast<double>(n) + s.eps);
+    const auto m = static_cast<float>(mu), rs = static_cast<float>(r);
+    mean[i] = m;
+    rstd[i] = rs;
+    if (gamma && beta) {
+      for (std::int64_t j = 0; j < n; ++j) out[j] = (row[j] - m) * rs * gamma[j] + beta[j];
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float xhat = (row[j] - m) * rs;
+        out[j] = (gamma ? xhat * gamma[j] : xhat) + (beta ? beta[j] : 0.0f);
+      }
     }
   }
 }
 
-void layernorm_backward(const LayerNormShape& s, const float* dy, const float* x, const float* mean,
-                        const float* rstd, const float* gamma, float* dx, float* dgamma,
-                        float* dbeta) {
-  std::vector<double> dgamma_acc(s.cols, 0.0), dbeta_acc(s.cols, 0.0);
+[[gnu::target_clones("avx2", "default")]] void layernorm_backward(
+    const LayerNormShape& s, const float* dy, const float* x, const float* mean, const float* rstd,
+    const float* gamma, float* dx, float* dgamma, float* dbeta) {
+  const std::int64_t n = s.cols;
+  std::vector<double> dgamma_acc(n, 0.0), dbeta_acc(n, 0.0), dxhat(n), xhat(n);
   for (std::int64_t i = 0; i < s.rows; ++i) {
-    const float* g = dy + i * s.cols;
-    const float* row = x + i * s.cols;
+    const float* g = dy + i * n;
+    const float* row = x + i * n;
+    const double m = mean[i], r = rstd[i];
     // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy gamma.
-    double mean_dxhat = 0.0, mean_dxhat_xhat = 0.0;
-    for (std::int64_t j = 0; j < s.cols; ++j) {
-      const double xhat = (row[j] - mean[i]) * static_cast<double>(rstd[i]);
-      const double dxhat = g[j] * (gamma ? gamma[j] : 1.0);
-      mean_dxhat += dxhat;
-      mean_dxhat_xhat += dxhat * xhat;
-      dgamma_acc[j] += g[j] * xhat;
+    for (std::int64_t j = 0; j < n; ++j) {
+      xhat[j] = (row[j] - m) * r;
+      dxhat[j] = gamma ? static_cast<double>(g[j]) * gamma[j] : static_cast<double>(g[j]);
+      dgamma_acc[j] += g[j] * xhat[j];
       dbeta_acc[j] += g[j];
     }
-    mean_dxhat /= static_cast<double>(s.cols);
-    mean_dxhat_xhat /= static_cast<double>(s.cols);
-    for (std::int64_t j = 0; j < s.cols; ++j) {
-      const double xhat = (row[j] - mean[i]) * static_cast<double>(rstd[i]);
-      const double dxhat = g[j] * (gamma ? gamma[j] : 1.0);
-      dx[i * s.cols + j] =
-          static_cast<float>(rstd[i] * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
-    }
+    const double mean_dxhat =
+        detail::lane_sum(n, [&](std::int64_t j) { return dxhat[j]; }) / static_cast<double>(n);
+    const double mean_dxhat_xhat =
+        detail::lane_sum(n, [&](std::int64_t j) { return dxhat[j] * xhat[j]; }) /
+        static_cast<double>(n);
+    float* out = dx + i * n;
+    for (std::int64_t j = 0; j < n; ++j)
+      out[j] = static_cast<float>(r * (dxhat[j] - mean_dxhat - xhat[j] * mean_dxhat_xhat));
   }
   if (dgamma)
-    for (std::int64_t j = 0; j < s.cols; ++j)
-      dgamma[j] = static_cast<float>(dgamma[j] + dgamma_acc[j]);
+    for (std::int64_t j = 0; j < n; ++j) dgamma[j] = static_cast<float>(dgamma[j] + dgamma_acc[j]);
   if (dbeta)
-    for (std::int64_t j = 0; j < s.cols; ++j)
-      dbeta[j] = static_cast<float>(dbeta[j] + dbeta_acc[j]);
+    for (std::int64_t j = 0; j < n; ++j) dbeta[j] = static_cast<float>(dbeta[j] + dbeta_acc[j]);
 }
 
 }  // namespace lockstep::kernels::cpu
