@@ -1,33 +1,36 @@
-// CPU reductions (kernels/reduce.h), accumulated in f64 in index order.
+// CPU reductions (kernels/reduce.h), accumulated in f64 over eight lanes in a
+// fixed order (kernels/detail/lane_sum.h): an in-order f64 sum is a chain of
+// dependent adds (the gradient norm took 0.4 ms of the mlp's 4.9 ms step).
 #include <cmath>
 
 #include "kernels/detail/cpu_float.h"
+#include "kernels/detail/lane_sum.h"
 #include "kernels/reduce.h"
 
 namespace lockstep::kernels::cpu {
 namespace {
 
 template <typename Term>
-double accumulate(const void* x, DType type, std::int64_t n, Term term) {
-  double acc = 0.0;
+[[gnu::always_inline]] inline double accumulate(const void* x, DType type, std::int64_t n,
+                                                Term term) {
   if (type == DType::f32) {
     const auto* p = static_cast<const float*>(x);
-    for (std::int64_t i = 0; i < n; ++i) acc += term(static_cast<double>(p[i]));
-    return acc;
+    return detail::lane_sum(n, [&](std::int64_t i) { return term(static_cast<double>(p[i])); });
   }
-  for (std::int64_t i = 0; i < n; ++i)
-    acc += term(static_cast<double>(detail::load_f32(x, type, i)));
-  return acc;
+  return detail::lane_sum(
+      n, [&](std::int64_t i) { return term(static_cast<double>(detail::load_f32(x, type, i))); });
 }
 
 }  // namespace
 
-void sum(const void* x, DType type, std::int64_t n, float* out) {
+[[gnu::target_clones("avx2", "default")]] void sum(const void* x, DType type, std::int64_t n,
+                                                   float* out) {
   detail::require_float(type, "sum");
   *out = static_cast<float>(accumulate(x, type, n, [](double v) { return v; }));
 }
 
-void sum_squares(const void* x, DType type, std::int64_t n, float* out) {
+[[gnu::target_clones("avx2", "default")]] void sum_squares(const void* x, DType type,
+                                                           std::int64_t n, float* out) {
   detail::require_float(type, "sum_squares");
   *out = static_cast<float>(accumulate(x, type, n, [](double v) { return v * v; }));
 }
