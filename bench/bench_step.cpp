@@ -7,6 +7,7 @@
 // (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
 #include <cblas.h>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -248,9 +249,10 @@ int main(int argc, char** argv) {
       else
         fmt::print("PyTorch under {}: none ({})\n", b.python, b.why_none);
     bench::print_legend(
-        fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} thread(s)), "
-                    "in batches alternating with lockstep's",
-                    baseline ? pythons[0] : "none", threads),
+        baseline ? fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} "
+                               "thread(s)), in batches alternating with lockstep's",
+                               fmt::join(pythons, " and "), threads)
+                 : std::string("none: the PyTorch baseline was not run (--baseline false)"),
         std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
             (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
         ratio ? "" : why_none);
