@@ -21,8 +21,8 @@ cleanup() {  # a failed check must not leave a stopped rank behind
 trap cleanup EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail() { echo "hang.sh: $*" >&2; exit 1; }
-"$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
-  --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
+source "$(dirname "$0")/synthetic_shards.sh"
+synthetic_shards "$build" "$work" 512
 
 LOCKSTEP_COMM_TIMEOUT=5 LOCKSTEP_FLIGHT_DIR="$work/fl" timeout 120 mpirun -np 2 --oversubscribe \
   "$train" --data "$work/train" --model mlp --device cpu --batch-size 32 --steps 1000000 \

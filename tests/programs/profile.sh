@@ -13,10 +13,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail() { echo "profile.sh: $*" >&2; exit 1; }
-"$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
-  --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
-"$build"/examples/shard/lockstep-shard synthetic --out "$work/val" --count 64 --shape 1,28,28 \
-  --dtype u8 --classes 10 --shards 1 --seed 2 >/dev/null
+source "$(dirname "$0")/synthetic_shards.sh"
+synthetic_shards "$build" "$work" 512 64
 
 # 8 steps an epoch, 2 epochs, an evaluation after each and a save at the end.
 mpirun -np 2 --oversubscribe "$train" --data "$work/train" --val-data "$work/val" --model mlp \

@@ -18,10 +18,8 @@ fail() { echo "run_report.sh: $*" >&2; exit 1; }
 expect() {  # expect FILE TEXT: FILE has a line containing TEXT
   grep -qF -- "$2" "$1" || { cat "$1" >&2; fail "no '$2' in $(basename "$1")"; }
 }
-"$build"/examples/shard/lockstep-shard synthetic --out "$work/train" --count 512 --shape 1,28,28 \
-  --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null
-"$build"/examples/shard/lockstep-shard synthetic --out "$work/val" --count 128 --shape 1,28,28 \
-  --dtype u8 --classes 10 --shards 1 --seed 2 >/dev/null
+source "$(dirname "$0")/synthetic_shards.sh"
+synthetic_shards "$build" "$work" 512 128
 
 "$train" --help >"$work/help"
 expect "$work/help" "default: 1 when --steps is not given either"
