@@ -71,6 +71,7 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   auto reduce = [this](std::size_t b, const core::Stream& stream) { reduce_bucket(b, stream); };
   if (device.is_cuda()) {
     comm_stream_ = core::Stream::create(device);
+    core::trace::set_stream_name(comm_stream_, "nccl stream");
     if (options_.wire_dtype != DType::f32)
       wire_ = core::Tensor::empty({largest}, options_.wire_dtype, device, comm_stream_);
     if (tail)

@@ -72,6 +72,7 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       owned_ = sync_->shard_layout().owned();
     }
   }
+  core::trace::set_stream_name(stream_, "cuda compute stream");
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
@@ -198,7 +199,7 @@ void DataParallelStep::update(StepResult& r) {
   r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
   if (!r.skipped) {
     {
-      core::trace::Span optimizer("optimizer", core::trace::Part::optimizer);
+      core::trace::Span optimizer("optimizer", core::trace::Part::optimizer, stream_);
       optimizer_.step(stream_);
     }
     // Every rank's updated shard; exposed communication in the breakdown.

@@ -275,6 +275,8 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   // stream has waited for the allocation (memory.h).
   allocated.record(consumer_stream);
   copy_stream.wait(allocated);
+  core::trace::Span copy;  // on the host and, traced, on the copy stream's track
+  copy.open("host-to-device copy", {}, "data", &copy_stream);
   const cudaStream_t stream = copy_stream.handle();
   const std::size_t input_bytes = static_cast<std::size_t>(core::shape_numel(batch_shape)) *
                                   dtype_size(dataset.format().input_dtype);
@@ -424,6 +426,7 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   }
   if (o.device.is_cuda()) {
     s.copy_stream = core::Stream::create(o.device);
+    core::trace::set_stream_name(s.copy_stream, "copy stream");
     s.consumer_stream =
         o.stream.device().is_cuda() ? o.stream : core::Stream::default_for(o.device);
   }

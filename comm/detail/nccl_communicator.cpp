@@ -4,9 +4,11 @@
 #include <fmt/core.h>
 
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "comm/detail/check_nccl.h"
+#include "engine/core/trace.h"
 #include "kernels/error.h"
 
 namespace lockstep::comm::detail {
@@ -43,6 +45,7 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int rank, int size, core::De
       comm_(comm),
       stream_(core::Stream::create(device)),
       barrier_word_(core::Tensor::zeros({1}, DType::f32, device, stream_)) {
+  core::trace::set_stream_name(stream_, "nccl stream " + this->label());
   {
     std::lock_guard lock(g_registry_mutex);
     g_registry.insert(this);
@@ -95,6 +98,14 @@ void NcclCommunicator::run(OperationInfo info, const core::Stream& stream, Enque
   core::set_current_device(device());
   {
     Watchdog::Scope enqueueing(watchdog().get(), info, /*enqueue_only=*/true);
+    // The collective's start and end on the stream's track, beside the host's
+    // "enqueue ..." span (docs/tracing.md).
+    std::optional<core::trace::GpuSpan> running;
+    if (core::trace::active()) {
+      const std::int64_t bucket = OperationContext::current_bucket();
+      running.emplace(s, info.name, bucket >= 0 ? fmt::format("bucket {}", bucket) : std::string(),
+                      "comm");
+    }
     LOCKSTEP_CHECK_NCCL(enqueue(s.handle()));
   }
   core::Event done;

@@ -1,6 +1,7 @@
 // The timeline trace (engine/core/trace.h): per-thread span buffers of fixed
-// capacity, a registry of them, and the Chrome trace-event JSON writer; the
-// step breakdown's thread-local sums and the profile's per-thread tables.
+// capacity, a registry of them, and the Chrome trace-event JSON writer (the
+// GPU streams' tracks come from trace_gpu.cpp); the step breakdown's
+// thread-local sums and the profile's per-thread tables.
 #include "engine/core/trace.h"
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/core/detail/trace_gpu.h"
 #include "engine/core/json.h"
 #include "kernels/error.h"
 
@@ -25,7 +27,20 @@ namespace lockstep::core::trace {
 
 namespace detail {
 std::atomic<unsigned> recording{0};
+
+void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view detail) {
+  std::size_t n = std::min(name.size(), sizeof out - 1);
+  std::memcpy(out, name.data(), n);
+  if (!detail.empty() && n + 1 < sizeof out - 1) {
+    out[n++] = ' ';
+    const std::size_t m = std::min(detail.size(), sizeof out - 1 - n);
+    std::memcpy(out + n, detail.data(), m);
+    n += m;
+  }
+  out[n] = '\0';
 }
+
+}  // namespace detail
 
 namespace {
 
@@ -102,18 +117,6 @@ Buffer& buffer() {
   return *t_buffer;
 }
 
-void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view detail) {
-  std::size_t n = std::min(name.size(), sizeof out - 1);
-  std::memcpy(out, name.data(), n);
-  if (!detail.empty() && n + 1 < sizeof out - 1) {
-    out[n++] = ' ';
-    const std::size_t m = std::min(detail.size(), sizeof out - 1 - n);
-    std::memcpy(out + n, detail.data(), m);
-    n += m;
-  }
-  out[n] = '\0';
-}
-
 void record(const char (&name)[kNameBytes], const char* category, std::int64_t start_ns,
             std::int64_t duration_ns, std::int64_t step) {
   Buffer& b = buffer();
@@ -151,6 +154,29 @@ void add_to_profile(const char (&name)[kNameBytes], std::int64_t duration_ns) {
   ++it->second.count;
   it->second.total_ns += duration_ns;
   it->second.max_ns = std::max(it->second.max_ns, duration_ns);
+}
+
+std::string us(std::int64_t t) { return fmt::format("{:.3f}", static_cast<double>(t) / 1e3); }
+
+void append_track_name(std::string& out, int rank, int tid, const std::string& name) {
+  out += fmt::format(
+      ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, "
+      "\"args\": {{\"name\": {}}}}}",
+      rank, tid, json_string(name));
+}
+
+// A complete event, or an instant when duration_ns < 0; a GPU span says so in
+// its args ("gpu": true), which is how tools/trace.py tells them apart.
+void append_event(std::string& out, int rank, int tid, const char* name, const char* category,
+                  std::int64_t start_ns, std::int64_t duration_ns, std::int64_t step, bool gpu) {
+  out += fmt::format(",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
+                     json_string(name), category, duration_ns < 0 ? "i" : "X", us(start_ns));
+  if (duration_ns >= 0)
+    out += fmt::format("\"dur\": {}, ", us(duration_ns));
+  else
+    out += "\"s\": \"t\", ";
+  out += fmt::format("\"pid\": {}, \"tid\": {}, \"args\": {{\"step\": {}{}}}}}", rank, tid, step,
+                     gpu ? ", \"gpu\": true" : "");
 }
 
 std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
@@ -231,6 +257,7 @@ bool enabled() { return state().enabled.load(); }
 void set_step(std::int64_t step) {
   state().step.store(step, std::memory_order_relaxed);
   update_recording();
+  detail::gpu_resolve(false);  // Note [gpu event pool]
 }
 
 void set_thread_name(std::string_view name) {
@@ -244,7 +271,7 @@ void set_thread_name(std::string_view name) {
 void instant(std::string_view name, const char* category) {
   if (!(detail::recording.load(std::memory_order_relaxed) & detail::kTraced)) return;
   char text[kNameBytes];
-  copy_name(text, name, {});
+  detail::copy_name(text, name, {});
   record(text, category, ns(Clock::now()), -1, state().step.load(std::memory_order_relaxed));
 #if LOCKSTEP_WITH_CUDA
   nvtxMarkA(text);
@@ -255,8 +282,17 @@ void instant(std::string_view name, const char* category) {
 // (a loader) may read `mode` for step 9 just before the main thread sets step
 // 10; the step is read here once more and decides, so that a traced span's
 // step always lies in the window and a profiled one's is 1 or more.
+std::int64_t detail::traced_step() {
+  const State& s = state();
+  const std::int64_t step = s.step.load(std::memory_order_relaxed);
+  return step >= s.first.load(std::memory_order_relaxed) &&
+                 step <= s.last.load(std::memory_order_relaxed)
+             ? step
+             : -1;
+}
+
 void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
-                 const char* category) {
+                 const char* category, const Stream* stream) {
   const State& s = state();
   step_ = s.step.load(std::memory_order_relaxed);
   if (step_ < s.first.load(std::memory_order_relaxed) ||
@@ -268,11 +304,15 @@ void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
     start_ = Clock::now();
     return;
   }
-  copy_name(name_, name, detail);
+  detail::copy_name(name_, name, detail);
   category_ = category;
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePushA(name_);
 #endif
+  if (stream && (mode_ & detail::kTraced)) {
+    gpu_ = detail::gpu_begin(*stream, name_, category, step_);
+    if (gpu_.timeline) mode_ |= kGpu;
+  }
   start_ = Clock::now();
 }
 
@@ -281,6 +321,7 @@ void Span::end() {
   const std::int64_t duration_ns = ns(stop) - ns(start_);
   if (part_ >= 0) t_part_ns[part_] += duration_ns;
   if (!mode_) return;
+  if (mode_ & kGpu) detail::gpu_end(gpu_);
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePop();
 #endif
@@ -296,9 +337,7 @@ std::filesystem::path finish() {
   if (!s.enabled) return {};
   s.enabled = false;
   update_recording();
-  const auto us = [](std::int64_t t) {
-    return fmt::format("{:.3f}", static_cast<double>(t) / 1e3);
-  };
+  detail::gpu_resolve(true);
   std::string out = "{\"traceEvents\": [\n";
   out += fmt::format(
       "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
@@ -306,29 +345,26 @@ std::filesystem::path finish() {
       s.rank);
   std::uint64_t dropped = 0;
   for (const auto& b : s.buffers) {
-    out += fmt::format(
-        ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, "
-        "\"args\": {{\"name\": {}}}}}",
-        s.rank, b->tid, json_string(b->thread_name));
+    append_track_name(out, s.rank, b->tid, b->thread_name);
     dropped += b->dropped.load(std::memory_order_relaxed);
     const std::size_t n = b->size.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < n; ++i) {
       const Event& e = b->events[i];
-      out += fmt::format(",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
-                         json_string(e.name), e.category, e.duration_ns < 0 ? "i" : "X",
-                         us(e.start_ns));
-      if (e.duration_ns >= 0)
-        out += fmt::format("\"dur\": {}, ", us(e.duration_ns));
-      else
-        out += "\"s\": \"t\", ";
-      out += fmt::format("\"pid\": {}, \"tid\": {}, \"args\": {{\"step\": {}}}}}", s.rank, b->tid,
-                         e.step);
+      append_event(out, s.rank, b->tid, e.name, e.category, e.start_ns, e.duration_ns, e.step,
+                   false);
     }
+  }
+  const detail::GpuTracks gpu = detail::take_gpu_tracks();
+  for (const detail::GpuTrack& track : gpu.tracks) {
+    append_track_name(out, s.rank, track.tid, track.name);
+    for (const detail::GpuSpanEvent& e : track.spans)
+      append_event(out, s.rank, track.tid, e.name, e.category, e.start_ns, e.duration_ns, e.step,
+                   true);
   }
   out += fmt::format(
       "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {{\"rank\": {}, \"clock_sync_us\": {}, "
-      "\"dropped_events\": {}}}}}\n",
-      s.rank, us(ns(s.sync)), dropped);
+      "\"dropped_events\": {}, \"dropped_gpu_spans\": {}, \"gpu_anchor_uncertainty_us\": {}}}}}\n",
+      s.rank, us(ns(s.sync)), dropped, gpu.dropped, us(gpu.anchor_uncertainty_ns));
   const std::filesystem::path file = s.directory / fmt::format("rank-{}.json", s.rank);
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
   f << out;

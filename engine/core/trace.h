@@ -2,8 +2,10 @@
 // recorded into a per-thread buffer with no lock, and written at finish() as
 // Chrome trace-event JSON, DIR/rank-<r>.json, for Perfetto, chrome://tracing
 // and tools/trace.py. Compiled in and off by default: a span then costs one
-// relaxed atomic load. In CUDA builds each span is also an NVTX range. Two
-// readings of the same spans: the step breakdown (always on) and the profile.
+// relaxed atomic load. In CUDA builds each span is also an NVTX range, and a
+// span given a GPU stream also times the stream's work with CUDA events, on a
+// track of its own (Note [gpu anchor], detail/gpu_timeline.cpp). Two readings
+// of the same host spans: the step breakdown (always on) and the profile.
 //
 // Note [step breakdown]: a span made with a Part (data, compute, comm,
 // optimizer) times itself whether or not anything records, and adds its
@@ -25,6 +27,12 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/stream.h"
+
+namespace lockstep::core {
+class Stream;
+}
+
 namespace lockstep::core::trace {
 
 // The steps a trace covers, first..last inclusive; {1, max} is every step.
@@ -40,6 +48,13 @@ namespace detail {
 // What a span begun now goes to: kTraced, kProfiled, both or neither.
 inline constexpr unsigned kTraced = 1, kProfiled = 2;
 extern std::atomic<unsigned> recording;
+// A GPU span in flight: its device's timeline, its id there, its stream.
+class GpuTimeline;
+struct GpuSlot {
+  GpuTimeline* timeline;
+  int id;
+  kernels::CudaStream stream;
+};
 }  // namespace detail
 
 // A span's or instant's name buffer, its NUL included.
@@ -78,6 +93,11 @@ bool enabled();
 void set_step(std::int64_t step);
 // Names this thread in the trace ("comm", "loader 0"); cheap when tracing is off.
 void set_thread_name(std::string_view name);
+// Names a GPU stream's track in the trace ("cuda compute stream"); streams
+// not named are "cuda stream <n>". A no-op for the cpu stream. Call it where
+// the stream is made: names are kept by the stream's handle, which CUDA may
+// hand out again once the stream is destroyed.
+void set_stream_name(const Stream& stream, std::string_view name);
 // Writes DIR/rank-<r>.json and stops tracing; returns the file. Call it when
 // no other thread emits spans (after the last step). A no-op when not enabled.
 std::filesystem::path finish();
@@ -125,10 +145,21 @@ class Span {
       start_ = Clock::now();
     }
   }
-  // Starts a default-constructed span now, when active.
-  void open(std::string_view name, std::string_view detail, const char* category) {
+  // The same, and, traced, the work queued on the GPU `stream` meanwhile is a
+  // span of the same name on the stream's track (Note [gpu anchor]).
+  Span(std::string_view name, Part part, const Stream& stream) : part_(static_cast<int>(part)) {
+    if (const unsigned mode = mode_now()) {
+      begin(mode, name, {}, category_of(part), &stream);
+    } else {
+      start_ = Clock::now();
+    }
+  }
+  // Starts a default-constructed span now, when active; with a GPU `stream`,
+  // as the constructor above does.
+  void open(std::string_view name, std::string_view detail, const char* category,
+            const Stream* stream = nullptr) {
     const unsigned mode = mode_now();
-    if (mode && !mode_) begin(mode, name, detail, category);
+    if (mode && !mode_) begin(mode, name, detail, category, stream);
   }
   ~Span() {
     if (mode_ || part_ >= 0) end();
@@ -138,15 +169,42 @@ class Span {
 
  private:
   static unsigned mode_now() { return detail::recording.load(std::memory_order_relaxed); }
-  void begin(unsigned mode, std::string_view name, std::string_view detail, const char* category);
+  void begin(unsigned mode, std::string_view name, std::string_view detail, const char* category,
+             const Stream* stream = nullptr);
   void end();
 
-  unsigned mode_ = 0;      // detail::kTraced | kProfiled, as it was at the start
+  static constexpr unsigned kGpu = 4;  // in mode_: gpu_ holds a GPU span
+  unsigned mode_ = 0;      // detail::kTraced | kProfiled, as it was at the start, | kGpu
   int part_ = -1;          // a Part, or -1
   std::int64_t step_ = 0;  // the step it began in (Note [span step], trace.cpp)
   const char* category_ = nullptr;
   Clock::time_point start_;
   char name_[kNameBytes];
+  detail::GpuSlot gpu_;  // read only with kGpu
+};
+
+// Only the GPU half of a span: the work queued on `stream` from construction
+// to destruction, when traced (the host side has a Span of its own, named
+// otherwise: "enqueue allreduce bucket 2" over "allreduce bucket 2").
+class GpuSpan {
+ public:
+  GpuSpan(const Stream& stream, std::string_view name, std::string_view detail,
+          const char* category) {
+    if (detail::recording.load(std::memory_order_relaxed) & detail::kTraced)
+      open_ = begin(stream, name, detail, category);
+  }
+  ~GpuSpan() {
+    if (open_) close();
+  }
+  GpuSpan(const GpuSpan&) = delete;
+  GpuSpan& operator=(const GpuSpan&) = delete;
+
+ private:
+  bool begin(const Stream& stream, std::string_view name, std::string_view detail,
+             const char* category);
+  void close();
+  bool open_ = false;
+  detail::GpuSlot gpu_;  // read only when open_
 };
 
 }  // namespace lockstep::core::trace

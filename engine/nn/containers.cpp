@@ -33,13 +33,14 @@ void Sequential::set_input_grad(bool on) {
 // Note [module spans]: a root Sequential's children are the model's
 // top-level modules, so their forward and backward are timeline spans
 // ("forward fc1"); deeper modules are not, to keep traces small. On a GPU the
-// spans time the host's launches, not the kernels.
+// span times the host's launches, and its twin on the stream's track the
+// kernels (trace::Span with a stream).
 core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor h = x;
   const bool root = path().empty();  // the trace shows the root's children (Note [module spans])
   for (Module* child : children()) {
     core::trace::Span span;
-    if (root) span.open("forward", child->path(), "module");
+    if (root) span.open("forward", child->path(), "module", &ctx.stream);
     h = child->forward(h, ctx);
   }
   return h;
@@ -51,7 +52,7 @@ core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
   const bool root = path().empty();
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     core::trace::Span span;
-    if (root) span.open("backward", (*it)->path(), "module");
+    if (root) span.open("backward", (*it)->path(), "module", &ctx.stream);
     g = (*it)->backward(g, ctx);
     (*it)->report_ready(ctx);
     if (!g.defined()) break;  // the children before need no gradient (set_input_grad)
