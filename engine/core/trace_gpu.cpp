@@ -194,7 +194,7 @@ GpuTracks take_gpu_tracks() {
 void set_event_clock_factory(EventClockFactory factory) {
   GpuState& g = gpu_state();
   std::lock_guard lock(g.mutex);
-  g.factory = std::move(factory);
+  g.factory = factory ? std::move(factory) : default_clock;
   g.timelines.clear();  // the old ones leak, as Note [gpu tracks] says they do
   g.lanes.clear();
   g.resolved.clear();

@@ -49,7 +49,8 @@ GpuTracks take_gpu_tracks();
 inline constexpr int kFirstStreamTid = 1000;
 
 // Where a device's events come from: CUDA events on CUDA builds (nothing on
-// others). Tests put a fake in; that also forgets every timeline and track.
+// others). Tests put a fake in (nullptr: back to the default); that also
+// forgets every timeline and track.
 using EventClockFactory = std::function<std::unique_ptr<EventClock>(Device)>;
 void set_event_clock_factory(EventClockFactory factory);
 
