@@ -6,6 +6,11 @@ that calls core::trace::enable) in DIR.
     python3 tools/trace.py summary DIR             # per rank: where each step's time went, and
                                                    # which rank the others waited for
 
+GPU spans (args.gpu, on a track per CUDA stream) time the device's work. summary keeps them
+apart from the host's spans, which are the step breakdown and the collectives' arrivals: it
+adds them up per step by category as gpu compute (the modules' and the optimizer's kernels),
+gpu comm (the collectives) and gpu copy (host-to-device copies), the time each stream was busy.
+
 Clocks are aligned by each rank's clock_sync moment, taken right after a barrier when tracing
 started: a rank's offset is its clock_sync minus rank 0's.
 """
@@ -25,7 +30,10 @@ KINDS = {"compute": ("forward", "backward"),
          "exposed comm": ("gradient sync wait", "agreement"),
          "data wait": ("data wait",),
          "optimizer": ("unscale and clip", "optimizer")}
-
+# What summary adds up per step from the GPU spans, by category.
+GPU_KINDS = {"gpu compute": ("module", "compute", "optimizer"),
+             "gpu comm": ("comm",),
+             "gpu copy": ("data",)}
 
 
 def load(path):
@@ -95,17 +103,30 @@ def step_of(e):
     return args.get("step") if isinstance(args, dict) else None
 
 
+def is_gpu(e):
+    args = e.get("args")
+    return isinstance(args, dict) and args.get("gpu") is True
+
+
 def summary(directory):
     traces, offsets = load_dir(directory)
     print(f"{len(traces)} ranks; times per step in ms: mean / p50 / p99")
     arrivals = {}  # (step, collective name, occurrence) -> {rank: aligned start}
     for rank, t in traces.items():
         per_step = {}
+        gpu_kinds = set()
         seen = {}
         for e in t["traceEvents"]:
             if e["ph"] != "X" or step_of(e) is None:
                 continue
             step = step_of(e)
+            if is_gpu(e):
+                for kind, categories in GPU_KINDS.items():
+                    if e.get("cat") in categories:
+                        gpu_kinds.add(kind)
+                        per_step.setdefault(step, dict.fromkeys(KINDS, 0.0)).setdefault(kind, 0.0)
+                        per_step[step][kind] += e["dur"] / 1e3
+                continue
             for kind, names in KINDS.items():
                 if e["name"] in names:
                     per_step.setdefault(step, dict.fromkeys(KINDS, 0.0))[kind] += e["dur"] / 1e3
@@ -116,8 +137,8 @@ def summary(directory):
         steps = sorted(per_step)
         print(f"rank {rank}: {len(steps)} steps ({steps[0]}..{steps[-1]})" if steps
               else f"rank {rank}: no steps traced")
-        for kind in KINDS:
-            v = [per_step[s][kind] for s in steps]
+        for kind in list(KINDS) + [k for k in GPU_KINDS if k in gpu_kinds]:
+            v = [per_step[s].get(kind, 0.0) for s in steps]
             if v:
                 print(f"  {kind:<13} {statistics.mean(v):9.3f} {percentile(v, 50):9.3f} "
                       f"{percentile(v, 99):9.3f}")

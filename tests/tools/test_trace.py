@@ -78,6 +78,50 @@ class TraceToolTest(unittest.TestCase):
         self.assertIn("step 2: rank 1, last to 2 of 2 collectives, up to 1.995 ms behind", out)
         self.assertIn("rank 0 last at 2 of 3 steps, rank 1 last at 1 of 3 steps", out)
 
+    def test_gpu_spans_are_summed_apart_from_the_host_spans(self):
+        # Rank 0's streams, as core::trace writes them (tid 1000 up, args.gpu): the modules and
+        # the optimizer on the compute stream, a bucket's allreduce on the NCCL stream, a copy.
+        # They share the host spans' names, but neither the host rows nor the straggler
+        # (whose figures the other tests pin) may count them.
+        t = rank_trace(0, 5_000_000.0, None)
+        for tid, name in ((1000, "cuda compute stream"), (1001, "nccl stream"),
+                          (1002, "copy stream")):
+            t["traceEvents"].append({"name": "thread_name", "ph": "M", "ts": 0, "pid": 0,
+                                     "tid": tid, "args": {"name": name}})
+        for step in (1, 2, 3):
+            base = 5_000_000.0 + step * 100_000.0
+            for e in (span("forward fc1", "module", base + 20, 100 * step, 0, step, 1000),
+                      span("backward fc1", "module", base + 400, 200, 0, step, 1000),
+                      span("optimizer", "optimizer", base + 1010, 30, 0, step, 1000),
+                      span("allreduce bucket 0", "comm", base + 2000, 70, 0, step, 1001),
+                      span("host-to-device copy", "data", base + 5, 4, 0, step, 1002)):
+                e["args"]["gpu"] = True
+                t["traceEvents"].append(e)
+        self.write(0, t)
+        rc, out, _ = self.run_tool("summary", self.dir)
+        self.assertEqual(rc, 0)
+        # Host rows as before; gpu compute per step 0.33, 0.43, 0.53 ms (mean 0.43, p99 0.53),
+        # gpu comm 0.07 and gpu copy 0.004 every step.
+        self.assertRegex(out, r"rank 0: 3 steps \(1\.\.3\)\n  compute +0\.900 +0\.900 +0\.900\n"
+                              r"  exposed comm +0\.100 .*\n  data wait +0\.010 .*\n"
+                              r"  optimizer +0\.050 +0\.050 +0\.050\n"
+                              r"  gpu compute +0\.430 +0\.430 +0\.530\n"
+                              r"  gpu comm +0\.070 +0\.070 +0\.070\n"
+                              r"  gpu copy +0\.004 +0\.004 +0\.004\n"
+                              r"rank 1: 3 steps \(1\.\.3\)\n  compute +0\.900 .*\n.*\n.*\n"
+                              r"  optimizer +0\.050 +0\.050 +0\.050\nstraggler")
+        self.assertIn("step 1: rank 0, last to 2 of 2 collectives, up to 0.005 ms behind", out)
+        self.assertIn("step 2: rank 1, last to 2 of 2 collectives, up to 1.995 ms behind", out)
+        out_path = os.path.join(self.dir, "..", os.path.basename(self.dir) + "-all.json")
+        rc, merged_out, _ = self.run_tool("merge", self.dir, "-o", out_path)
+        self.assertEqual(rc, 0)
+        with open(out_path) as f:
+            merged = json.load(f)
+        os.remove(out_path)
+        copies = [e for e in merged["traceEvents"] if e["name"] == "host-to-device copy"]
+        self.assertEqual([(e["tid"], e["ts"]) for e in copies],
+                         [(1002, 5_100_005.0), (1002, 5_200_005.0), (1002, 5_300_005.0)])
+
     def test_the_straggler_is_the_rank_waited_for_longest(self):
         # Step 4: rank 1 is 90 ms late to the first collective, then a few µs early to the next
         # two (the ranks leave the first together): rank 1, though last to 1 of 3.
