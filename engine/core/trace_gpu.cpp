@@ -4,9 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/core/detail/trace_gpu.h"
 #include "engine/core/stream.h"
@@ -45,8 +49,7 @@ class CudaEventClock final : public EventClock {
     for (cudaEvent_t& e : events_) LOCKSTEP_CHECK_CUDA(cudaEventCreate(&e));
     LOCKSTEP_CHECK_CUDA(cudaStreamCreateWithFlags(&anchor_stream_, cudaStreamNonBlocking));
   }
-  // Kept for the process, as the GEMM workspaces are: the trace may be
-  // written after other static objects, or CUDA itself, have gone.
+  // Never destroyed (Note [gpu tracks]), so no destructor frees the events.
   CudaEventClock(const CudaEventClock&) = delete;
   CudaEventClock& operator=(const CudaEventClock&) = delete;
 
@@ -101,9 +104,11 @@ struct Lane {
 };
 
 // Note [gpu tracks]: a stream's track is keyed by its device and handle (the
-// null handle: the device's legacy default stream). Timelines are made on a
-// device's first GPU span and kept for the process (Note [gpu event pool]),
-// also after a leaked CudaEventClock's events would have gone.
+// null handle: the device's legacy default stream). A device's timeline, with
+// its event pool, is made on its first GPU span and kept until the process
+// ends (Note [gpu event pool]), as the default streams' GEMM workspaces are:
+// destroying CUDA events from a static destructor may run after CUDA itself
+// has shut down.
 struct GpuState {
   std::mutex mutex;
   EventClockFactory factory = default_clock;
