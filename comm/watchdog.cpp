@@ -111,6 +111,11 @@ const std::string& OperationContext::current() {
 
 std::int64_t OperationContext::current_bucket() { return t_context ? t_context->bucket_ : -1; }
 
+std::string OperationContext::current_bucket_label() {
+  const std::int64_t bucket = current_bucket();
+  return bucket >= 0 ? fmt::format("bucket {}", bucket) : std::string();
+}
+
 Watchdog::Watchdog(Seconds timeout, Handler handler, std::unique_ptr<PeerChannel> peers)
     : timeout_(timeout),
       handler_(std::move(handler)),
@@ -137,9 +142,8 @@ void Watchdog::stop() {
 Watchdog::Scope::Scope(Watchdog* watchdog, OperationInfo info, bool enqueue_only)
     : watchdog_(watchdog), uncaught_(std::uncaught_exceptions()) {
   if (core::trace::active()) {
-    const std::int64_t bucket = OperationContext::current_bucket();
     span_.open(enqueue_only ? fmt::format("enqueue {}", info.name) : std::string(info.name),
-               bucket >= 0 ? fmt::format("bucket {}", bucket) : std::string(), "comm");
+               OperationContext::current_bucket_label(), "comm");
   }
   if (watchdog_) item_ = watchdog_->add(std::move(info), {}, enqueue_only);
 }

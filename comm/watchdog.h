@@ -69,6 +69,8 @@ class OperationContext {
   static const std::string& current();
   // This thread's innermost context's bucket, or -1.
   static std::int64_t current_bucket();
+  // "bucket 2" for a trace span's name, or empty outside a bucket.
+  static std::string current_bucket_label();
 
  private:
   std::string what_;

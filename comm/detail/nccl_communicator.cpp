@@ -101,11 +101,8 @@ void NcclCommunicator::run(OperationInfo info, const core::Stream& stream, Enque
     // The collective's start and end on the stream's track, beside the host's
     // "enqueue ..." span (docs/tracing.md).
     std::optional<core::trace::GpuSpan> running;
-    if (core::trace::active()) {
-      const std::int64_t bucket = OperationContext::current_bucket();
-      running.emplace(s, info.name, bucket >= 0 ? fmt::format("bucket {}", bucket) : std::string(),
-                      "comm");
-    }
+    if (core::trace::active())
+      running.emplace(s, info.name, OperationContext::current_bucket_label(), "comm");
     LOCKSTEP_CHECK_NCCL(enqueue(s.handle()));
   }
   core::Event done;
