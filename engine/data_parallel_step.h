@@ -42,8 +42,11 @@
 // gradients hold an inf or NaN is skipped in every precision: in f16 the loss
 // scaler's check decides (and backs off), in fp32 and bf16 the global grad
 // norm, computed anyway for clipping and the metrics, is not finite exactly
-// when some gradient is not (squares of f32 values summed in f64 cannot
-// overflow). Both look at allreduced gradients and the loss comes from the
+// when some gradient is not: squares of f32 values summed in f64 cannot
+// overflow (at most 2^256 per element), so the sum of squares, the norm and
+// the clip coefficient stay f64 up to the decision, never rounded to f32
+// (where finite gradients of 1e20 would sum past FLT_MAX and read as inf;
+// engine/optim/clip.h). Both look at allreduced gradients and the loss comes from the
 // step agreement, so every rank takes the same decision with no extra
 // collective; under ZeRO-1 a rank holds its shard's gradients only, and one
 // small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "comm/world.h"
@@ -255,6 +256,77 @@ TEST_CASE("a non-finite gradient skips the step in fp32, bf16 and f16, on every 
       CHECK(run.optimizer->steps() == 3);  // the skipped step made no update
       CHECK(run.trainer->steps() == 4);    // but counts for the schedule and dropout
     }
+  }
+}
+
+// Note [huge finite gradients]: inputs of ~1e20 make fc's weight gradient,
+// (softmax - one-hot)^T x / B, ~1e20 per element: every gradient is finite,
+// the logits and the loss are too (~1e20 < FLT_MAX), but the squares sum to
+// ~1e40 > FLT_MAX. The step must take the update, and clipping must use the
+// f64 norm: the clipped gradients are g x fl32(max / (norm + 1e-6)), one f32
+// rounding of the coefficient and one of the product from the float64
+// reference, so 2.5e-7 relative holds them. The reported norm is the f64
+// square root of an f64 sum in another order: 1e-12 relative.
+TEST_CASE("finite gradients whose squares sum past FLT_MAX take the step; an inf still skips",
+          "[engine][trainer][nonfinite]") {
+  constexpr std::int64_t rows = 32;
+  std::vector<float> x(task().x.begin(), task().x.begin() + rows * 8);
+  for (float& v : x) v *= 1e20f;
+  const MicroBatch batch{core::Tensor::from_vector(x, {rows, 8}, DType::f32),
+                         core::Tensor::from_vector(
+                             std::vector<std::int64_t>(task().y.begin(), task().y.begin() + rows),
+                             {rows}, DType::i64)};
+  struct Stepped {
+    StepResult result;
+    std::vector<float> grads;  // after the step: clipped when clipping
+  };
+  auto one_step = [&](double max_grad_norm, std::optional<double> poison) {
+    Probe* probe = nullptr;
+    auto model = std::make_unique<Sequential>();
+    model->emplace<Linear>("fc", 8, 4);
+    probe = &model->emplace<Probe>("probe");
+    model->set_input_grad(false);
+    initialize(*model, 11);
+    if (poison) probe->poisoned = {0}, probe->poison = *poison;
+    ParameterStore store(*model, core::Device::cpu());
+    SGD sgd(store, single_group(store, 0.1, 0.0));
+    LossScaler scaler(LossScaler::for_autocast(std::nullopt));
+    StepOptions o;
+    o.max_grad_norm = max_grad_norm;
+    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), o,
+                          core::Stream());
+    const std::vector<float> before = store.values().to_vector<float>();
+    Stepped s{step.run({&batch, 1}), store.grads().to_vector<float>()};
+    CHECK((store.values().to_vector<float>() == before) == s.result.skipped);
+    return s;
+  };
+  const Stepped plain = one_step(0.0, std::nullopt);
+  double squares = 0.0;
+  for (float g : plain.grads) {
+    REQUIRE(std::isfinite(g));
+    squares += static_cast<double>(g) * g;
+  }
+  REQUIRE(squares > std::numeric_limits<float>::max());
+  REQUIRE(std::isfinite(squares));
+  const double norm = std::sqrt(squares);
+  CHECK_FALSE(plain.result.skipped);
+  CHECK(std::isfinite(plain.result.loss));
+  CHECK(plain.result.grad_norm == Approx(norm).epsilon(1e-12));
+
+  const double max_norm = 1.0;
+  const Stepped clipped = one_step(max_norm, std::nullopt);
+  CHECK_FALSE(clipped.result.skipped);
+  CHECK(clipped.result.grad_norm == Approx(norm).epsilon(1e-12));
+  const double coef = max_norm / (norm + 1e-6);
+  for (std::size_t i = 0; i < plain.grads.size(); ++i)
+    REQUIRE(clipped.grads[i] ==
+            Approx(static_cast<double>(plain.grads[i]) * coef).epsilon(2.5e-7).margin(1e-30));
+
+  for (double poison :
+       {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    const Stepped poisoned = one_step(max_norm, poison);
+    CHECK(poisoned.result.skipped);
+    CHECK_FALSE(std::isfinite(poisoned.result.grad_norm));
   }
 }
 
