@@ -17,11 +17,12 @@
 //   the skip decision (Note [non-finite steps]); the optimizer's update.
 // With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
 // finish leaves each rank the mean of its shard of the gradients; unscaling,
-// the inf/NaN finding, the norm and clipping are of the shard, agreed in one
-// allreduce (Note [sharded step checks], engine/zero.h); the optimizer
-// updates the shard, and sync.gather brings every rank's shard back.
-// Everything that decides what happens next depends only on allreduced
-// values, so every rank decides alike with no further collective.
+// the inf/NaN finding and the sum of squares are of the shard, summed over
+// the ranks by agree_on_step itself (Note [sharded step checks],
+// engine/zero.h), then the scaler's update and clipping of the shard; the
+// optimizer updates the shard, and sync.gather brings every rank's shard
+// back. Everything that decides what happens next depends only on reduced
+// or agreed values, so every rank decides alike with no further collective.
 //
 // Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
 // micro-batches of B rows give the update of one batch of K*B rows. Only the
@@ -46,10 +47,11 @@
 // overflow (at most 2^256 per element), so the sum of squares, the norm and
 // the clip coefficient stay f64 up to the decision, never rounded to f32
 // (where finite gradients of 1e20 would sum past FLT_MAX and read as inf;
-// engine/optim/clip.h). Both look at allreduced gradients and the loss comes from the
-// step agreement, so every rank takes the same decision with no extra
-// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
-// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
+// engine/optim/clip.h). Both look at allreduced gradients and the loss comes
+// from the step agreement, so every rank takes the same decision with no
+// extra collective; under ZeRO-1 a rank holds its shard's gradients only, and
+// the shards' findings and sums of squares ride in the step agreement (Note
+// [sharded step checks], engine/zero.h). After
 // max_consecutive_skips skipped steps in a row, run() throws NumericalError naming the step and the
 // first parameter, in backward order, whose gradient is not finite.
 #pragma once
@@ -165,7 +167,7 @@ class DataParallelStep {
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
   // Unscale and check, then clip or measure: the norm, NaN for a step the loss
-  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
+  // scaler skips (the unsharded form of measure_shard and decide_sharded, engine/zero.h).
   double unscale_and_clip();
   // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
   bool sharded() const { return sync_ && sync_->sharded(); }

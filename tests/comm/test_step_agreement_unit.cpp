@@ -1,4 +1,4 @@
-// The step agreement on one rank (the totals are the rank's own numbers) and
+// The step agreement on one rank (the totals and sums are the rank's own) and
 // the stop flag, set by request_stop or by a real signal through the
 // installed handler. The multi-rank agreement is in tests/mpi.
 #include <catch2/catch.hpp>
@@ -37,10 +37,16 @@ TEST_CASE("an installed signal requests a stop instead of ending the process", "
   CHECK_THROWS_WITH(comm::install_stop_handlers({SIGKILL}), Catch::Contains("signal 9"));
 }
 
-TEST_CASE("sample counts beyond what the agreement counts exactly are refused", "[comm][step]") {
+TEST_CASE("counts are exact past 2^24, sums travel in f64, and bad counts are refused",
+          "[comm][step]") {
   comm::SelfCommunicator self;
-  CHECK(comm::agree_on_step(self, 0.0, std::int64_t{1} << 24).samples == std::int64_t{1} << 24);
-  CHECK_THROWS_WITH(comm::agree_on_step(self, 0.0, (std::int64_t{1} << 24) + 1),
-                    Catch::Contains("exactly up to 16777216"));
-  CHECK_THROWS_AS(comm::agree_on_step(self, 0.0, -1), InvalidArgument);
+  const std::int64_t big = (std::int64_t{1} << 40) + 1;  // no f32 (nor its sum) holds it
+  CHECK(comm::agree_on_step(self, 0.0, big).samples == big);
+  // A sum of squares past FLT_MAX, and one just above 1 that f32 would round.
+  double sums[] = {1e40, 1.0 + 1e-12};
+  comm::agree_on_step(self, 0.0, 1, sums);
+  CHECK(sums[0] == 1e40);
+  CHECK(sums[1] == 1.0 + 1e-12);
+  CHECK_THROWS_WITH(comm::agree_on_step(self, 0.0, -1),
+                    Catch::Contains("agree_on_step: -1 samples on one rank"));
 }
