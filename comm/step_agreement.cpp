@@ -1,4 +1,4 @@
-// agree_on_step and the stop flag (comm/step_agreement.h).
+// StepAgreement and the stop flag (comm/step_agreement.h).
 #include "comm/step_agreement.h"
 
 #include <fmt/core.h>
@@ -44,30 +44,39 @@ void install_stop_handlers(std::initializer_list<int> signals) {
   }
 }
 
-StepTotals agree_on_step(Communicator& comm, double loss_sum, std::int64_t samples,
-                         std::span<double> sums) {
-  const std::int64_t most = std::numeric_limits<std::int64_t>::max() / comm.size();
+StepAgreement::StepAgreement(Communicator& comm, std::size_t sums)
+    : comm_(comm),
+      slots_(kFixedSlots + sums),
+      mine_(slots_),
+      records_(slots_ * static_cast<std::size_t>(comm.size())) {
+  if (comm.device().is_cuda())
+    throw InvalidArgument(
+        fmt::format("StepAgreement: `comm` is a communicator of {}; pass the world's host one "
+                    "(comm::World::host()): the records are read on the host",
+                    comm.device().str()));
+}
+
+StepTotals StepAgreement::agree(double loss_sum, std::int64_t samples, std::span<double> sums) {
+  const std::int64_t most = std::numeric_limits<std::int64_t>::max() / comm_.size();
   if (samples < 0 || samples > most)
     throw InvalidArgument(
-        fmt::format("agree_on_step: {} samples on one rank; give 0 to {} at {} ranks", samples,
-                    most, comm.size()));
-  const std::size_t slots = kFixedSlots + sums.size();
-  std::vector<std::int64_t> mine(slots);
-  mine[kLossSlot] = std::bit_cast<std::int64_t>(loss_sum);
-  mine[kSamplesSlot] = samples;
-  mine[kStopSlot] = stop_requested() ? 1 : 0;
+        fmt::format("StepAgreement::agree: {} samples on one rank; give 0 to {} "
+                    "at {} ranks",
+                    samples, most, comm_.size()));
+  if (kFixedSlots + sums.size() != slots_)
+    throw InvalidArgument(fmt::format("StepAgreement::agree: {} sums given; it was made for {}",
+                                      sums.size(), slots_ - kFixedSlots));
+  mine_[kLossSlot] = std::bit_cast<std::int64_t>(loss_sum);
+  mine_[kSamplesSlot] = samples;
+  mine_[kStopSlot] = stop_requested() ? 1 : 0;
   for (std::size_t i = 0; i < sums.size(); ++i)
-    mine[kFixedSlots + i] = std::bit_cast<std::int64_t>(sums[i]);
-  const auto count = static_cast<std::int64_t>(slots);
-  const core::Tensor send = core::Tensor::from_vector(mine, {count}, DType::i64, comm.device());
-  core::Tensor all = core::Tensor::empty({count * comm.size()}, DType::i64, comm.device());
-  comm.allgather(send, all);
-  const std::vector<std::int64_t> records = all.to_vector<std::int64_t>();
+    mine_[kFixedSlots + i] = std::bit_cast<std::int64_t>(sums[i]);
+  comm_.allgather(mine_.data(), records_.data(), static_cast<std::int64_t>(slots_), DType::i64);
 
   StepTotals totals;
   std::fill(sums.begin(), sums.end(), 0.0);
-  for (int r = 0; r < comm.size(); ++r) {
-    const std::int64_t* record = records.data() + static_cast<std::size_t>(r) * slots;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const std::int64_t* record = records_.data() + static_cast<std::size_t>(r) * slots_;
     totals.loss_sum += std::bit_cast<double>(record[kLossSlot]);
     totals.samples += record[kSamplesSlot];
     totals.stop = totals.stop || record[kStopSlot] != 0;

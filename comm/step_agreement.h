@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -33,14 +34,32 @@ struct StepTotals {
 // sums.size() bytes, so at 1024 ranks with two sums the collective moves
 // 40 KB a step, as fast as a small allreduce (both are latency).
 //
-// Collective and blocking. `loss_sum` is this rank's summed (not averaged)
-// loss over its `samples`; this rank's stop request is stop_requested().
-// `sums` holds this rank's values on entry and their sums over every rank
-// on return; every rank passes as many (the caller's configuration, which
-// ranks have agreed on, fixes how many). Throws InvalidArgument for a
-// negative sample count or one whose sum over the world could overflow.
-StepTotals agree_on_step(Communicator& comm, double loss_sum, std::int64_t samples,
-                         std::span<double> sums = {});
+// Note [agreement without allocation]: the records live in the object, sized
+// once, and travel by the communicator's raw-pointer allgather, so agree()
+// allocates nothing (no tensor, no vector; the DataParallelStep keeps one
+// StepAgreement for its lifetime). What the communicator itself does per
+// collective (the watchdog's bookkeeping of MPI's) is its own.
+class StepAgreement {
+ public:
+  // `comm` must be a communicator of host memory (comm::World::host(); else
+  // InvalidArgument); `sums` is how many f64 sums every agree() carries, the
+  // same on every rank.
+  explicit StepAgreement(Communicator& comm, std::size_t sums = 0);
+
+  // Collective and blocking. `loss_sum` is this rank's summed (not averaged)
+  // loss over its `samples`; this rank's stop request is stop_requested().
+  // `sums` (as many as constructed with) holds this rank's values on entry
+  // and their sums over every rank on return. Throws InvalidArgument for a
+  // negative sample count, one whose sum over the world could overflow, or
+  // the wrong number of sums.
+  StepTotals agree(double loss_sum, std::int64_t samples, std::span<double> sums = {});
+
+ private:
+  Communicator& comm_;
+  std::size_t slots_;                  // per record
+  std::vector<std::int64_t> mine_;     // this rank's record
+  std::vector<std::int64_t> records_;  // every rank's, in rank order
+};
 
 // Makes these signals request a stop instead of ending the process. Under
 // OpenMPI, mpirun forwards SIGUSR1 and SIGUSR2 to every rank (SIGINT and

@@ -84,6 +84,8 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
       owned_ = sync_->shard_layout().owned();
     }
+    agreement_ = std::make_unique<comm::StepAgreement>(
+        world_->host(), sync_->sharded() ? ShardPayload().size() : 0);
   }
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
@@ -201,8 +203,8 @@ void DataParallelStep::update(StepResult& r) {
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {
     core::trace::Span agreement("agreement", core::trace::Part::comm);
-    totals = comm::agree_on_step(world_->host(), local[0], local_rows,
-                                 sharded() ? std::span<double>(shard) : std::span<double>());
+    totals = agreement_->agree(local[0], local_rows,
+                               sharded() ? std::span<double>(shard) : std::span<double>());
   }
   {
     core::trace::Span clip("unscale and clip", core::trace::Part::optimizer);

@@ -13,12 +13,12 @@
 //         complete; the root module's own parameters reported last };
 //   sync.finish (the gradients hold the mean over every rank's rows);
 //   unscale and the scaler's update (f16), the global norm or clipping, the
-//   schedule's lr; comm::agree_on_step (the loss, the rows, stop requests);
+//   schedule's lr; comm::StepAgreement (the loss, the rows, stop requests);
 //   the skip decision (Note [non-finite steps]); the optimizer's update.
 // With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
 // finish leaves each rank the mean of its shard of the gradients; unscaling,
 // the inf/NaN finding and the sum of squares are of the shard, summed over
-// the ranks by agree_on_step itself (Note [sharded step checks],
+// the ranks by the step agreement itself (Note [sharded step checks],
 // engine/zero.h), then the scaler's update and clipping of the shard; the
 // optimizer updates the shard, and sync.gather brings every rank's shard
 // back. Everything that decides what happens next depends only on reduced
@@ -64,6 +64,7 @@
 
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
+#include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/core/trace.h"
 #include "engine/nn/loss.h"
@@ -184,6 +185,7 @@ class DataParallelStep {
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
   std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
+  std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
   CrossEntropyLoss loss_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.

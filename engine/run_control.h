@@ -5,7 +5,7 @@
 // forwards to every rank) and SIGTERM (which mpirun sends every rank when it
 // aborts the job, SIGKILL following a second later) ask the same. A handler
 // only sets comm's stop flag, which the data-parallel step carries in its
-// step agreement (comm::agree_on_step), so a request made on any rank stops every
+// step agreement (comm::StepAgreement), so a request made on any rank stops every
 // rank at the same step, and with checkpointing on, the run saves there first.
 #pragma once
 

@@ -2,7 +2,7 @@
 // the update. Each rank holds the averaged gradients of its shard only
 // (Note [shard layout], comm/shards.h), so the step's global decisions need
 // every rank's inf/NaN finding and squared norm, summed: they ride in the
-// step agreement (comm::agree_on_step), the step's one small collective.
+// step agreement (comm::StepAgreement), the step's one small collective.
 #pragma once
 
 #include <array>
@@ -19,7 +19,7 @@ namespace lockstep::engine {
 // shard of the flat gradients) and gives its payload for the step agreement,
 // [found inf/NaN (0 or 1), sum of squares], in f64 (Note [non-finite
 // steps], engine/data_parallel_step.h). The agreement sums the payloads over
-// the ranks (comm::agree_on_step's `sums`), and decide_sharded takes the
+// the ranks (comm::StepAgreement's `sums`), and decide_sharded takes the
 // totals, the same bits on every rank: the loss scaler decides on the global
 // finding (LossScaler::update_with), and the global norm drives clipping (of
 // the shard, when max_grad_norm > 0) and the skip of an fp32 or bf16 step

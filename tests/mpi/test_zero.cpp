@@ -281,7 +281,7 @@ TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mp
     }
     LossScaler scaler(LossScalerOptions{.init_scale = 1024.0f});
     ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
-    comm::agree_on_step(world.host(), 0.0, 0, payload);
+    comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
     const ShardedCheck check = decide_sharded(grads, owned, scaler, 0.0, payload, core::Stream());
     INFO("with inf: " << with_inf);
     CHECK(check.clean == !with_inf);
@@ -320,7 +320,7 @@ TEST_CASE("ZeRO-1's shard norms of finite gradients past FLT_MAX clip like float
   const std::vector<comm::FlatRange> owned = layout.owned();
   LossScaler scaler(LossScalerOptions{.enabled = false});
   ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
-  comm::agree_on_step(world.host(), 0.0, 0, payload);
+  comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
   const double norm = std::sqrt(squares), max_norm = 1.0;
   const ShardedCheck check =
       decide_sharded(grads, owned, scaler, max_norm, payload, core::Stream());
