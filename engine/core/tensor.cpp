@@ -46,6 +46,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Strea
   return t;
 }
 
+Tensor Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
+                     const Stream& stream) {
+  const bool reusable = slot.defined() && slot.storage_.use_count() == 1 &&
+                        slot.offset_bytes_ == 0 && slot.shape_ == shape && slot.dtype_ == dtype &&
+                        slot.storage_->bytes() == slot.nbytes() && slot.device() == device &&
+                        (!device.is_cuda() || slot.storage_->stream().handle() == stream.handle());
+  if (!reusable) slot = empty(shape, dtype, device, stream);
+  return slot;
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, const Stream& stream) {
   Tensor t = empty(shape, dtype, device, stream);
   t.fill_(0.0, stream);

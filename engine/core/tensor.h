@@ -39,6 +39,18 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype,
                             Device device = Device::cpu(), const Stream& stream = {});
+  // Note [reused buffers]: `slot` itself when it is the whole of a storage of
+  // `shape`, `dtype` and `device`, allocated on `stream`, that no other tensor
+  // shares: nobody else can see it overwritten, and the stream orders the new
+  // work after the old. Otherwise a new empty tensor, kept in `slot`. A module
+  // keeps the buffers it hands out each call (its outputs, its input
+  // gradients) this way: once the step's consumers have let go of them (the
+  // next layer's saved input is released by its backward), the next step
+  // with the same shapes allocates none of them. A caller that keeps an
+  // output (metrics, predictions) keeps its own copy: the slot sees it shared
+  // and allocates anew.
+  static Tensor reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
+                      const Stream& stream = {});
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

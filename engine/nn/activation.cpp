@@ -10,7 +10,7 @@
 namespace lockstep::engine {
 
 core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
-  core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::reuse(output_, x.shape(), x.dtype(), x.device(), ctx.stream);
   core::dispatch(
       x.device(), ctx.stream,
       [&] { kernels::cpu::activation_forward(kind_, x.data(), y.data(), x.dtype(), x.numel()); },
@@ -25,7 +25,7 @@ core::Tensor Activation::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
   const core::Tensor g = dy.dtype() == input_.dtype() ? dy : dy.cast(input_.dtype(), ctx.stream);
-  core::Tensor dx = core::Tensor::empty(g.shape(), g.dtype(), g.device(), ctx.stream);
+  core::Tensor dx = core::Tensor::reuse(input_grad_, g.shape(), g.dtype(), g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,
       [&] {

@@ -51,7 +51,8 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor rows = x.reshape({x.numel() / in_features_, in_features_});
   const core::Tensor input = x.dtype() == type ? rows : rows.cast(type, ctx.stream);
-  core::Tensor y = core::Tensor::empty({input.dim(0), out_features_}, type, x.device(), ctx.stream);
+  core::Tensor y =
+      core::Tensor::reuse(output_, {input.dim(0), out_features_}, type, x.device(), ctx.stream);
   core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
                     ctx.stream);
   if (bias_) {
@@ -96,7 +97,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   }
   core::Tensor dx;
   if (input_grad()) {
-    dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
+    dx = core::Tensor::reuse(input_grad_, input_.shape(), type, g.device(), ctx.stream);
     core::ops::matmul(g, low_weight_.get(*weight_, type, ctx.stream), dx, {}, ctx.stream);
   }
   input_ = core::Tensor();

@@ -34,7 +34,8 @@ class Linear : public Module {
   Parameter* weight_;
   bool tied_ = false;
   Parameter* bias_ = nullptr;
-  core::Tensor input_;  // in the compute type, kept for backward (training only)
+  core::Tensor input_;                // in the compute type, kept for backward (training only)
+  core::Tensor output_, input_grad_;  // Note [reused buffers], engine/core/tensor.h
   DType input_dtype_ = DType::f32;
   core::Shape input_shape_;
   AutocastWeight low_weight_;  // Note [autocast weight copy]

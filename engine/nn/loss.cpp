@@ -56,9 +56,9 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
   const core::Tensor x = as_f32(logits, ctx.stream);
   const core::Device device = x.device();
-  probs_ = core::Tensor::empty(x.shape(), DType::f32, device, ctx.stream);
-  count_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
-  core::Tensor loss = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  probs_ = core::Tensor::reuse(probs_buffer_, x.shape(), DType::f32, device, ctx.stream);
+  count_ = core::Tensor::reuse(count_, {1}, DType::f32, device, ctx.stream);
+  core::Tensor loss = core::Tensor::reuse(loss_buffer_, {1}, DType::f32, device, ctx.stream);
   const float* in = x.data_as<float>();
   float *probs = probs_.data_as<float>(), *out = loss.data_as<float>(),
         *count = count_.data_as<float>();
@@ -81,7 +81,7 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
         "CrossEntropyLoss: backward without a forward (run forward once before each backward)");
   const auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
   core::Tensor dlogits =
-      core::Tensor::empty(probs_.shape(), DType::f32, probs_.device(), ctx.stream);
+      core::Tensor::reuse(dlogits_buffer_, probs_.shape(), DType::f32, probs_.device(), ctx.stream);
   const float *probs = probs_.data_as<float>(), *count = count_.data_as<float>();
   float* out = dlogits.data_as<float>();
   core::dispatch(

@@ -28,6 +28,36 @@ TEST_CASE("views share storage and stay inside it", "[core][tensor]") {
   CHECK_THROWS_AS(flat.view(-1, {1}), InvalidArgument);
 }
 
+TEST_CASE("a slot's buffer is reused only when nobody else holds it", "[core][tensor]") {
+  core::Tensor slot;
+  const std::size_t start = core::memory_stats(core::Device::cpu()).allocations;
+  auto allocations = [&] { return core::memory_stats(core::Device::cpu()).allocations - start; };
+  void* first = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu()).data();
+  CHECK(allocations() == 1);
+  // Released by its user: the same buffer again, no allocation.
+  CHECK(core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu()).data() == first);
+  CHECK(allocations() == 1);
+  {
+    // Held by its user (a view counts): a new buffer; the held one keeps its values.
+    core::Tensor kept = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu());
+    kept.fill_(7.0);
+    const core::Tensor view = kept.view(3, {2});
+    kept = core::Tensor();
+    core::Tensor next = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu());
+    CHECK(next.data() != first);
+    next.fill_(1.0);
+    CHECK(view.to_vector<float>() == std::vector<float>{7.0f, 7.0f});
+    CHECK(allocations() == 2);
+  }
+  // Another shape or dtype: a new buffer, kept in the slot from then on.
+  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::f32, core::Device::cpu()).shape() ==
+        core::Shape{3, 4});
+  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::i32, core::Device::cpu()).dtype() == DType::i32);
+  CHECK(allocations() == 4);
+  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::i32, core::Device::cpu()).data() == slot.data());
+  CHECK(allocations() == 4);
+}
+
 TEST_CASE("typed access checks the dtype", "[core][tensor]") {
   Tensor t = Tensor::from_vector<std::int32_t>({1, 2, 3}, {3}, DType::i32);
   CHECK(t.data_as<std::int32_t>()[2] == 3);

@@ -330,6 +330,31 @@ TEST_CASE("finite gradients whose squares sum past FLT_MAX take the step; an inf
   }
 }
 
+// Note [reused buffers] (engine/core/tensor.h): Linear, the activations and
+// the loss keep the buffers they hand out, and the step keeps its totals and
+// agreement, so after the first step a step of an MLP allocates no tensor;
+// logits a caller keeps are never overwritten by the next step.
+TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][trainer]") {
+  Run run(false, false, std::nullopt, 1);
+  io::TensorDataset data = source(32);
+  data.start_epoch(0);
+  const std::size_t first = core::memory_stats(core::Device::cpu()).allocations;
+  REQUIRE(run.trainer->step(data));
+  const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
+  CHECK(before > first);  // the first step makes the buffers
+  for (int i = 0; i < 3; ++i) REQUIRE(run.trainer->step(data));
+  // The TensorDataset's batches are tensors too: one inputs and one labels a step.
+  CHECK(core::memory_stats(core::Device::cpu()).allocations - before == 3 * 2);
+
+  Context ctx;
+  const io::Batch b = *data.next();
+  const core::Tensor kept = run.model->forward(b.inputs, ctx);
+  const std::vector<float> values = kept.to_vector<float>();
+  const core::Tensor other = run.model->forward(data.next()->inputs, ctx);  // the same shape
+  CHECK(other.to_vector<float>() != values);
+  CHECK(kept.to_vector<float>() == values);
+}
+
 TEST_CASE("too many skipped steps in a row stop the run, naming the step and the parameter",
           "[engine][trainer][nonfinite]") {
   for (std::optional<DType> autocast : {std::optional<DType>{}, std::optional{DType::bf16}}) {
