@@ -87,8 +87,8 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
-  core::Tensor y = core::Tensor::empty({s.batch, s.out_channels, s.out_h(), s.out_w()}, type,
-                                       x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::reuse(output_, {s.batch, s.out_channels, s.out_h(), s.out_w()},
+                                       type, x.device(), ctx.stream);
   const float* b = bias_ ? bias_->value.data_as<float>() : nullptr;
   core::dispatch(
       x.device(), ctx.stream,
@@ -115,7 +115,8 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   const bool want_dx = input_grad();  // the first layer of a model needs no dx
   core::Tensor dx =
-      want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();
+      want_dx ? core::Tensor::reuse(input_grad_, input_.shape(), type, g.device(), ctx.stream)
+              : core::Tensor();
   float* dw = weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
   const bool accumulate = dw && accumulate_grad(*weight_);  // Note [lazy zero_grad]
   float* db = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;

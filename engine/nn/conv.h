@@ -38,7 +38,8 @@ class Conv2d : public Module {
   kernels::Conv2dShape config_;  // everything but the input's batch and size
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  core::Tensor input_;  // in the compute type, kept for backward (training only)
+  core::Tensor input_;                // in the compute type, kept for backward (training only)
+  core::Tensor output_, input_grad_;  // Note [reused buffers], engine/core/tensor.h
   DType input_dtype_ = DType::f32;
   AutocastWeight low_weight_;  // Note [autocast weight copy]
 };

@@ -16,6 +16,8 @@
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
+#include "engine/core/random.h"
+#include "engine/models.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -353,6 +355,30 @@ TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][tra
   const core::Tensor other = run.model->forward(data.next()->inputs, ctx);  // the same shape
   CHECK(other.to_vector<float>() != values);
   CHECK(kept.to_vector<float>() == values);
+}
+
+TEST_CASE("after the first, a step of the mlp and cnn presets allocates no tensor",
+          "[engine][trainer]") {
+  for (const std::string name : {"mlp", "cnn"}) {
+    INFO(name);
+    const ModelPreset& preset = model_preset(name);
+    auto model = make_model(name);
+    initialize(*model, 1);
+    ParameterStore store(*model, core::Device::cpu());
+    SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9});
+    LossScaler scaler(LossScaler::for_autocast(std::nullopt));
+    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), {},
+                          core::Stream());
+    core::Shape shape{4};
+    shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+    MicroBatch batch{core::Tensor::empty(shape, DType::f32),
+                     core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64)};
+    core::Generator(2).normal(batch.inputs, 0.0f, 1.0f);
+    step.run({&batch, 1});
+    const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
+    for (int i = 0; i < 2; ++i) CHECK_FALSE(step.run({&batch, 1}).skipped);
+    CHECK(core::memory_stats(core::Device::cpu()).allocations == before);
+  }
 }
 
 TEST_CASE("too many skipped steps in a row stop the run, naming the step and the parameter",
