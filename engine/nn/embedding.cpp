@@ -25,7 +25,8 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
   const kernels::EmbeddingShape s{indices.numel(), vocab_, dim_, indices.dtype()};
   core::Shape out_shape = indices.shape();
   out_shape.push_back(dim_);
-  core::Tensor y = core::Tensor::empty(out_shape, DType::f32, indices.device(), ctx.stream);
+  core::Tensor y =
+      core::Tensor::reuse(output_, out_shape, DType::f32, indices.device(), ctx.stream);
   const float* w = weight_->value.data_as<float>();
   float* out = y.data_as<float>();
   core::dispatch(

@@ -30,9 +30,11 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
   input_dtype_ = x.dtype();
   const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
   const kernels::LayerNormShape s{x.numel() / features_, features_, eps_};
-  core::Tensor y = core::Tensor::empty(x.shape(), DType::f32, x.device(), ctx.stream);
-  core::Tensor mean = core::Tensor::empty({s.rows}, DType::f32, x.device(), ctx.stream);
-  core::Tensor rstd = core::Tensor::empty({s.rows}, DType::f32, x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::reuse(output_, x.shape(), DType::f32, x.device(), ctx.stream);
+  core::Tensor mean =
+      core::Tensor::reuse(mean_buffer_, {s.rows}, DType::f32, x.device(), ctx.stream);
+  core::Tensor rstd =
+      core::Tensor::reuse(rstd_buffer_, {s.rows}, DType::f32, x.device(), ctx.stream);
   const float* gamma = weight_ ? weight_->value.data_as<float>() : nullptr;
   const float* beta = bias_ ? bias_->value.data_as<float>() : nullptr;
   const float* in = x32.data_as<float>();
@@ -55,7 +57,8 @@ core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::LayerNormShape s{input_.numel() / features_, features_, eps_};
-  core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
+  core::Tensor dx =
+      core::Tensor::reuse(input_grad_, input_.shape(), DType::f32, g.device(), ctx.stream);
   const float* gamma = weight_ ? weight_->value.data_as<float>() : nullptr;
   float* dgamma = weight_ && weight_->requires_grad ? grad_to_add(*weight_, ctx.stream) : nullptr;
   float* dbeta = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;

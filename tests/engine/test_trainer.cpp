@@ -357,9 +357,9 @@ TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][tra
   CHECK(kept.to_vector<float>() == values);
 }
 
-TEST_CASE("after the first, a step of the mlp and cnn presets allocates no tensor",
+TEST_CASE("after the first, a step of the mlp, cnn and gpt-tiny presets allocates no tensor",
           "[engine][trainer]") {
-  for (const std::string name : {"mlp", "cnn"}) {
+  for (const std::string name : {"mlp", "cnn", "gpt-tiny"}) {
     INFO(name);
     const ModelPreset& preset = model_preset(name);
     auto model = make_model(name);
@@ -369,11 +369,21 @@ TEST_CASE("after the first, a step of the mlp and cnn presets allocates no tenso
     LossScaler scaler(LossScaler::for_autocast(std::nullopt));
     DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), {},
                           core::Stream());
-    core::Shape shape{4};
-    shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
-    MicroBatch batch{core::Tensor::empty(shape, DType::f32),
-                     core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64)};
-    core::Generator(2).normal(batch.inputs, 0.0f, 1.0f);
+    MicroBatch batch;
+    if (preset.language_model) {  // two sequences of tokens, each predicting the next
+      const std::int64_t seq = preset.sample_shape[0];
+      std::vector<std::int64_t> tokens(static_cast<std::size_t>(2 * seq + 1));
+      for (std::size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = static_cast<std::int64_t>((i * 7919) % preset.classes);
+      batch.inputs = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(0, {2, seq});
+      batch.labels = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(1, {2, seq});
+    } else {
+      core::Shape shape{4};
+      shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+      batch = {core::Tensor::empty(shape, DType::f32),
+               core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64)};
+      core::Generator(2).normal(batch.inputs, 0.0f, 1.0f);
+    }
     step.run({&batch, 1});
     const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
     for (int i = 0; i < 2; ++i) CHECK_FALSE(step.run({&batch, 1}).skipped);
