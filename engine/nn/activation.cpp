@@ -63,8 +63,8 @@ core::Tensor Dropout::forward(const core::Tensor& x, Context& ctx) {
   const std::int64_t per_sample = x.numel() / std::max<std::int64_t>(1, x.dim(0));
   const kernels::PhiloxKey key{ctx.seed, dropout_stream(path(), ctx.step)};
   const auto offset = static_cast<std::uint64_t>(ctx.first_sample * per_sample);
-  mask_ = core::Tensor::empty(x.shape(), DType::u8, x.device(), ctx.stream);
-  core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
+  mask_ = core::Tensor::reuse(mask_buffer_, x.shape(), DType::u8, x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::reuse(output_, x.shape(), x.dtype(), x.device(), ctx.stream);
   const float keep = 1.0f - p_, scale = 1.0f / keep;
   auto* mask = mask_.data_as<std::uint8_t>();
   core::dispatch(
@@ -84,7 +84,8 @@ core::Tensor Dropout::backward(const core::Tensor& dy, Context& ctx) {
   if (p_ == 0.0f) return dy;
   if (!mask_.defined()) no_forward_error();
   check_gradient(dy, mask_.shape(), mask_.device());
-  core::Tensor dx = core::Tensor::empty(dy.shape(), dy.dtype(), dy.device(), ctx.stream);
+  core::Tensor dx =
+      core::Tensor::reuse(input_grad_, dy.shape(), dy.dtype(), dy.device(), ctx.stream);
   const auto* mask = mask_.data_as<std::uint8_t>();
   const float scale = 1.0f / (1.0f - p_);
   core::dispatch(

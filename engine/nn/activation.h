@@ -54,6 +54,8 @@ class Dropout : public Module {
  private:
   float p_;
   core::Tensor mask_;  // u8, 1 keeps
+  // Note [reused buffers], engine/core/tensor.h
+  core::Tensor mask_buffer_, output_, input_grad_;
 };
 
 // [N, d1, d2, ...] -> [N, d1 * d2 * ...]; a view, no copy.

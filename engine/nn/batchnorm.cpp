@@ -73,7 +73,7 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
                 "needs more than one value per channel to take batch statistics "
                 "(use a larger batch, or eval mode)");
   const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
-  core::Tensor y = core::Tensor::empty(x.shape(), DType::f32, x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::reuse(output_, x.shape(), DType::f32, x.device(), ctx.stream);
   const float* w = affine_or(weight_, ones_, 1.0, x, ctx.stream).data_as<float>();
   const float* b = affine_or(bias_, zeros_, 0.0, x, ctx.stream).data_as<float>();
   const float* in = x32.data_as<float>();
@@ -89,8 +89,10 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
         });
     return y;
   }
-  core::Tensor save_mean = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
-  core::Tensor save_rstd = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
+  core::Tensor save_mean =
+      core::Tensor::reuse(mean_buffer_, {num_features_}, DType::f32, x.device(), ctx.stream);
+  core::Tensor save_rstd =
+      core::Tensor::reuse(rstd_buffer_, {num_features_}, DType::f32, x.device(), ctx.stream);
   float *mean = save_mean.data_as<float>(), *rstd = save_rstd.data_as<float>();
   // Running statistics move only in training (eval without them uses the batch's).
   const bool update = training() && running_mean_;
@@ -124,7 +126,8 @@ core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
   const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::BatchNormShape s{input_.dim(0), num_features_, input_.dim(2) * input_.dim(3),
                                   eps_};
-  core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
+  core::Tensor dx =
+      core::Tensor::reuse(input_grad_, input_.shape(), DType::f32, g.device(), ctx.stream);
   // cuDNN always writes both parameter gradients: frozen or absent ones go to scratch.
   auto grad_or_scratch = [&](Parameter* p) {
     if (p && p->requires_grad) grad_to_add(*p, ctx.stream);
