@@ -137,6 +137,13 @@ Tensor Tensor::cast(DType dtype, const Stream& stream) const {
   return out;
 }
 
+Tensor Tensor::as_dtype(DType dtype, Tensor& slot, const Stream& stream) const {
+  if (dtype == dtype_) return *this;
+  Tensor out = reuse(slot, shape_, dtype, device(), stream);
+  ops::cast(*this, out, stream);
+  return out;
+}
+
 void Tensor::fill_(double value, const Stream& stream) { ops::fill(*this, value, stream); }
 
 void Tensor::copy_to_host(void* dst, const Stream& stream) const {

@@ -77,6 +77,9 @@ class Tensor {
   void copy_from(const Tensor& src, const Stream& stream = {});
   Tensor to(Device device, const Stream& stream = {}) const;
   Tensor cast(DType dtype, const Stream& stream = {}) const;
+  // This tensor in `dtype`: itself when it has that dtype, else cast into
+  // `slot`'s buffer (reuse; Note [reused buffers]). For autocast's casts.
+  Tensor as_dtype(DType dtype, Tensor& slot, const Stream& stream = {}) const;
   void fill_(double value, const Stream& stream = {});
   // Copies to host memory; synchronises `stream` first when the tensor is on a GPU.
   void copy_to_host(void* dst, const Stream& stream = {}) const;

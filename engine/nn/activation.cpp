@@ -24,7 +24,7 @@ core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor Activation::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
-  const core::Tensor g = dy.dtype() == input_.dtype() ? dy : dy.cast(input_.dtype(), ctx.stream);
+  const core::Tensor g = dy.as_dtype(input_.dtype(), cast_grad_, ctx.stream);
   core::Tensor dx = core::Tensor::reuse(input_grad_, g.shape(), g.dtype(), g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,

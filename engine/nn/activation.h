@@ -23,7 +23,7 @@ class Activation : public Module {
  private:
   kernels::Activation kind_;
   core::Tensor input_;
-  core::Tensor output_, input_grad_;  // Note [reused buffers], engine/core/tensor.h
+  core::Tensor output_, input_grad_, cast_grad_;  // Note [reused buffers], engine/core/tensor.h
 };
 
 class ReLU : public Activation {

@@ -36,10 +36,6 @@ core::Tensor part(const core::Tensor& heads, std::int64_t t) {
   return heads.view(t * core::shape_numel(one), one);
 }
 
-core::Tensor as_type(const core::Tensor& t, DType type, const core::Stream& stream) {
-  return t.dtype() == type ? t : t.cast(type, stream);
-}
-
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(std::int64_t embed_dim, std::int64_t heads, float dropout)
@@ -89,7 +85,8 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   // Dropout keys by sample (Note [dropout keys]): one row per sample.
   const core::Tensor dropped =
       attn_dropout_->forward(probs.reshape({batch, num_heads_ * seq * seq}), ctx);
-  const core::Tensor weights = as_type(dropped, type, ctx.stream).reshape({bh, seq, seq});
+  const core::Tensor weights =
+      dropped.as_dtype(type, cast_weights_, ctx.stream).reshape({bh, seq, seq});
 
   core::Tensor y_heads =
       core::Tensor::reuse(y_heads_buffer_, {bh, seq, head_dim_}, type, device, ctx.stream);
@@ -121,7 +118,7 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
   core::Tensor g = c_proj_->backward(resid_dropout_->backward(dy, ctx), ctx);
   c_proj_->report_ready(ctx);
 
-  const core::Tensor dy_rows = as_type(g, type, ctx.stream);
+  const core::Tensor dy_rows = g.as_dtype(type, cast_grad_, ctx.stream);
   core::Tensor dy_heads =
       core::Tensor::reuse(dy_heads_buffer_, {bh, seq, head_dim_}, type, device, ctx.stream);
   split_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 1, type}, dy_rows,
@@ -149,7 +146,7 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
                                                dprobs.data_as<float>(), dscores.data_as<float>(),
                                                cs);
       });
-  const core::Tensor ds = as_type(dscores, type, ctx.stream);
+  const core::Tensor ds = dscores.as_dtype(type, cast_dscores_, ctx.stream);
   core::Tensor dq = part(dheads, 0), dk = part(dheads, 1);
   core::ops::batched_matmul(ds, part(qkv_heads_, 1), dq, {}, ctx.stream);
   core::ops::batched_matmul(ds, part(qkv_heads_, 0), dk, {.trans_a = true}, ctx.stream);

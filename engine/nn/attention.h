@@ -39,6 +39,7 @@ class CausalSelfAttention : public Module {
   // Note [reused buffers], engine/core/tensor.h
   core::Tensor heads_buffer_, scores_buffer_, y_heads_buffer_, y_buffer_;
   core::Tensor dy_heads_buffer_, dheads_buffer_, dweights_buffer_, dqkv_buffer_;
+  core::Tensor cast_weights_, cast_grad_, cast_dscores_;
   std::int64_t batch_ = 0, seq_ = 0;
 };
 

@@ -72,7 +72,7 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
     shape_error(x,
                 "needs more than one value per channel to take batch statistics "
                 "(use a larger batch, or eval mode)");
-  const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
+  const core::Tensor x32 = x.as_dtype(DType::f32, cast_input_, ctx.stream);
   core::Tensor y = core::Tensor::reuse(output_, x.shape(), DType::f32, x.device(), ctx.stream);
   const float* w = affine_or(weight_, ones_, 1.0, x, ctx.stream).data_as<float>();
   const float* b = affine_or(bias_, zeros_, 0.0, x, ctx.stream).data_as<float>();
@@ -123,7 +123,7 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
-  const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
+  const core::Tensor g = dy.as_dtype(DType::f32, cast_grad_, ctx.stream);
   const kernels::BatchNormShape s{input_.dim(0), num_features_, input_.dim(2) * input_.dim(3),
                                   eps_};
   core::Tensor dx =
@@ -147,7 +147,7 @@ core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
         kernels::cuda::batchnorm_backward(s, in, grad, w, mean, rstd, out, dw, db, stream);
       });
   input_ = save_mean_ = save_rstd_ = core::Tensor();
-  return input_dtype_ == DType::f32 ? dx : dx.cast(input_dtype_, ctx.stream);
+  return dx.as_dtype(input_dtype_, cast_input_grad_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

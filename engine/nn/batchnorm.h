@@ -47,6 +47,7 @@ class BatchNorm2d : public Module {
   core::Tensor input_, save_mean_, save_rstd_;
   // Note [reused buffers], engine/core/tensor.h
   core::Tensor output_, mean_buffer_, rstd_buffer_, input_grad_;
+  core::Tensor cast_input_, cast_grad_, cast_input_grad_;
   DType input_dtype_ = DType::f32;
 };
 

@@ -77,8 +77,8 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
   // f32, as PyTorch's type promotion does, so the residual stream stays f32.
   const DType type = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
   core::Tensor y = core::Tensor::reuse(sum_buffer_, a.shape(), type, a.device(), ctx.stream);
-  core::ops::add(a.dtype() == type ? a : a.cast(type, ctx.stream),
-                 b.dtype() == type ? b : b.cast(type, ctx.stream), y, ctx.stream);
+  core::ops::add(a.as_dtype(type, cast_inner_, ctx.stream),
+                 b.as_dtype(type, cast_shortcut_, ctx.stream), y, ctx.stream);
   if (relu_after_add_) {
     core::dispatch(
         y.device(), ctx.stream,
@@ -99,8 +99,7 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   if (relu_after_add_) {
     if (!output_.defined()) no_forward_error();
-    const core::Tensor d =
-        dy.dtype() == output_.dtype() ? dy : dy.cast(output_.dtype(), ctx.stream);
+    const core::Tensor d = dy.as_dtype(output_.dtype(), cast_grad_, ctx.stream);
     g = core::Tensor::reuse(relu_grad_buffer_, d.shape(), d.dtype(), d.device(), ctx.stream);
     core::dispatch(
         g.device(), ctx.stream,
@@ -124,8 +123,8 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_grad()) return core::Tensor();
   core::Tensor sum =
       core::Tensor::reuse(input_grad_, dx.shape(), dx.dtype(), dx.device(), ctx.stream);
-  core::ops::add(dx, d_short.dtype() == dx.dtype() ? d_short : d_short.cast(dx.dtype(), ctx.stream),
-                 sum, ctx.stream);
+  core::ops::add(dx, d_short.as_dtype(dx.dtype(), cast_shortcut_grad_, ctx.stream), sum,
+                 ctx.stream);
   return sum;
 }
 

@@ -85,7 +85,7 @@ kernels::Conv2dShape Conv2d::shape_for(const core::Tensor& x) const {
 core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
   const kernels::Conv2dShape s = shape_for(x);
   const DType type = ctx.autocast.value_or(DType::f32);
-  const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
+  const core::Tensor input = x.as_dtype(type, cast_input_, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   core::Tensor y = core::Tensor::reuse(output_, {s.batch, s.out_channels, s.out_h(), s.out_w()},
                                        type, x.device(), ctx.stream);
@@ -111,7 +111,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   const kernels::Conv2dShape s = shape_for(input_);
   check_gradient(dy, {s.batch, s.out_channels, s.out_h(), s.out_w()}, input_.device());
   const DType type = input_.dtype();
-  const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
+  const core::Tensor g = dy.as_dtype(type, cast_grad_, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   const bool want_dx = input_grad();  // the first layer of a model needs no dx
   core::Tensor dx =
@@ -153,7 +153,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
       });
   input_ = core::Tensor();
   if (!want_dx) return dx;
-  return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
+  return dx.as_dtype(input_dtype_, cast_input_grad_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -42,7 +42,7 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
 core::Tensor Embedding::backward(const core::Tensor& dy, Context& ctx) {
   if (!indices_.defined()) no_forward_error();
   if (weight_->requires_grad) {
-    const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
+    const core::Tensor g = dy.as_dtype(DType::f32, cast_grad_, ctx.stream);
     const kernels::EmbeddingShape s{indices_.numel(), vocab_, dim_, indices_.dtype()};
     const float* pg = g.data_as<float>();
     float* dw = grad_to_add(*weight_, ctx.stream);

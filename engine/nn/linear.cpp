@@ -50,7 +50,7 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
                        "] (check the previous layer's output size)");
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor rows = x.reshape({x.numel() / in_features_, in_features_});
-  const core::Tensor input = x.dtype() == type ? rows : rows.cast(type, ctx.stream);
+  const core::Tensor input = rows.as_dtype(type, cast_input_, ctx.stream);
   core::Tensor y =
       core::Tensor::reuse(output_, {input.dim(0), out_features_}, type, x.device(), ctx.stream);
   core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
@@ -80,7 +80,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   check_gradient(dy, out_shape, input_.device());
   const DType type = input_.dtype();
   const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
-  const core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
+  const core::Tensor g = dy_rows.as_dtype(type, cast_grad_, ctx.stream);
   if (weight_->requires_grad) {  // dW (+)= dy^T x, straight into the f32 gradient
     const float beta = accumulate_grad(*weight_) ? 1.0f : 0.0f;  // Note [lazy zero_grad]
     core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = beta}, ctx.stream);
@@ -103,7 +103,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   input_ = core::Tensor();
   if (!dx.defined()) return dx;
   dx = dx.reshape(input_shape_);
-  return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
+  return dx.as_dtype(input_dtype_, cast_input_grad_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -54,7 +54,7 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
   const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
-  const core::Tensor x = as_f32(logits, ctx.stream);
+  const core::Tensor x = logits.as_dtype(DType::f32, cast_logits_, ctx.stream);
   const core::Device device = x.device();
   probs_ = core::Tensor::reuse(probs_buffer_, x.shape(), DType::f32, device, ctx.stream);
   count_ = core::Tensor::reuse(count_, {1}, DType::f32, device, ctx.stream);
@@ -92,7 +92,7 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
       });
   probs_ = labels_ = core::Tensor();
   dlogits = dlogits.reshape(logits_shape_);
-  return logits_dtype_ == DType::f32 ? dlogits : dlogits.cast(logits_dtype_, ctx.stream);
+  return dlogits.as_dtype(logits_dtype_, cast_dlogits_, ctx.stream);
 }
 
 core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor& target,

@@ -152,7 +152,7 @@ const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
   if (type == DType::f32) return weight.value;
   if (!copy_.defined() || copy_.dtype() != type || version_ != weight.version ||
       source_ != weight.value.data()) {
-    copy_ = weight.value.cast(type, stream);
+    copy_ = weight.value.as_dtype(type, copy_, stream);  // in place (Note [reused buffers])
     version_ = weight.version;
     source_ = weight.value.data();
   }

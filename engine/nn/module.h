@@ -176,7 +176,8 @@ class Module {
 // Note [autocast weight copy]: Linear and Conv2d compute under autocast on a
 // low-precision copy of their f32 weight. The copy is remade only when the
 // weight's version (bumped by each optimizer step and load) or storage
-// changes, so it is made once per optimizer step, not once per micro-batch.
+// changes, so it is made once per optimizer step, not once per micro-batch,
+// into the same buffer while nobody else holds it (Note [reused buffers]).
 class AutocastWeight {
  public:
   // The weight in `type`: the f32 value itself, or the cached low copy.

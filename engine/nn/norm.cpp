@@ -28,7 +28,7 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
   if (x.shape().empty() || x.dim(-1) != features_)
     shape_error(x, "expects a last dimension of " + std::to_string(features_));
   input_dtype_ = x.dtype();
-  const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
+  const core::Tensor x32 = x.as_dtype(DType::f32, cast_input_, ctx.stream);
   const kernels::LayerNormShape s{x.numel() / features_, features_, eps_};
   core::Tensor y = core::Tensor::reuse(output_, x.shape(), DType::f32, x.device(), ctx.stream);
   core::Tensor mean =
@@ -55,7 +55,7 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
 
 core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
-  const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
+  const core::Tensor g = dy.as_dtype(DType::f32, cast_grad_, ctx.stream);
   const kernels::LayerNormShape s{input_.numel() / features_, features_, eps_};
   core::Tensor dx =
       core::Tensor::reuse(input_grad_, input_.shape(), DType::f32, g.device(), ctx.stream);
@@ -72,7 +72,7 @@ core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
         kernels::cuda::layernorm_backward(s, pdy, px, pm, pr, gamma, pdx, dgamma, dbeta, stream);
       });
   input_ = mean_ = rstd_ = core::Tensor();
-  return input_dtype_ == DType::f32 ? dx : dx.cast(input_dtype_, ctx.stream);
+  return dx.as_dtype(input_dtype_, cast_input_grad_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

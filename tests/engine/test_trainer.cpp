@@ -359,15 +359,23 @@ TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][tra
 
 TEST_CASE("after the first, a step of the mlp, cnn and gpt-tiny presets allocates no tensor",
           "[engine][trainer]") {
-  for (const std::string name : {"mlp", "cnn", "gpt-tiny"}) {
-    INFO(name);
+  for (const auto& [name, autocast] :
+       {std::pair<std::string, std::optional<DType>>{"mlp", std::nullopt},
+        {"mlp", DType::f16},
+        {"cnn", std::nullopt},
+        {"cnn", DType::bf16},
+        {"gpt-tiny", std::nullopt},
+        {"gpt-tiny", DType::bf16}}) {
+    INFO(name << " autocast " << (autocast ? dtype_name(*autocast) : "off"));
     const ModelPreset& preset = model_preset(name);
     auto model = make_model(name);
     initialize(*model, 1);
     ParameterStore store(*model, core::Device::cpu());
     SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9});
-    LossScaler scaler(LossScaler::for_autocast(std::nullopt));
-    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), {},
+    LossScaler scaler(LossScaler::for_autocast(autocast));
+    StepOptions o;
+    o.autocast = autocast;
+    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), o,
                           core::Stream());
     MicroBatch batch;
     if (preset.language_model) {  // two sequences of tokens, each predicting the next
