@@ -133,6 +133,7 @@ Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) c
   ctx.seed = options_.seed;
   ctx.step = static_cast<std::uint64_t>(steps_);
   ctx.first_sample = (micro_batch * size + rank) * rows;
+  ctx.buffers = &buffers_;
   return ctx;
 }
 
@@ -179,6 +180,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   }
   StepResult r;
   update(r);
+  buffers_.end_step();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

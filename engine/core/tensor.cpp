@@ -46,13 +46,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Strea
   return t;
 }
 
+bool Tensor::reusable_as(const Shape& shape, DType dtype, Device device,
+                         const Stream& stream) const {
+  return defined() && storage_.use_count() == 1 && offset_bytes_ == 0 && shape_ == shape &&
+         dtype_ == dtype && storage_->bytes() == nbytes() && this->device() == device &&
+         (!device.is_cuda() || storage_->stream().handle() == stream.handle());
+}
+
 Tensor Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
                      const Stream& stream) {
-  const bool reusable = slot.defined() && slot.storage_.use_count() == 1 &&
-                        slot.offset_bytes_ == 0 && slot.shape_ == shape && slot.dtype_ == dtype &&
-                        slot.storage_->bytes() == slot.nbytes() && slot.device() == device &&
-                        (!device.is_cuda() || slot.storage_->stream().handle() == stream.handle());
-  if (!reusable) slot = empty(shape, dtype, device, stream);
+  if (!slot.reusable_as(shape, dtype, device, stream)) slot = empty(shape, dtype, device, stream);
   return slot;
 }
 
@@ -133,13 +136,6 @@ Tensor Tensor::to(Device device, const Stream& stream) const {
 
 Tensor Tensor::cast(DType dtype, const Stream& stream) const {
   Tensor out = empty(shape_, dtype, device(), stream);
-  ops::cast(*this, out, stream);
-  return out;
-}
-
-Tensor Tensor::as_dtype(DType dtype, Tensor& slot, const Stream& stream) const {
-  if (dtype == dtype_) return *this;
-  Tensor out = reuse(slot, shape_, dtype, device(), stream);
   ops::cast(*this, out, stream);
   return out;
 }

@@ -39,16 +39,8 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype,
                             Device device = Device::cpu(), const Stream& stream = {});
-  // Note [reused buffers]: `slot` itself when it is the whole of a storage of
-  // `shape`, `dtype` and `device`, allocated on `stream`, that no other tensor
-  // shares: nobody else can see it overwritten, and the stream orders the new
-  // work after the old. Otherwise a new empty tensor, kept in `slot`. A module
-  // keeps the buffers it hands out each call (its outputs, its input
-  // gradients) this way: once the step's consumers have let go of them (the
-  // next layer's saved input is released by its backward), the next step
-  // with the same shapes allocates none of them. A caller that keeps an
-  // output (metrics, predictions) keeps its own copy: the slot sees it shared
-  // and allocates anew.
+  // `slot` itself when reusable_as the request, else a new empty tensor kept
+  // in `slot` (Note [step buffers], engine/core/buffer_pool.h).
   static Tensor reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
                       const Stream& stream = {});
 
@@ -77,9 +69,10 @@ class Tensor {
   void copy_from(const Tensor& src, const Stream& stream = {});
   Tensor to(Device device, const Stream& stream = {}) const;
   Tensor cast(DType dtype, const Stream& stream = {}) const;
-  // This tensor in `dtype`: itself when it has that dtype, else cast into
-  // `slot`'s buffer (reuse; Note [reused buffers]). For autocast's casts.
-  Tensor as_dtype(DType dtype, Tensor& slot, const Stream& stream = {}) const;
+  // Whether this tensor is the whole of a storage of `shape`, `dtype` and
+  // `device` that no other tensor shares and that was allocated on `stream`
+  // (cpu: any), so that new work on `stream` may overwrite it unseen.
+  bool reusable_as(const Shape& shape, DType dtype, Device device, const Stream& stream) const;
   void fill_(double value, const Stream& stream = {});
   // Copies to host memory; synchronises `stream` first when the tensor is on a GPU.
   void copy_to_host(void* dst, const Stream& stream = {}) const;

@@ -23,7 +23,6 @@ class Activation : public Module {
  private:
   kernels::Activation kind_;
   core::Tensor input_;
-  core::Tensor output_, input_grad_, cast_grad_;  // Note [reused buffers], engine/core/tensor.h
 };
 
 class ReLU : public Activation {
@@ -54,8 +53,6 @@ class Dropout : public Module {
  private:
   float p_;
   core::Tensor mask_;  // u8, 1 keeps
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor mask_buffer_, output_, input_grad_;
 };
 
 // [N, d1, d2, ...] -> [N, d1 * d2 * ...]; a view, no copy.

@@ -36,10 +36,6 @@ class CausalSelfAttention : public Module {
   // compute type, the softmax output [B * H, T, T] f32, and the weights the
   // PV product used (after dropout, in the compute type).
   core::Tensor qkv_heads_, probs_, weights_;
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor heads_buffer_, scores_buffer_, y_heads_buffer_, y_buffer_;
-  core::Tensor dy_heads_buffer_, dheads_buffer_, dweights_buffer_, dqkv_buffer_;
-  core::Tensor cast_weights_, cast_grad_, cast_dscores_;
   std::int64_t batch_ = 0, seq_ = 0;
 };
 

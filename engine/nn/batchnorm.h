@@ -45,9 +45,6 @@ class BatchNorm2d : public Module {
   core::Tensor ones_, zeros_;  // stand-ins for weight and bias without affine
   // Kept by a training-mode forward: the f32 input and the batch statistics.
   core::Tensor input_, save_mean_, save_rstd_;
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor output_, mean_buffer_, rstd_buffer_, input_grad_;
-  core::Tensor cast_input_, cast_grad_, cast_input_grad_;
   DType input_dtype_ = DType::f32;
 };
 

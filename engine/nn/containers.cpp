@@ -76,9 +76,8 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
   // Mixed dtypes (a low-type branch under autocast over an f32 stream) add in
   // f32, as PyTorch's type promotion does, so the residual stream stays f32.
   const DType type = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
-  core::Tensor y = core::Tensor::reuse(sum_buffer_, a.shape(), type, a.device(), ctx.stream);
-  core::ops::add(a.as_dtype(type, cast_inner_, ctx.stream),
-                 b.as_dtype(type, cast_shortcut_, ctx.stream), y, ctx.stream);
+  core::Tensor y = step_buffer(ctx, a.shape(), type, a.device());
+  core::ops::add(in_dtype(a, type, ctx), in_dtype(b, type, ctx), y, ctx.stream);
   if (relu_after_add_) {
     core::dispatch(
         y.device(), ctx.stream,
@@ -99,8 +98,8 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   if (relu_after_add_) {
     if (!output_.defined()) no_forward_error();
-    const core::Tensor d = dy.as_dtype(output_.dtype(), cast_grad_, ctx.stream);
-    g = core::Tensor::reuse(relu_grad_buffer_, d.shape(), d.dtype(), d.device(), ctx.stream);
+    const core::Tensor d = in_dtype(dy, output_.dtype(), ctx);
+    g = step_buffer(ctx, d.shape(), d.dtype(), d.device());
     core::dispatch(
         g.device(), ctx.stream,
         [&] {
@@ -121,10 +120,8 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
     shortcut_->report_ready(ctx);
   }
   if (!input_grad()) return core::Tensor();
-  core::Tensor sum =
-      core::Tensor::reuse(input_grad_, dx.shape(), dx.dtype(), dx.device(), ctx.stream);
-  core::ops::add(dx, d_short.as_dtype(dx.dtype(), cast_shortcut_grad_, ctx.stream), sum,
-                 ctx.stream);
+  core::Tensor sum = step_buffer(ctx, dx.shape(), dx.dtype(), dx.device());
+  core::ops::add(dx, in_dtype(d_short, dx.dtype(), ctx), sum, ctx.stream);
   return sum;
 }
 

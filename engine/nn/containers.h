@@ -54,9 +54,6 @@ class Residual : public Module {
   Module* shortcut_;  // null: identity
   bool relu_after_add_;
   core::Tensor output_;  // kept for the ReLU's backward
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor sum_buffer_, relu_grad_buffer_, input_grad_;
-  core::Tensor cast_inner_, cast_shortcut_, cast_grad_, cast_shortcut_grad_;
 };
 
 }  // namespace lockstep::engine

@@ -39,8 +39,6 @@ class Conv2d : public Module {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor output_, input_grad_, cast_input_, cast_grad_, cast_input_grad_;
   DType input_dtype_ = DType::f32;
   AutocastWeight low_weight_;  // Note [autocast weight copy]
 };

@@ -20,7 +20,6 @@ class Embedding : public Module {
   std::int64_t vocab_, dim_;
   Parameter* weight_;
   core::Tensor indices_;
-  core::Tensor output_, cast_grad_;  // Note [reused buffers], engine/core/tensor.h
 };
 
 }  // namespace lockstep::engine

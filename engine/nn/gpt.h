@@ -51,7 +51,6 @@ class GPT : public Module {
   LayerNorm* ln_f_;
   Linear* lm_head_;
   core::Tensor positions_;  // [B, T] i64, 0..T-1 per row, rebuilt when B or T change
-  core::Tensor cast_grad_;  // Note [reused buffers], engine/core/tensor.h
 };
 
 // Greedy decoding: appends `count` tokens to `prompt` (not empty), each the

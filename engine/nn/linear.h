@@ -35,8 +35,6 @@ class Linear : public Module {
   bool tied_ = false;
   Parameter* bias_ = nullptr;
   core::Tensor input_;  // in the compute type, kept for backward (training only)
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor output_, input_grad_, cast_input_, cast_grad_, cast_input_grad_;
   DType input_dtype_ = DType::f32;
   core::Shape input_shape_;
   AutocastWeight low_weight_;  // Note [autocast weight copy]

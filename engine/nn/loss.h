@@ -28,8 +28,6 @@ class CrossEntropyLoss {
  private:
   std::int64_t ignore_index_;
   core::Tensor probs_, labels_, count_;
-  // Note [reused buffers] (engine/core/tensor.h): count_ is its own slot.
-  core::Tensor probs_buffer_, loss_buffer_, dlogits_buffer_, cast_logits_, cast_dlogits_;
   core::Shape logits_shape_;
   DType logits_dtype_ = DType::f32;
 };

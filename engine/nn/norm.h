@@ -22,9 +22,6 @@ class LayerNorm : public Module {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   core::Tensor input_, mean_, rstd_;  // f32, kept for backward
-  // Note [reused buffers], engine/core/tensor.h
-  core::Tensor output_, mean_buffer_, rstd_buffer_, input_grad_;
-  core::Tensor cast_input_, cast_grad_, cast_input_grad_;
   DType input_dtype_ = DType::f32;
 };
 

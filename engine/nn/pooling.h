@@ -35,7 +35,6 @@ class MaxPool2d : public Module {
   kernels::Pool2dShape config_;
   std::optional<PoolRecord> pending_;
   core::Tensor argmax_;  // the input element each output took (training only)
-  core::Tensor output_, input_grad_, argmax_buffer_;  // Note [reused buffers], core/tensor.h
 };
 
 class AvgPool2d : public Module {
@@ -50,7 +49,6 @@ class AvgPool2d : public Module {
   kernels::Pool2dShape config_;
   bool count_include_pad_;
   std::optional<PoolRecord> pending_;
-  core::Tensor output_, input_grad_;  // Note [reused buffers], engine/core/tensor.h
 };
 
 class GlobalAvgPool2d : public Module {
@@ -62,7 +60,6 @@ class GlobalAvgPool2d : public Module {
 
  private:
   std::optional<PoolRecord> pending_;  // shape.kernel_* unused
-  core::Tensor output_, input_grad_;   // Note [reused buffers], engine/core/tensor.h
 };
 
 }  // namespace lockstep::engine

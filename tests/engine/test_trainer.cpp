@@ -332,10 +332,10 @@ TEST_CASE("finite gradients whose squares sum past FLT_MAX take the step; an inf
   }
 }
 
-// Note [reused buffers] (engine/core/tensor.h): Linear, the activations and
-// the loss keep the buffers they hand out, and the step keeps its totals and
-// agreement, so after the first step a step of an MLP allocates no tensor;
-// logits a caller keeps are never overwritten by the next step.
+// Note [step buffers] (engine/core/buffer_pool.h): the layers take the
+// buffers they hand out from the step's pool, and the step keeps its totals
+// and agreement, so after the first step a step of an MLP allocates no
+// tensor; logits a caller keeps are never overwritten by the next forward.
 TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][trainer]") {
   Run run(false, false, std::nullopt, 1);
   io::TensorDataset data = source(32);
@@ -348,7 +348,9 @@ TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][tra
   // The TensorDataset's batches are tensors too: one inputs and one labels a step.
   CHECK(core::memory_stats(core::Device::cpu()).allocations - before == 3 * 2);
 
+  core::BufferPool pool;
   Context ctx;
+  ctx.buffers = &pool;
   const io::Batch b = *data.next();
   const core::Tensor kept = run.model->forward(b.inputs, ctx);
   const std::vector<float> values = kept.to_vector<float>();
