@@ -1,12 +1,15 @@
-// agree_on_step and the stop flag (comm/step_agreement.h).
+// StepAgreement and the stop flag (comm/step_agreement.h).
 #include "comm/step_agreement.h"
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/error.h"
@@ -20,7 +23,8 @@ static_assert(std::atomic<bool>::is_always_lock_free);
 
 void on_stop_signal(int) { g_stop.store(true, std::memory_order_relaxed); }
 
-constexpr std::int64_t kExactSamples = std::int64_t{1} << 24;  // integers f32 holds exactly
+// Note [step agreement]: the record's fixed slots, then the caller's sums.
+constexpr std::size_t kLossSlot = 0, kSamplesSlot = 1, kStopSlot = 2, kFixedSlots = 3;
 
 }  // namespace
 
@@ -40,18 +44,46 @@ void install_stop_handlers(std::initializer_list<int> signals) {
   }
 }
 
-StepTotals agree_on_step(Communicator& comm, double loss_sum, std::int64_t samples) {
-  if (samples < 0 || samples > kExactSamples / comm.size())
-    throw InvalidArgument(fmt::format(
-        "agree_on_step: {} samples on one rank; the agreement counts exactly up to {} per rank "
-        "at {} ranks",
-        samples, kExactSamples / comm.size(), comm.size()));
-  const std::vector<float> mine{static_cast<float>(loss_sum), static_cast<float>(samples),
-                                stop_requested() ? 1.0f : 0.0f};
-  core::Tensor totals = core::Tensor::from_vector(mine, {3}, DType::f32, comm.device());
-  comm.allreduce(totals, ReduceOp::sum);
-  const std::vector<float> sums = totals.to_vector<float>();
-  return {sums[0], static_cast<std::int64_t>(sums[1]), sums[2] > 0.0f};
+StepAgreement::StepAgreement(Communicator& comm, std::size_t sums)
+    : comm_(comm),
+      slots_(kFixedSlots + sums),
+      mine_(slots_),
+      records_(slots_ * static_cast<std::size_t>(comm.size())) {
+  if (comm.device().is_cuda())
+    throw InvalidArgument(
+        fmt::format("StepAgreement: `comm` is a communicator of {}; pass the world's host one "
+                    "(comm::World::host()): the records are read on the host",
+                    comm.device().str()));
+}
+
+StepTotals StepAgreement::agree(double loss_sum, std::int64_t samples, std::span<double> sums) {
+  const std::int64_t most = std::numeric_limits<std::int64_t>::max() / comm_.size();
+  if (samples < 0 || samples > most)
+    throw InvalidArgument(
+        fmt::format("StepAgreement::agree: {} samples on one rank; give 0 to {} "
+                    "at {} ranks",
+                    samples, most, comm_.size()));
+  if (kFixedSlots + sums.size() != slots_)
+    throw InvalidArgument(fmt::format("StepAgreement::agree: {} sums given; it was made for {}",
+                                      sums.size(), slots_ - kFixedSlots));
+  mine_[kLossSlot] = std::bit_cast<std::int64_t>(loss_sum);
+  mine_[kSamplesSlot] = samples;
+  mine_[kStopSlot] = stop_requested() ? 1 : 0;
+  for (std::size_t i = 0; i < sums.size(); ++i)
+    mine_[kFixedSlots + i] = std::bit_cast<std::int64_t>(sums[i]);
+  comm_.allgather(mine_.data(), records_.data(), static_cast<std::int64_t>(slots_), DType::i64);
+
+  StepTotals totals;
+  std::fill(sums.begin(), sums.end(), 0.0);
+  for (int r = 0; r < comm_.size(); ++r) {
+    const std::int64_t* record = records_.data() + static_cast<std::size_t>(r) * slots_;
+    totals.loss_sum += std::bit_cast<double>(record[kLossSlot]);
+    totals.samples += record[kSamplesSlot];
+    totals.stop = totals.stop || record[kStopSlot] != 0;
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      sums[i] += std::bit_cast<double>(record[kFixedSlots + i]);
+  }
+  return totals;
 }
 
 }  // namespace lockstep::comm

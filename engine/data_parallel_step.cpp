@@ -14,6 +14,19 @@
 #include "engine/zero.h"
 
 namespace lockstep::engine {
+namespace {
+
+// `decide()`, with its NumericalError (the loss scale at its floor) naming the step.
+template <typename Decide>
+double with_step(std::int64_t step, Decide&& decide) {
+  try {
+    return decide();
+  } catch (const NumericalError& e) {
+    throw NumericalError(fmt::format("step {}: {}", step, e.what()));
+  }
+}
+
+}  // namespace
 
 comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
   comm::SynchronizedModel m;
@@ -71,6 +84,8 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
       owned_ = sync_->shard_layout().owned();
     }
+    agreement_ = std::make_unique<comm::StepAgreement>(
+        world_->host(), sync_->sharded() ? ShardPayload().size() : 0);
   }
   core::trace::set_stream_name(stream_, "cuda compute stream");
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
@@ -119,6 +134,7 @@ Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) c
   ctx.seed = options_.seed;
   ctx.step = static_cast<std::uint64_t>(steps_);
   ctx.first_sample = (micro_batch * size + rank) * rows;
+  ctx.buffers = &buffers_;
   return ctx;
 }
 
@@ -165,28 +181,24 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   }
   StepResult r;
   update(r);
+  buffers_.end_step();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
 // Note [non-finite steps]: the scaler's flag (f16; the step's host
 // synchronisation) or the norm (fp32, bf16) says whether every gradient is
-// finite; the agreement gives the global loss; then the decision.
+// finite; the agreement gives the global loss (and, under ZeRO-1, the
+// shards' findings and norms); then the decision.
 void DataParallelStep::update(StepResult& r) {
+  ShardPayload shard{};  // ZeRO-1: this rank's, then summed over the ranks by the agreement
   {
     core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
     r.loss_scale = scaler_.scale();
-    try {
-      r.grad_norm = sharded()
-                        ? check_sharded_gradients(store_.grads(), owned_, scaler_,
-                                                  options_.max_grad_norm, world_->host(), stream_)
-                              .grad_norm
-                        : unscale_and_clip();
-    } catch (const NumericalError& e) {
-      throw NumericalError(fmt::format("step {}: {}", steps_ + 1, e.what()));
-    }
-    scheduler_.apply(optimizer_, steps_);
-    r.lr = optimizer_.lr(0);
+    if (sharded())
+      shard = measure_shard(store_.grads(), owned_, scaler_, stream_);
+    else
+      r.grad_norm = with_step(steps_ + 1, [&] { return unscale_and_clip(); });
   }
   float local[2];
   step_totals_.copy_to_host(local, stream_);  // waits for the device
@@ -194,7 +206,19 @@ void DataParallelStep::update(StepResult& r) {
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {
     core::trace::Span agreement("agreement", core::trace::Part::comm);
-    totals = comm::agree_on_step(world_->host(), local[0], local_rows);
+    totals = agreement_->agree(local[0], local_rows,
+                               sharded() ? std::span<double>(shard) : std::span<double>());
+  }
+  {
+    core::trace::Span clip("unscale and clip", core::trace::Part::optimizer);
+    if (sharded())
+      r.grad_norm = with_step(steps_ + 1, [&] {
+        return decide_sharded(store_.grads(), owned_, scaler_, options_.max_grad_norm, shard,
+                              stream_)
+            .grad_norm;
+      });
+    scheduler_.apply(optimizer_, steps_);
+    r.lr = optimizer_.lr(0);
   }
   r.skipped = !std::isfinite(r.grad_norm) || !std::isfinite(totals.loss_sum);
   if (!r.skipped) {

@@ -13,15 +13,16 @@
 //         complete; the root module's own parameters reported last };
 //   sync.finish (the gradients hold the mean over every rank's rows);
 //   unscale and the scaler's update (f16), the global norm or clipping, the
-//   schedule's lr; comm::agree_on_step (the loss, the rows, stop requests);
+//   schedule's lr; comm::StepAgreement (the loss, the rows, stop requests);
 //   the skip decision (Note [non-finite steps]); the optimizer's update.
 // With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
 // finish leaves each rank the mean of its shard of the gradients; unscaling,
-// the inf/NaN finding, the norm and clipping are of the shard, agreed in one
-// allreduce (Note [sharded step checks], engine/zero.h); the optimizer
-// updates the shard, and sync.gather brings every rank's shard back.
-// Everything that decides what happens next depends only on allreduced
-// values, so every rank decides alike with no further collective.
+// the inf/NaN finding and the sum of squares are of the shard, summed over
+// the ranks by the step agreement itself (Note [sharded step checks],
+// engine/zero.h), then the scaler's update and clipping of the shard; the
+// optimizer updates the shard, and sync.gather brings every rank's shard
+// back. Everything that decides what happens next depends only on reduced
+// or agreed values, so every rank decides alike with no further collective.
 //
 // Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
 // micro-batches of B rows give the update of one batch of K*B rows. Only the
@@ -42,11 +43,15 @@
 // gradients hold an inf or NaN is skipped in every precision: in f16 the loss
 // scaler's check decides (and backs off), in fp32 and bf16 the global grad
 // norm, computed anyway for clipping and the metrics, is not finite exactly
-// when some gradient is not (squares of f32 values summed in f64 cannot
-// overflow). Both look at allreduced gradients and the loss comes from the
-// step agreement, so every rank takes the same decision with no extra
-// collective; under ZeRO-1 a rank holds its shard's gradients only, and one
-// small allreduce agrees on both (Note [sharded step checks], engine/zero.h). After
+// when some gradient is not: squares of f32 values summed in f64 cannot
+// overflow (at most 2^256 per element), so the sum of squares, the norm and
+// the clip coefficient stay f64 up to the decision, never rounded to f32
+// (where finite gradients of 1e20 would sum past FLT_MAX and read as inf;
+// engine/optim/clip.h). Both look at allreduced gradients and the loss comes
+// from the step agreement, so every rank takes the same decision with no
+// extra collective; under ZeRO-1 a rank holds its shard's gradients only, and
+// the shards' findings and sums of squares ride in the step agreement (Note
+// [sharded step checks], engine/zero.h). After
 // max_consecutive_skips skipped steps in a row, run() throws NumericalError naming the step and the
 // first parameter, in backward order, whose gradient is not finite.
 #pragma once
@@ -59,6 +64,7 @@
 
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
+#include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/core/trace.h"
 #include "engine/nn/loss.h"
@@ -143,7 +149,8 @@ class DataParallelStep {
   StepResult run(std::span<const MicroBatch> micro_batches);
 
   // The forward context of micro-batch `micro_batch` of the next step, with
-  // `rows` rows per rank (Note [accumulation]); no grad-ready hook.
+  // `rows` rows per rank (Note [accumulation]); no grad-ready hook; the
+  // step's buffers (Note [step buffers], engine/core/buffer_pool.h).
   Context context(std::int64_t micro_batch, std::int64_t rows) const;
 
   // Steps taken, skipped ones included (the scheduler's and dropout's step;
@@ -162,7 +169,7 @@ class DataParallelStep {
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
   // Unscale and check, then clip or measure: the norm, NaN for a step the loss
-  // scaler skips (the unsharded form of check_sharded_gradients, engine/zero.h).
+  // scaler skips (the unsharded form of measure_shard and decide_sharded, engine/zero.h).
   double unscale_and_clip();
   // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
   bool sharded() const { return sync_ && sync_->sharded(); }
@@ -179,7 +186,10 @@ class DataParallelStep {
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
   std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
+  std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
   CrossEntropyLoss loss_;
+  // What the layers hand out, kept from step to step (Note [step buffers]).
+  mutable core::BufferPool buffers_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.
   core::Tensor step_totals_, weighted_loss_;

@@ -4,8 +4,8 @@
 // step and exit cleanly; a second SIGINT exits at once. SIGUSR1 (which mpirun
 // forwards to every rank) and SIGTERM (which mpirun sends every rank when it
 // aborts the job, SIGKILL following a second later) ask the same. A handler
-// only sets comm's stop flag, which the data-parallel step carries in its loss
-// allreduce (comm::agree_on_step), so a request made on any rank stops every
+// only sets comm's stop flag, which the data-parallel step carries in its
+// step agreement (comm::StepAgreement), so a request made on any rank stops every
 // rank at the same step, and with checkpointing on, the run saves there first.
 #pragma once
 

@@ -31,14 +31,20 @@ Tensor reduce(const Tensor& x, bool squares, const Stream& stream) {
       x.device(), stream,
       [&] {
         out = Tensor::empty({1}, DType::f32);
-        (squares ? kernels::cpu::sum_squares : kernels::cpu::sum)(x.data(), x.dtype(), x.numel(),
-                                                                  out.data_as<float>());
+        if (squares)
+          kernels::cpu::sum_squares(x.data(), x.dtype(), x.numel(), out.data_as<float>());
+        else
+          kernels::cpu::sum(x.data(), x.dtype(), x.numel(), out.data_as<float>());
       },
       [&](const Stream& s) {
         out = Tensor::empty({1}, DType::f32, x.device(), s);
         Tensor workspace = Tensor::empty({kernels::cuda::kReduceBlocks}, DType::i64, x.device(), s);
-        (squares ? kernels::cuda::sum_squares : kernels::cuda::sum)(
-            x.data(), x.dtype(), x.numel(), out.data_as<float>(), workspace.data(), s.handle());
+        if (squares)
+          kernels::cuda::sum_squares(x.data(), x.dtype(), x.numel(), out.data_as<float>(),
+                                     workspace.data(), s.handle());
+        else
+          kernels::cuda::sum(x.data(), x.dtype(), x.numel(), out.data_as<float>(), workspace.data(),
+                             s.handle());
       });
   return out;
 }

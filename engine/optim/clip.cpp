@@ -4,7 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
+#include "kernels/reduce.h"
 
 namespace lockstep::engine {
 namespace {
@@ -17,20 +19,33 @@ void require_f32(const char* who, const core::Tensor& grads) {
 
 std::vector<comm::FlatRange> whole(const core::Tensor& grads) { return {{0, grads.numel()}}; }
 
+// The f64 sum of squares of `x`, never rounded to f32 (Note [non-finite steps]).
+double sum_squares_f64(const core::Tensor& x, const core::Stream& stream) {
+  double total = 0.0;
+  core::dispatch_stream(
+      x.device(), stream,
+      [&] { kernels::cpu::sum_squares(x.data(), x.dtype(), x.numel(), &total); },
+      [&](const core::Stream& s) {
+        // The per-block partials, then the total: f64s in an i64 tensor.
+        constexpr std::int64_t blocks = kernels::cuda::kReduceBlocks;
+        core::Tensor scratch = core::Tensor::empty({blocks + 1}, DType::i64, x.device(), s);
+        auto* partials = scratch.data_as<std::int64_t>();
+        kernels::cuda::sum_squares(x.data(), x.dtype(), x.numel(),
+                                   reinterpret_cast<double*>(partials + blocks), partials,
+                                   s.handle());
+        scratch.view(blocks, {1}).copy_to_host(&total, s);
+      });
+  return total;
+}
+
 }  // namespace
 
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream) {
   require_f32("grad_norm", grads);
   double total = 0.0;
-  for (const comm::FlatRange& r : ranges) {
-    if (r.numel == 0) continue;
-    const core::Tensor sum_squares =
-        core::ops::sum_squares(grads.view(r.offset, {r.numel}), stream);
-    float value = 0.0f;
-    sum_squares.copy_to_host(&value, stream);
-    total += static_cast<double>(value);
-  }
+  for (const comm::FlatRange& r : ranges)
+    if (r.numel > 0) total += sum_squares_f64(grads.view(r.offset, {r.numel}), stream);
   return total;
 }
 

@@ -15,9 +15,11 @@
 
 namespace lockstep::engine {
 
-// The sum of squares of `grads` (f32) over `ranges`: per range
-// core::ops::sum_squares (accumulated in f64, deterministic on CUDA, rounded
-// to f32), added in f64. Reading it synchronises `stream`.
+// The sum of squares of `grads` (f32) over `ranges`, in f64 throughout: per
+// range the kernels' sum of squares (accumulated in f64, deterministic on
+// CUDA), added in f64. Never rounded to f32, so squares of finite gradients
+// cannot overflow (Note [non-finite steps], engine/data_parallel_step.h).
+// Reading it synchronises `stream`.
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream = {});
 // The L2 norm of the whole of `grads`: the square root of grad_sum_squares.

@@ -30,9 +30,15 @@ template <typename Term>
 }
 
 [[gnu::target_clones("avx2", "default")]] void sum_squares(const void* x, DType type,
-                                                           std::int64_t n, float* out) {
+                                                           std::int64_t n, double* out) {
   detail::require_float(type, "sum_squares");
-  *out = static_cast<float>(accumulate(x, type, n, [](double v) { return v * v; }));
+  *out = accumulate(x, type, n, [](double v) { return v * v; });
+}
+
+void sum_squares(const void* x, DType type, std::int64_t n, float* out) {
+  double total = 0.0;
+  sum_squares(x, type, n, &total);
+  *out = static_cast<float>(total);
 }
 
 void flag_nonfinite(const void* x, DType type, std::int64_t n, std::int32_t* flag) {

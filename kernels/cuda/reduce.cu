@@ -26,12 +26,13 @@ __global__ void partial_sums(const T* x, std::int64_t n, double* partials) {
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void finish_sum(const double* partials, float* out) {
+template <typename Out>
+__global__ void finish_sum(const double* partials, Out* out) {
   double acc = 0.0;
   for (int i = threadIdx.x; i < kReduceBlocks; i += kThreads) acc += partials[i];
   __shared__ double lanes[kThreads];
   const double total = block_sum(acc, lanes);
-  if (threadIdx.x == 0) *out = static_cast<float>(total);
+  if (threadIdx.x == 0) *out = static_cast<Out>(total);
 }
 
 template <typename T>
@@ -42,9 +43,9 @@ __global__ void nonfinite_kernel(const T* x, std::int64_t n, std::int32_t* flag)
   }
 }
 
-template <bool square>
-void reduce(const void* x, DType type, std::int64_t n, float* out, void* workspace,
-            CudaStream stream, const char* name) {
+template <bool square, typename Out>
+void reduce(const void* x, DType type, std::int64_t n, Out* out, void* workspace, CudaStream stream,
+            const char* name) {
   detail::dispatch_float(type, name, [&](auto tag) {
     using T = decltype(tag);
     auto* partials = static_cast<double*>(workspace);
@@ -63,6 +64,11 @@ void sum(const void* x, DType type, std::int64_t n, float* out, void* workspace,
 }
 
 void sum_squares(const void* x, DType type, std::int64_t n, float* out, void* workspace,
+                 CudaStream stream) {
+  reduce<true>(x, type, n, out, workspace, stream, "sum_squares");
+}
+
+void sum_squares(const void* x, DType type, std::int64_t n, double* out, void* workspace,
                  CudaStream stream) {
   reduce<true>(x, type, n, out, workspace, stream, "sum_squares");
 }

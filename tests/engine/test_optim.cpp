@@ -357,10 +357,9 @@ TEST_CASE("a segment table naming a missing group is rejected before any update"
   CHECK_NOTHROW(kernels::validate_segments(table, 1, 2, "SGD"));
 }
 
-// Clipping: the norm is a float64 sum over the parameters; the library's f64
-// sum of squares is rounded to f32 once (relative 6e-8, halved by the square
-// root), so 1e-6 relative holds it. Clipped gradients are one f32 multiply by
-// a coefficient rounded to f32: 1e-6 relative too.
+// Clipping: the norm is a float64 sum over the parameters; the library's is
+// an f64 sum too, in another order (relative ~1e-16), so 1e-6 relative holds it. Clipped gradients
+// are one f32 multiply by a coefficient rounded to f32: 1e-6 relative too.
 TEST_CASE("clip_grad_norm reports the global norm and scales like torch", "[engine][optim]") {
   auto bag = test::make_bag();
   ParameterStore store(*bag, core::Device::cpu());

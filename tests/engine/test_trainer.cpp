@@ -11,10 +11,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
+#include "engine/core/random.h"
+#include "engine/models.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -255,6 +258,146 @@ TEST_CASE("a non-finite gradient skips the step in fp32, bf16 and f16, on every 
       CHECK(run.optimizer->steps() == 3);  // the skipped step made no update
       CHECK(run.trainer->steps() == 4);    // but counts for the schedule and dropout
     }
+  }
+}
+
+// Note [huge finite gradients]: inputs of ~1e20 make fc's weight gradient,
+// (softmax - one-hot)^T x / B, ~1e20 per element: every gradient is finite,
+// the logits and the loss are too (~1e20 < FLT_MAX), but the squares sum to
+// ~1e40 > FLT_MAX. The step must take the update, and clipping must use the
+// f64 norm: the clipped gradients are g x fl32(max / (norm + 1e-6)), one f32
+// rounding of the coefficient and one of the product from the float64
+// reference, so 2.5e-7 relative holds them. The reported norm is the f64
+// square root of an f64 sum in another order: 1e-12 relative.
+TEST_CASE("finite gradients whose squares sum past FLT_MAX take the step; an inf still skips",
+          "[engine][trainer][nonfinite]") {
+  constexpr std::int64_t rows = 32;
+  std::vector<float> x(task().x.begin(), task().x.begin() + rows * 8);
+  for (float& v : x) v *= 1e20f;
+  const MicroBatch batch{core::Tensor::from_vector(x, {rows, 8}, DType::f32),
+                         core::Tensor::from_vector(
+                             std::vector<std::int64_t>(task().y.begin(), task().y.begin() + rows),
+                             {rows}, DType::i64)};
+  struct Stepped {
+    StepResult result;
+    std::vector<float> grads;  // after the step: clipped when clipping
+  };
+  auto one_step = [&](double max_grad_norm, std::optional<double> poison) {
+    Probe* probe = nullptr;
+    auto model = std::make_unique<Sequential>();
+    model->emplace<Linear>("fc", 8, 4);
+    probe = &model->emplace<Probe>("probe");
+    model->set_input_grad(false);
+    initialize(*model, 11);
+    if (poison) probe->poisoned = {0}, probe->poison = *poison;
+    ParameterStore store(*model, core::Device::cpu());
+    SGD sgd(store, single_group(store, 0.1, 0.0));
+    LossScaler scaler(LossScaler::for_autocast(std::nullopt));
+    StepOptions o;
+    o.max_grad_norm = max_grad_norm;
+    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), o,
+                          core::Stream());
+    const std::vector<float> before = store.values().to_vector<float>();
+    Stepped s{step.run({&batch, 1}), store.grads().to_vector<float>()};
+    CHECK((store.values().to_vector<float>() == before) == s.result.skipped);
+    return s;
+  };
+  const Stepped plain = one_step(0.0, std::nullopt);
+  double squares = 0.0;
+  for (float g : plain.grads) {
+    REQUIRE(std::isfinite(g));
+    squares += static_cast<double>(g) * g;
+  }
+  REQUIRE(squares > std::numeric_limits<float>::max());
+  REQUIRE(std::isfinite(squares));
+  const double norm = std::sqrt(squares);
+  CHECK_FALSE(plain.result.skipped);
+  CHECK(std::isfinite(plain.result.loss));
+  CHECK(plain.result.grad_norm == Approx(norm).epsilon(1e-12));
+
+  const double max_norm = 1.0;
+  const Stepped clipped = one_step(max_norm, std::nullopt);
+  CHECK_FALSE(clipped.result.skipped);
+  CHECK(clipped.result.grad_norm == Approx(norm).epsilon(1e-12));
+  const double coef = max_norm / (norm + 1e-6);
+  for (std::size_t i = 0; i < plain.grads.size(); ++i)
+    REQUIRE(clipped.grads[i] ==
+            Approx(static_cast<double>(plain.grads[i]) * coef).epsilon(2.5e-7).margin(1e-30));
+
+  for (double poison :
+       {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    const Stepped poisoned = one_step(max_norm, poison);
+    CHECK(poisoned.result.skipped);
+    CHECK_FALSE(std::isfinite(poisoned.result.grad_norm));
+  }
+}
+
+// Note [step buffers] (engine/core/buffer_pool.h): the layers take the
+// buffers they hand out from the step's pool, and the step keeps its totals
+// and agreement, so after the first step a step of an MLP allocates no
+// tensor; logits a caller keeps are never overwritten by the next forward.
+TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][trainer]") {
+  Run run(false, false, std::nullopt, 1);
+  io::TensorDataset data = source(32);
+  data.start_epoch(0);
+  const std::size_t first = core::memory_stats(core::Device::cpu()).allocations;
+  REQUIRE(run.trainer->step(data));
+  const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
+  CHECK(before > first);  // the first step makes the buffers
+  for (int i = 0; i < 3; ++i) REQUIRE(run.trainer->step(data));
+  // The TensorDataset's batches are tensors too: one inputs and one labels a step.
+  CHECK(core::memory_stats(core::Device::cpu()).allocations - before == 3 * 2);
+
+  core::BufferPool pool;
+  Context ctx;
+  ctx.buffers = &pool;
+  const io::Batch b = *data.next();
+  const core::Tensor kept = run.model->forward(b.inputs, ctx);
+  const std::vector<float> values = kept.to_vector<float>();
+  const core::Tensor other = run.model->forward(data.next()->inputs, ctx);  // the same shape
+  CHECK(other.to_vector<float>() != values);
+  CHECK(kept.to_vector<float>() == values);
+}
+
+TEST_CASE("after the first, a step of the mlp, cnn and gpt-tiny presets allocates no tensor",
+          "[engine][trainer]") {
+  for (const auto& [name, autocast] :
+       {std::pair<std::string, std::optional<DType>>{"mlp", std::nullopt},
+        {"mlp", DType::f16},
+        {"cnn", std::nullopt},
+        {"cnn", DType::bf16},
+        {"gpt-tiny", std::nullopt},
+        {"gpt-tiny", DType::bf16}}) {
+    INFO(name << " autocast " << (autocast ? dtype_name(*autocast) : "off"));
+    const ModelPreset& preset = model_preset(name);
+    auto model = make_model(name);
+    initialize(*model, 1);
+    ParameterStore store(*model, core::Device::cpu());
+    SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9});
+    LossScaler scaler(LossScaler::for_autocast(autocast));
+    StepOptions o;
+    o.autocast = autocast;
+    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), o,
+                          core::Stream());
+    MicroBatch batch;
+    if (preset.language_model) {  // two sequences of tokens, each predicting the next
+      const std::int64_t seq = preset.sample_shape[0];
+      std::vector<std::int64_t> tokens(static_cast<std::size_t>(2 * seq + 1));
+      for (std::size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = static_cast<std::int64_t>((i * 7919) % preset.classes);
+      batch.inputs = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(0, {2, seq});
+      batch.labels = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(1, {2, seq});
+    } else {
+      core::Shape shape{4};
+      shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+      batch = {core::Tensor::empty(shape, DType::f32),
+               core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64)};
+      core::Generator(2).normal(batch.inputs, 0.0f, 1.0f);
+    }
+    step.run({&batch, 1});
+    const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
+    for (int i = 0; i < 2; ++i) CHECK_FALSE(step.run({&batch, 1}).skipped);
+    CHECK(core::memory_stats(core::Device::cpu()).allocations == before);
   }
 }
 

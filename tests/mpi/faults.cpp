@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
     core::Tensor grads = model.gradients;
     comm::GradientSynchronizer sync(world->host(), std::move(model),
                                     {.bucket_cap_bytes = 4096, .first_bucket_cap_bytes = 1024});
+    comm::StepAgreement agreement(world->host());
     for (int step = 0; step < 5; ++step) {
       sync.begin_step(step);
       if (step == 3 && rank == 1 && mode == "die") std::raise(SIGKILL);
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
       grads.fill_(0.01 * (rank + 1));
       for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
       sync.finish();
-      comm::agree_on_step(world->host(), 1.0, 4);
+      agreement.agree(1.0, 4);
     }
     std::fprintf(stderr, "rank %d finished 5 steps\n", rank);
   } catch (const Error& e) {

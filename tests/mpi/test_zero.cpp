@@ -5,13 +5,17 @@
 // 3 ranks; with accumulation and clipping, f16 loss scaling, and through a
 // checkpoint taken under ZeRO and resumed with it, without it, and by one
 // process alone (another world size).
+#include <fmt/core.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 
+#include "comm/flight_recorder.h"
+#include "comm/step_agreement.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
 #include "engine/nn/activation.h"
@@ -276,8 +280,9 @@ TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mp
       grads.data_as<float>()[mine->offset] = INFINITY;
     }
     LossScaler scaler(LossScalerOptions{.init_scale = 1024.0f});
-    const ShardedCheck check =
-        check_sharded_gradients(grads, owned, scaler, 0.0, world.host(), core::Stream());
+    ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
+    comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
+    const ShardedCheck check = decide_sharded(grads, owned, scaler, 0.0, payload, core::Stream());
     INFO("with inf: " << with_inf);
     CHECK(check.clean == !with_inf);
     CHECK(scaler.scale() == (with_inf ? 512.0f : 1024.0f));
@@ -285,10 +290,101 @@ TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mp
       // The chunks of all ranks tile [0, 576): the f64 norm of every value / 1024.
       double squares = 0.0;
       for (std::int64_t i = 0; i < 576; ++i) squares += std::pow(value(i) / 1024.0, 2);
-      // f32 partial sums and their f32 sum over ranks: a few roundings, 1e-6 relative.
-      CHECK(check.grad_norm == Approx(std::sqrt(squares)).epsilon(1e-6));
+      // f64 sums in other orders, never rounded to f32: 1e-12 relative.
+      CHECK(check.grad_norm == Approx(std::sqrt(squares)).epsilon(1e-12));
     }
   }
+}
+
+// Note [huge finite gradients] (tests/engine/test_trainer.cpp) under ZeRO-1:
+// gradients of ~1e20 whose squares sum past FLT_MAX over the shards; the
+// norm is the f64 reference (1e-12 relative: f64 sums in other orders) and
+// each rank's clipped shard is g x fl32(coef) (2.5e-7 relative).
+TEST_CASE("ZeRO-1's shard norms of finite gradients past FLT_MAX clip like float64",
+          "[mpi][zero]") {
+  comm::World& world = test::mpi_world();
+  std::vector<comm::GradientSegment> segments = {{"a", 0, 300, {300}}, {"b", 320, 200, {200}}};
+  const comm::ShardLayout layout =
+      comm::plan_shards(segments, 576, world.size(), world.rank(), 256, 256);
+  auto value = [](std::int64_t i) {
+    return i < 520 && (i < 300 || i >= 320) ? 1e20f * (0.01f * static_cast<float>(i % 97) - 0.4f)
+                                            : 0.0f;
+  };
+  core::Tensor grads = core::Tensor::empty({576}, DType::f32);
+  double squares = 0.0;
+  for (std::int64_t i = 0; i < 576; ++i) {
+    grads.data_as<float>()[i] = value(i);
+    squares += std::pow(static_cast<double>(value(i)), 2);
+  }
+  REQUIRE(squares > std::numeric_limits<float>::max());
+  const std::vector<comm::FlatRange> owned = layout.owned();
+  LossScaler scaler(LossScalerOptions{.enabled = false});
+  ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
+  comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
+  const double norm = std::sqrt(squares), max_norm = 1.0;
+  const ShardedCheck check =
+      decide_sharded(grads, owned, scaler, max_norm, payload, core::Stream());
+  CHECK(check.clean);
+  CHECK(check.grad_norm == Approx(norm).epsilon(1e-12));
+  const double coef = max_norm / (norm + 1e-6);
+  for (const comm::FlatRange& r : owned)
+    for (std::int64_t i = r.offset; i < r.offset + r.numel; ++i)
+      REQUIRE(grads.data_as<float>()[i] ==
+              Approx(static_cast<double>(value(i)) * coef).epsilon(2.5e-7).margin(1e-30));
+}
+
+// Note [collectives of a ZeRO-1 step]: a step of the net (no buffers, so
+// begin_step broadcasts nothing) issues, in this order: one reduce-scatter
+// per bucket (the gradients), one allgather of the step agreement's records
+// (loss, rows, stop, and the shards' inf finding and sum of squares: 5
+// eight-byte slots), and one allgather per bucket (the updated parameters).
+// Nothing else: the shards' checks ride in the agreement.
+TEST_CASE("a ZeRO-1 step issues the buckets' collectives and one agreement, nothing else",
+          "[mpi][zero]") {
+  comm::World& world = test::mpi_world();
+  Config c = Config::of("sgd").with_zero(1);
+  c.clip = 0.2;
+  c.steps = 3;
+  // Only this run's collectives, and none of its set-up numbered as a step.
+  const std::vector<comm::FlightRecord> earlier = world.watchdog().flight_records();
+  const std::uint64_t first_ticket = earlier.empty() ? 0 : earlier.back().ticket + 1;
+  world.watchdog().set_step(-1);
+  train(c);
+  auto model = net();
+  ParameterStore store(*model, core::Device::cpu());
+  const comm::ShardLayout layout =
+      comm::plan_shards(synchronized_model(*model, store).segments, kFlatElements, world.size(),
+                        world.rank(), 512, 512);
+  struct Call {
+    std::string kind;
+    std::int64_t count;
+    DType dtype;
+    std::int64_t bucket;
+    bool operator==(const Call&) const = default;
+  };
+  std::vector<Call> expected;
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b)
+    expected.push_back(
+        {"reduce_scatter", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
+  expected.push_back({"allgather", 5, DType::i64, -1});
+  for (std::size_t b = 0; b < layout.buckets.size(); ++b)
+    expected.push_back(
+        {"allgather", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
+
+  std::vector<Call> last_step;  // the watchdog numbers steps from 0
+  for (const comm::FlightRecord& f : world.watchdog().flight_records())
+    if (f.ticket >= first_ticket && f.step == c.steps - 1)
+      last_step.push_back({f.kind, f.count, f.dtype, f.bucket});
+  auto show = [](const std::vector<Call>& calls) {
+    std::string text;
+    for (const Call& call : calls)
+      text += fmt::format("{} {} {} bucket {}; ", call.kind, call.count, dtype_name(call.dtype),
+                          call.bucket);
+    return text;
+  };
+  INFO("issued: " << show(last_step));
+  INFO("expected: " << show(expected));
+  CHECK(last_step == expected);
 }
 
 TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one process",

@@ -140,8 +140,8 @@ TEST_CASE("cuda and cpu loss scalers take the same decisions", "[gpu][scaler]") 
   }
 }
 
-// The CUDA sum of squares adds in another order (f64 either way, then rounded
-// to f32): the norms agree to 1e-6 relative, and so do the clipped gradients.
+// The CUDA sum of squares adds in another order (f64 either way): the norms
+// agree to 1e-6 relative, and so do the clipped gradients.
 TEST_CASE("cuda clipping matches the cpu one", "[gpu][optim]") {
   Pair pair;
   pair.set_grads(test::step_grads(pair.cpu, 3));

@@ -23,7 +23,6 @@
 #include "engine/nn/linear.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
-#include "engine/zero.h"
 #include "support/world_of_one.h"
 
 using namespace lockstep;
@@ -108,15 +107,4 @@ TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism'
       CHECK(plain.skipped < 6);
       CHECK_FALSE(same_bits(plain.parameters, plain.start));
     }
-}
-
-TEST_CASE("ZeRO-1's step check refuses a device communicator, naming the host one",
-          "[gpu][step][zero]") {
-  comm::World& world = test::gpu_world_of_one();
-  REQUIRE(world.device().is_cuda());
-  core::Tensor grads = core::Tensor::zeros({64}, DType::f32, world.device());
-  LossScaler scaler(LossScalerOptions{.enabled = false});
-  CHECK_THROWS_WITH(check_sharded_gradients(grads, {{0, 64}}, scaler, 0.0,
-                                            world.for_device(world.device()), core::Stream()),
-                    Catch::Contains("pass the world's host one (comm::World::host())"));
 }
