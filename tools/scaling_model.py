@@ -263,6 +263,9 @@ def parse_measurement(record, where):
     for key in ("solo_ms", "compute_ms", "synced_ms", "efficiency"):
         need(record, where, key, positive=True)
     need(record, where, "model", str)
+    for key in ("comm_ms", "jitter", "straggler_ms", "comm_in_step_ms", "serial_compute_ms"):
+        if record.get(key) is not None:  # optional: older files lack the measured terms
+            need(record, where, key)
     return record
 
 
