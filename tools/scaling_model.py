@@ -511,7 +511,8 @@ def run_model(args):
 
 
 # The check's columns, in the order their terms are added (docs/scaling-model.md).
-CHECK_TERMS = ("ideal", "contention", "stragglers", "comm_in_step", "after_comm", "loader")
+CHECK_TERMS = ("ideal", "contention", "stragglers", "sharded_optimizer", "comm_in_step",
+               "after_comm", "loader")
 
 
 def check_record(profile, network, m, terms):
@@ -539,11 +540,14 @@ def check_record(profile, network, m, terms):
         straggler = (m.get("jitter", terms.jitter) * shared.compute_ms
                      * expected_max_normal(ranks))
     steps["stragglers"] = steps["contention"] + straggler
+    # ZeRO-1: each rank updates 1/p of the parameters, where solo and compute update all.
+    sharded = shared.optimizer_ms * (1.0 - 1.0 / ranks) if m.get("zero") == 1 else 0.0
+    steps["sharded_optimizer"] = steps["stragglers"] - sharded
     # Without overlap the communication is all exposed; in the step it runs right after
     # backward, on caches backward filled, not as the alpha-beta fit (hot buffers) says.
     in_step = m.get("comm_in_step_ms") if serial else None
     exposed = contended["exposed_comm_ms"]
-    steps["comm_in_step"] = steps["stragglers"] + (in_step - exposed if in_step is not None
+    steps["comm_in_step"] = steps["sharded_optimizer"] + (in_step - exposed if in_step is not None
                                                    else 0.0)
     # The next forward and the optimizer refill the caches the communication evicted.
     after = m.get("serial_compute_ms") if serial else None
@@ -567,11 +571,12 @@ def run_check(args):
     print(f"check against {args.check}: flat network from the link record(s), profiles scaled "
           "to each record's solo step; efficiencies in %, each column adds one term")
     print("columns: ideal alpha-beta; + contention (compute_ms / solo_ms); + stragglers "
-          "(measured, or from jitter); + comm in step (measured, less the alpha-beta comm); "
+          "(measured, or from jitter); + ZeRO-1's sharded optimizer (1/p of the profile's); "
+          "+ comm in step (measured, less the alpha-beta comm); "
           "+ compute after comm (measured); + loader stalls (flags) = predicted; "
           "unexplained = predicted - measured; no-overlap bound = solo / (compute + comm)")
     print(f"{'model':>8} {'ranks':>5} {'measured':>8} {'ideal':>6} {'+cont':>6} {'+strag':>6} "
-          f"{'+comm':>6} {'+after':>6} {'+loader':>7} {'unexpl':>6} {'no-overlap':>10} "
+          f"{'+shard':>6} {'+comm':>6} {'+after':>6} {'+loader':>7} {'unexpl':>6} {'no-overlap':>10} "
           f"{'comm ms pred/alone/step':>24}")
     for where, m in measurements:
         if m.get("mode", "weak") != "weak":
@@ -593,7 +598,7 @@ def run_check(args):
         def ms(v):
             return f"{v:.3g}" if v is not None else "-"
         print(f"{m['model']:>8} {m['ranks']:>5} {100 * measured:>8.1f} "
-              + " ".join(f"{100 * eff[k]:>{w}.1f}" for k, w in zip(CHECK_TERMS, (6, 6, 6, 6, 6, 7)))
+              + " ".join(f"{100 * eff[k]:>{w}.1f}" for k, w in zip(CHECK_TERMS, (6, 6, 6, 6, 6, 6, 7)))
               + f" {100 * unexplained:>+6.1f} "
               f"{100 * serial if serial is not None else float('nan'):>10.1f} "
               f"{comm_pred:>8.3g} / {ms(comm_meas)} / {ms(m.get('comm_in_step_ms'))}")
@@ -602,6 +607,7 @@ def run_check(args):
                   "predicted_ideal": eff["ideal"],
                   "predicted_with_contention": eff["contention"],
                   "predicted_with_stragglers": eff["stragglers"],
+                  "predicted_with_sharded_optimizer": eff["sharded_optimizer"],
                   "predicted_with_comm_in_step": eff["comm_in_step"],
                   "predicted_with_after_comm": eff["after_comm"],
                   "predicted_with_terms": eff["loader"],

@@ -1,6 +1,6 @@
 """tools/scaling_model.py --check on crafted bench_scaling files with hand-computed answers: the
 terms added one at a time (ideal, contention, measured stragglers, communication in the step,
-compute after communication) and the fallbacks of a record that lacks the measured terms (the
+ZeRO-1's sharded optimizer, compute after communication) and the fallbacks of a record that lacks the measured terms (the
 straggler from jitter, no in-step terms); bad input named by file and line. The arithmetic is
 exact up to float rounding, so results are compared to 1e-9. Run by ctest (tools_python)."""
 import json
@@ -54,6 +54,13 @@ class ScalingCheckTest(unittest.TestCase):
         self.assertAlmostEqual(r["difference_with_terms"], 4.0 / 5.9 - 4.0 / 6.0, places=9)
         self.assertAlmostEqual(r["loss_stragglers"], 4.0 / 5.42 - 4.0 / 5.52, places=9)
         self.assertAlmostEqual(r["no_overlap_bound"], 4.0 / 5.4, places=9)
+
+    def test_zero_shards_the_optimizer(self):
+        # ZeRO-1 at 2 ranks: half of the contended optimizer (0.5 x 2 x 1.1 ms) is not done.
+        [r] = self.check(dict(MEASURED, zero=1))
+        self.assertAlmostEqual(r["predicted_with_sharded_optimizer"], 4.0 / (5.52 - 0.55),
+                               places=9)
+        self.assertAlmostEqual(r["predicted_with_terms"], 4.0 / (5.90 - 0.55), places=9)
 
     def test_record_without_measured_terms(self):
         old = {k: v for k, v in MEASURED.items()
