@@ -89,9 +89,9 @@ double slowest(const Config& config, double seconds) {
 //                     mean over ranks of compute + wait less the largest mean
 //                     compute. It is what averaging a block hides from the
 //                     compute column.
-//   comm in step:     the communication right after backward, ranks aligned:
-//                     compared with the comm column (communication alone,
-//                     repeated with hot buffers), what cold caches cost it.
+//   comm in step:     the communication right after backward, ranks aligned,
+//                     against the comm column (communication alone, repeated
+//                     on the same buffers): what following backward costs it.
 //   compute after comm: the largest mean compute here less the compute
 //                     column: forward and optimizer refilling the caches the
 //                     communication evicted.
