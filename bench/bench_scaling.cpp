@@ -10,7 +10,9 @@
 //   strong: fixed global batch G;   efficiency = solo(G) / (N * synced(G/N))
 // Beside the efficiencies it reports the step without synchronisation (all
 // ranks computing at once: what sharing the machine costs), the allreduce of
-// every bucket alone, the exposed communication and the overlap fraction.
+// every bucket alone, the exposed communication and the overlap fraction,
+// and it times the synchronised step's parts one after another (Note [serial
+// step]) so that the scaling model can account for synced - compute.
 // It also writes the inputs of tools/scaling_model.py: the backward profile
 // (when each bucket's gradients are complete) and the link's alpha-beta fit.
 // Started without mpirun it is a world of one, which still gives the profile
@@ -74,6 +76,38 @@ double slowest(const Config& config, double seconds) {
   return seconds;
 }
 
+// Note [serial step]: without host overlap (Note [host overlap]) the
+// synchronised step is the step without sync, then a wait for the slowest
+// rank, then the communication, after which the next forward starts with
+// caches the communication has filled. bench_scaling times that sequence
+// with a barrier between compute and communication, per rank and per part, so
+// that the scaling model can name each part of synced - compute
+// (tools/scaling_model.py --check):
+//   straggler:        E[max over ranks of a step's compute] - max over ranks
+//                     of E[compute]; with a barrier, every rank's compute +
+//                     wait is the slowest compute of that step, so this is the
+//                     mean over ranks of compute + wait less the largest mean
+//                     compute. It is what averaging a block hides from the
+//                     compute column.
+//   comm in step:     the communication right after backward, ranks aligned,
+//                     against the comm column (communication alone, repeated
+//                     on the same buffers): what following backward costs it.
+//   compute after comm: the largest mean compute here less the compute
+//                     column: forward and optimizer refilling the caches the
+//                     communication evicted.
+// The part of synced that these leave is the synchronised path's own cost
+// (the step agreement, the synchroniser's bookkeeping).
+//
+// Per-rank times of the serial step's parts, step by step.
+struct SerialTimes {
+  std::vector<double> compute, wait, comm;
+  void add(double c, double w, double m) {
+    compute.push_back(c);
+    wait.push_back(w);
+    comm.push_back(m);
+  }
+};
+
 // One rank's model, optimizer and synthetic batch, and the three kinds of
 // step the benchmark times. Both training steps are engine::DataParallelStep:
 // over the world (built collectively, only when the runner takes part in
@@ -116,10 +150,47 @@ class StepRunner {
     if (sync.sharded()) sync.gather(t_.store->values());
   }
 
+  // The synchronised step's work in sequence (Note [serial step]), each part
+  // timed on this rank: the step without sync, a barrier (the wait for the
+  // slowest rank), then every bucket's communication.
+  void serial_step(comm::Communicator& host, SerialTimes& times) {
+    const auto start = Clock::now();
+    step(false);
+    synchronize();
+    const auto computed = Clock::now();
+    host.barrier();
+    const auto aligned = Clock::now();
+    communicate_only();
+    synchronize();
+    times.add(std::chrono::duration<double>(computed - start).count(),
+              std::chrono::duration<double>(aligned - computed).count(), seconds_since(aligned));
+  }
+
   struct Profile {
     double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
     std::vector<double> segment_ready_ms;  // from the start of backward, in ready order
   };
+  // The median of `repeats` profiles, field by field, after one discarded: a
+  // first step pays for first-touch allocations (its forward takes several
+  // times as long) and would tell the scaling model of another step.
+  Profile warm_profile(int repeats) {
+    profile();
+    std::vector<Profile> runs;
+    for (int i = 0; i < repeats; ++i) runs.push_back(profile());
+    auto median = [&](auto field) {
+      std::vector<double> v;
+      for (const Profile& r : runs) v.push_back(field(r));
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    Profile p;
+    p.forward_ms = median([](const Profile& r) { return r.forward_ms; });
+    p.backward_ms = median([](const Profile& r) { return r.backward_ms; });
+    p.optimizer_ms = median([](const Profile& r) { return r.optimizer_ms; });
+    for (std::size_t s = 0; s < runs.front().segment_ready_ms.size(); ++s)
+      p.segment_ready_ms.push_back(median([s](const Profile& r) { return r.segment_ready_ms[s]; }));
+    return p;
+  }
   // One step timed in its phases. A GPU stream is synchronised at every
   // readiness to read the host clock; the ready times are then rescaled so
   // that the last one equals the backward time measured without those stalls.
@@ -258,11 +329,47 @@ double relative_jitter(const Config& config, StepRunner& runner) {
   return jitter / ranks;
 }
 
+// The serial step's terms (Note [serial step]), from every rank's times: per
+// part, the median over the timed blocks of the block's mean, then over ranks.
+struct SerialTerms {
+  double compute_s = 0, straggler_s = 0, comm_s = 0;
+};
+
+SerialTerms serial_terms(const Config& config, const SerialTimes& t) {
+  auto block_median = [&](auto value) {
+    std::vector<double> means;
+    const auto steps = static_cast<std::size_t>(config.steps);
+    for (auto first = static_cast<std::size_t>(config.warmup); first + steps <= t.compute.size();
+         first += steps) {
+      double sum = 0;
+      for (std::size_t i = first; i < first + steps; ++i) sum += value(i);
+      means.push_back(sum / static_cast<double>(steps));
+    }
+    std::sort(means.begin(), means.end());
+    return means[means.size() / 2];
+  };
+  double largest = block_median([&](std::size_t i) { return t.compute[i]; });
+  double reached = block_median([&](std::size_t i) { return t.compute[i] + t.wait[i]; });
+  double comm = block_median([&](std::size_t i) { return t.comm[i]; });
+  if (config.mpi) {
+    int ranks = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    MPI_Allreduce(MPI_IN_PLACE, &largest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &reached, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &comm, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    reached /= ranks;
+    comm /= ranks;
+  }
+  return {largest, std::max(0.0, reached - largest), comm};
+}
+
 struct Row {
   std::string mode;
   std::int64_t batch_per_rank, global_batch;
   double solo_s, compute_s, synced_s, comm_s, efficiency;
   double jitter;
+  double serial_s;  // the serial step (Note [serial step]) and its terms
+  SerialTerms serial;
 
   double exposed_s() const { return std::max(0.0, synced_s - compute_s); }
   // The share of the communication that backward hid.
@@ -292,6 +399,10 @@ std::vector<bench::JsonField> row_fields(const Row& r, int ranks) {
           bench::field("overlap", r.overlap()),
           bench::field("contention", r.compute_s / r.solo_s),
           bench::field("jitter", r.jitter),
+          bench::field("serial_ms", r.serial_s * 1e3),
+          bench::field("serial_compute_ms", r.serial.compute_s * 1e3),
+          bench::field("straggler_ms", r.serial.straggler_s * 1e3),
+          bench::field("comm_in_step_ms", r.serial.comm_s * 1e3),
           bench::field("efficiency", r.efficiency)};
 }
 
@@ -398,7 +509,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
   sync.zero_stage = o.zero;
   StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
   if (rank0) {
-    const auto p = runner.profile();
+    const auto p = runner.warm_profile(5);
     const auto& buckets = runner.synchronizer().buckets();
     auto fields = common("scaling_profile");
     std::string list = "[";
@@ -445,6 +556,10 @@ int run(comm::World& world, const Options& o, const Config& config) {
   auto emit = [&](const Row& r) {
     if (!rank0) return;
     print_row(r, n);
+    fmt::print(
+        "{:<7} serial step {:.2f} ms: compute {:.2f}, straggler {:.2f}, comm in step {:.2f}\n", "",
+        r.serial_s * 1e3, r.serial.compute_s * 1e3, r.serial.straggler_s * 1e3,
+        r.serial.comm_s * 1e3);
     auto fields = common("scaling");
     for (auto& f : row_fields(r, n)) fields.push_back(f);
     fields.push_back(bench::field("zero", static_cast<long long>(o.zero)));
@@ -456,19 +571,23 @@ int run(comm::World& world, const Options& o, const Config& config) {
     json.write(fields);
   };
 
-  // Solo, all ranks computing, synchronised, communication alone.
-  auto phases_of = [&](StepRunner& r) {
+  // Solo, all ranks computing, synchronised, communication alone, and the
+  // serial step (Note [serial step]).
+  auto phases_of = [&](StepRunner& r, SerialTimes& serial) {
     const auto wait = [&r] { r.synchronize(); };
-    return std::vector<Phase>{{rank0, [&r] { r.step(false); }, wait},
-                              {true, [&r] { r.step(false); }, wait},
-                              {true, [&r] { r.step(true); }, wait},
-                              {true, [&r] { r.communicate_only(); }, wait}};
+    return std::vector<Phase>{
+        {rank0, [&r] { r.step(false); }, wait},
+        {true, [&r] { r.step(false); }, wait},
+        {true, [&r] { r.step(true); }, wait},
+        {true, [&r] { r.communicate_only(); }, wait},
+        {true, [&r, &serial, &world] { r.serial_step(world.host(), serial); }, [] {}}};
   };
-  const std::vector<double> weak = time_phases(config, phases_of(runner));
+  SerialTimes weak_serial;
+  const std::vector<double> weak = time_phases(config, phases_of(runner, weak_serial));
   const double jitter = relative_jitter(config, runner);
   if (o.mode != "strong")
     emit({"weak", o.batch, o.batch * n, weak[0], weak[1], weak[2], weak[3], weak[0] / weak[2],
-          jitter});
+          jitter, weak[4], serial_terms(config, weak_serial)});
 
   if (o.mode != "weak") {
     // Solo is one rank with the whole global batch; the rest at G / N per rank.
@@ -478,11 +597,13 @@ int run(comm::World& world, const Options& o, const Config& config) {
     StepRunner& s = strong ? *strong : runner;
     std::optional<StepRunner> whole;
     if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
-    std::vector<Phase> phases = phases_of(s);
+    SerialTimes strong_serial;
+    std::vector<Phase> phases = phases_of(s, strong_serial);
     phases[0] = {rank0, [&] { whole->step(false); }, [&] { whole->synchronize(); }};
     const std::vector<double> t = time_phases(config, phases);
     const double s_jitter = strong ? relative_jitter(config, s) : jitter;
-    emit({"strong", per_rank, global, t[0], t[1], t[2], t[3], t[0] / (n * t[2]), s_jitter});
+    emit({"strong", per_rank, global, t[0], t[1], t[2], t[3], t[0] / (n * t[2]), s_jitter, t[4],
+          serial_terms(config, strong_serial)});
   }
   if (rank0)
     bench::print_legend(

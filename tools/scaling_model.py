@@ -263,6 +263,9 @@ def parse_measurement(record, where):
     for key in ("solo_ms", "compute_ms", "synced_ms", "efficiency"):
         need(record, where, key, positive=True)
     need(record, where, "model", str)
+    for key in ("comm_ms", "jitter", "straggler_ms", "comm_in_step_ms", "serial_compute_ms"):
+        if record.get(key) is not None:  # optional: older files lack the measured terms
+            need(record, where, key)
     return record
 
 
@@ -507,67 +510,119 @@ def run_model(args):
         print(f"\nplot: {args.plot}")
 
 
+# The check's columns, in the order their terms are added (docs/scaling-model.md).
+CHECK_TERMS = ("ideal", "contention", "stragglers", "sharded_optimizer", "comm_in_step",
+               "after_comm", "loader")
+
+
+def check_record(profile, network, m, terms):
+    """Step times (ms) of bench_scaling's weak-scaling record `m` as the check builds it up,
+    one term at a time (CHECK_TERMS), each measured in the same run where the record has it.
+    The profile is scaled to the record's solo step, so that every efficiency is solo / step."""
+    ranks = m["ranks"]
+    base = profile.scaled(m["solo_ms"] / profile.compute_ms, profile.source)
+    serial = m.get("host_overlap") is False
+    if serial:
+        # The synchroniser reduced every bucket after backward (Note [host overlap]).
+        base = replace(base, buckets=[(b, base.backward_ms) for b, _ in base.buckets])
+    none = NonIdeal(knee=False, interference=0.0, jitter=0.0, stall_prob=0.0, stall_ms=0.0)
+    steps = {"ideal": predict(base, network, ranks, none)["step_ms"]}
+    # Ranks sharing one machine slow each other's compute even without communication:
+    # compute_ms / solo_ms, measured, stretches every compute time.
+    shared = base.scaled(m["compute_ms"] / m["solo_ms"], base.source)
+    contended = predict(shared, network, ranks, replace(none, interference=terms.interference))
+    steps["contention"] = contended["step_ms"]
+    # The slowest rank: measured as such (Note [serial step] in bench_scaling), else from
+    # the step-to-step jitter (the record's, or --jitter) and a normal distribution.
+    if m.get("straggler_ms") is not None:
+        straggler = m["straggler_ms"]
+    else:
+        straggler = (m.get("jitter", terms.jitter) * shared.compute_ms
+                     * expected_max_normal(ranks))
+    steps["stragglers"] = steps["contention"] + straggler
+    # ZeRO-1: each rank updates 1/p of the parameters, where solo and compute update all.
+    sharded = shared.optimizer_ms * (1.0 - 1.0 / ranks) if m.get("zero") == 1 else 0.0
+    steps["sharded_optimizer"] = steps["stragglers"] - sharded
+    # Without overlap the communication is all exposed; in the step it runs right after
+    # backward, on caches backward filled, not as the alpha-beta fit (hot buffers) says.
+    in_step = m.get("comm_in_step_ms") if serial else None
+    exposed = contended["exposed_comm_ms"]
+    steps["comm_in_step"] = steps["sharded_optimizer"] + (in_step - exposed if in_step is not None
+                                                   else 0.0)
+    # The next forward and the optimizer refill the caches the communication evicted.
+    after = m.get("serial_compute_ms") if serial else None
+    steps["after_comm"] = steps["comm_in_step"] + (after - m["compute_ms"] if after is not None
+                                                   else 0.0)
+    steps["loader"] = steps["after_comm"] + terms.stall_ms * (
+        (1.0 - (1.0 - terms.stall_prob) ** ranks) - terms.stall_prob)
+    return steps, sum(network.allreduce_ms(b, ranks, False)[0] for b, _ in profile.buckets)
+
+
 def run_check(args):
-    """Predict bench_scaling's measured weak-scaling runs from its own profile and link."""
+    """Predict bench_scaling's measured weak-scaling runs from its own profile, link and
+    measured terms, and say what is left unexplained."""
     profiles, links, measurements = load_bench_file(args.check)
     if not links:
         raise InputError(f"{args.check}: no 'scaling_link' record to take alpha and bandwidth from")
     by_model = {p.model: p for p, _, _ in profiles}
     terms = NonIdeal(knee=False, interference=args.interference, jitter=args.jitter,
                      stall_prob=args.stall_prob, stall_ms=args.stall_ms)
-    none = NonIdeal(knee=False, interference=0.0, jitter=0.0, stall_prob=0.0, stall_ms=0.0)
     records = []
-    print(f"check against {args.check}: flat network from the link record(s), profiles as "
-          "measured; efficiencies in %, difference = predicted - measured")
-    print("columns: ideal alpha-beta; + shared-machine contention (compute_ms / solo_ms, "
-          "measured); + the non-ideal terms at their flags; no-overlap bound = solo / (compute "
-          "+ comm), all measured")
-    print(f"{'model':>16} {'ranks':>5} {'measured':>8} {'ideal':>6} {'diff':>6} "
-          f"{'+shared':>7} {'diff':>6} {'+terms':>6} {'diff':>6} {'no-overlap':>10} "
-          f"{'comm ms pred/meas':>18}")
+    print(f"check against {args.check}: flat network from the link record(s), profiles scaled "
+          "to each record's solo step; efficiencies in %, each column adds one term")
+    print("columns: ideal alpha-beta; + contention (compute_ms / solo_ms); + stragglers "
+          "(measured, or from jitter); + ZeRO-1's sharded optimizer (1/p of the profile's); "
+          "+ comm in step (measured, less the alpha-beta comm); "
+          "+ compute after comm (measured); + loader stalls (flags) = predicted; "
+          "unexplained = predicted - measured; no-overlap bound = solo / (compute + comm)")
+    print(f"{'model':>8} {'ranks':>5} {'measured':>8} {'ideal':>6} {'+cont':>6} {'+strag':>6} "
+          f"{'+shard':>6} {'+comm':>6} {'+after':>6} {'+loader':>7} {'unexpl':>6} {'no-overlap':>10} "
+          f"{'comm ms pred/alone/step':>24}")
     for where, m in measurements:
         if m.get("mode", "weak") != "weak":
-            print(f"{'':>16} skipping {where}: mode '{m.get('mode')}' (only weak runs are checked)")
+            print(f"{'':>8} skipping {where}: mode '{m.get('mode')}' (only weak runs are checked)")
             continue
         if m["model"] not in by_model:
             raise InputError(f"{where}: no scaling_profile for model '{m['model']}' "
                              f"in {args.check}")
-        profile = by_model[m["model"]]
         same = [link for link in links if link["ranks"] == m["ranks"]]
         network = flat_network((same or links)[0], m["ranks"])
-        ideal = predict(profile, network, m["ranks"], none)["efficiency"]
-        # Ranks sharing one machine slow each other's compute even without communication:
-        # compute_ms / solo_ms, measured, stretches every compute time.
-        contention = m["compute_ms"] / m["solo_ms"]
-        shared = profile.scaled(contention, profile.source)
-        if m.get("host_overlap") is False:
-            # The synchroniser reduced every bucket after backward (Note [host overlap]).
-            shared = replace(shared, buckets=[(b, shared.backward_ms) for b, _ in shared.buckets])
-        with_contention = profile.compute_ms / predict(shared, network, m["ranks"], none)["step_ms"]
-        # The run's own step-to-step jitter, when bench_scaling measured it.
-        measured_terms = replace(terms, jitter=m.get("jitter", terms.jitter))
-        full = predict(shared, network, m["ranks"], measured_terms)
-        with_terms = profile.compute_ms / full["step_ms"]
-        comm_pred = sum(network.allreduce_ms(b, m["ranks"], False)[0] for b, _ in profile.buckets)
+        steps, comm_pred = check_record(by_model[m["model"]], network, m, terms)
+        eff = {k: m["solo_ms"] / steps[k] for k in CHECK_TERMS}
         measured = m["efficiency"]
         comm_meas = m.get("comm_ms")
         # Measured only: the efficiency if communication had not overlapped compute at all.
         serial = m["solo_ms"] / (m["compute_ms"] + comm_meas) if comm_meas is not None else None
-        print(f"{m['model']:>16} {m['ranks']:>5} {100 * measured:>8.1f} {100 * ideal:>6.1f} "
-              f"{100 * (ideal - measured):>+6.1f} {100 * with_contention:>7.1f} "
-              f"{100 * (with_contention - measured):>+6.1f} {100 * with_terms:>6.1f} "
-              f"{100 * (with_terms - measured):>+6.1f} "
+        unexplained = eff["loader"] - measured
+
+        def ms(v):
+            return f"{v:.3g}" if v is not None else "-"
+        print(f"{m['model']:>8} {m['ranks']:>5} {100 * measured:>8.1f} "
+              + " ".join(f"{100 * eff[k]:>{w}.1f}" for k, w in zip(CHECK_TERMS, (6, 6, 6, 6, 6, 6, 7)))
+              + f" {100 * unexplained:>+6.1f} "
               f"{100 * serial if serial is not None else float('nan'):>10.1f} "
-              f"{comm_pred:>8.3g} / {comm_meas if comm_meas is not None else float('nan'):<8.3g}")
-        records.append({"check": args.check, "record": where, "model": m["model"],
-                        "ranks": m["ranks"], "measured_efficiency": measured,
-                        "predicted_ideal": ideal, "predicted_with_contention": with_contention,
-                        "predicted_with_terms": with_terms, "contention": contention,
-                        "difference_ideal": ideal - measured,
-                        "difference_with_contention": with_contention - measured,
-                        "difference_with_terms": with_terms - measured,
-                        "no_overlap_bound": serial,
-                        "comm_ms_predicted": comm_pred, "comm_ms_measured": comm_meas})
+              f"{comm_pred:>8.3g} / {ms(comm_meas)} / {ms(m.get('comm_in_step_ms'))}")
+        record = {"check": args.check, "record": where, "model": m["model"],
+                  "ranks": m["ranks"], "measured_efficiency": measured,
+                  "predicted_ideal": eff["ideal"],
+                  "predicted_with_contention": eff["contention"],
+                  "predicted_with_stragglers": eff["stragglers"],
+                  "predicted_with_sharded_optimizer": eff["sharded_optimizer"],
+                  "predicted_with_comm_in_step": eff["comm_in_step"],
+                  "predicted_with_after_comm": eff["after_comm"],
+                  "predicted_with_terms": eff["loader"],
+                  "contention": m["compute_ms"] / m["solo_ms"],
+                  "difference_ideal": eff["ideal"] - measured,
+                  "difference_with_contention": eff["contention"] - measured,
+                  "difference_with_terms": unexplained,
+                  "unexplained_ms": m["synced_ms"] - steps["loader"],
+                  "no_overlap_bound": serial,
+                  "comm_ms_predicted": comm_pred, "comm_ms_measured": comm_meas,
+                  "comm_in_step_ms": m.get("comm_in_step_ms")}
+        # Loss of each term in points, as the model's table gives them.
+        for before, after in zip(CHECK_TERMS, CHECK_TERMS[1:]):
+            record[f"loss_{after}"] = eff[before] - eff[after]
+        records.append(record)
     if not records:
         raise InputError(f"{args.check}: no weak-scaling 'scaling' record to check")
     if args.json:
