@@ -134,7 +134,6 @@ Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) c
   ctx.seed = options_.seed;
   ctx.step = static_cast<std::uint64_t>(steps_);
   ctx.first_sample = (micro_batch * size + rank) * rows;
-  ctx.buffers = &buffers_;
   return ctx;
 }
 
@@ -181,7 +180,6 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   }
   StepResult r;
   update(r);
-  buffers_.end_step();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

@@ -149,8 +149,7 @@ class DataParallelStep {
   StepResult run(std::span<const MicroBatch> micro_batches);
 
   // The forward context of micro-batch `micro_batch` of the next step, with
-  // `rows` rows per rank (Note [accumulation]); no grad-ready hook; the
-  // step's buffers (Note [step buffers], engine/core/buffer_pool.h).
+  // `rows` rows per rank (Note [accumulation]); no grad-ready hook.
   Context context(std::int64_t micro_batch, std::int64_t rows) const;
 
   // Steps taken, skipped ones included (the scheduler's and dropout's step;
@@ -188,8 +187,6 @@ class DataParallelStep {
   std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
   std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
   CrossEntropyLoss loss_;
-  // What the layers hand out, kept from step to step (Note [step buffers]).
-  mutable core::BufferPool buffers_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.
   core::Tensor step_totals_, weighted_loss_;

@@ -32,7 +32,6 @@ class Storage {
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
-  const Stream& stream() const { return stream_; }  // the allocating one (the default for cpu)
 
  private:
   void* data_;

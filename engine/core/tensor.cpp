@@ -46,19 +46,6 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, const Strea
   return t;
 }
 
-bool Tensor::reusable_as(const Shape& shape, DType dtype, Device device,
-                         const Stream& stream) const {
-  return defined() && storage_.use_count() == 1 && offset_bytes_ == 0 && shape_ == shape &&
-         dtype_ == dtype && storage_->bytes() == nbytes() && this->device() == device &&
-         (!device.is_cuda() || storage_->stream().handle() == stream.handle());
-}
-
-Tensor Tensor::reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
-                     const Stream& stream) {
-  if (!slot.reusable_as(shape, dtype, device, stream)) slot = empty(shape, dtype, device, stream);
-  return slot;
-}
-
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device, const Stream& stream) {
   Tensor t = empty(shape, dtype, device, stream);
   t.fill_(0.0, stream);

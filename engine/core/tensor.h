@@ -39,10 +39,6 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype,
                             Device device = Device::cpu(), const Stream& stream = {});
-  // `slot` itself when reusable_as the request, else a new empty tensor kept
-  // in `slot` (Note [step buffers], engine/core/buffer_pool.h).
-  static Tensor reuse(Tensor& slot, const Shape& shape, DType dtype, Device device,
-                      const Stream& stream = {});
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -69,10 +65,6 @@ class Tensor {
   void copy_from(const Tensor& src, const Stream& stream = {});
   Tensor to(Device device, const Stream& stream = {}) const;
   Tensor cast(DType dtype, const Stream& stream = {}) const;
-  // Whether this tensor is the whole of a storage of `shape`, `dtype` and
-  // `device` that no other tensor shares and that was allocated on `stream`
-  // (cpu: any), so that new work on `stream` may overwrite it unseen.
-  bool reusable_as(const Shape& shape, DType dtype, Device device, const Stream& stream) const;
   void fill_(double value, const Stream& stream = {});
   // Copies to host memory; synchronises `stream` first when the tensor is on a GPU.
   void copy_to_host(void* dst, const Stream& stream = {}) const;

@@ -10,7 +10,7 @@
 namespace lockstep::engine {
 
 core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
-  core::Tensor y = step_buffer(ctx, x.shape(), x.dtype(), x.device());
+  core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
   core::dispatch(
       x.device(), ctx.stream,
       [&] { kernels::cpu::activation_forward(kind_, x.data(), y.data(), x.dtype(), x.numel()); },
@@ -24,8 +24,8 @@ core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor Activation::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
-  const core::Tensor g = in_dtype(dy, input_.dtype(), ctx);
-  core::Tensor dx = step_buffer(ctx, g.shape(), g.dtype(), g.device());
+  const core::Tensor g = dy.dtype() == input_.dtype() ? dy : dy.cast(input_.dtype(), ctx.stream);
+  core::Tensor dx = core::Tensor::empty(g.shape(), g.dtype(), g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,
       [&] {
@@ -63,8 +63,8 @@ core::Tensor Dropout::forward(const core::Tensor& x, Context& ctx) {
   const std::int64_t per_sample = x.numel() / std::max<std::int64_t>(1, x.dim(0));
   const kernels::PhiloxKey key{ctx.seed, dropout_stream(path(), ctx.step)};
   const auto offset = static_cast<std::uint64_t>(ctx.first_sample * per_sample);
-  mask_ = step_buffer(ctx, x.shape(), DType::u8, x.device());
-  core::Tensor y = step_buffer(ctx, x.shape(), x.dtype(), x.device());
+  mask_ = core::Tensor::empty(x.shape(), DType::u8, x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
   const float keep = 1.0f - p_, scale = 1.0f / keep;
   auto* mask = mask_.data_as<std::uint8_t>();
   core::dispatch(
@@ -84,7 +84,7 @@ core::Tensor Dropout::backward(const core::Tensor& dy, Context& ctx) {
   if (p_ == 0.0f) return dy;
   if (!mask_.defined()) no_forward_error();
   check_gradient(dy, mask_.shape(), mask_.device());
-  core::Tensor dx = step_buffer(ctx, dy.shape(), dy.dtype(), dy.device());
+  core::Tensor dx = core::Tensor::empty(dy.shape(), dy.dtype(), dy.device(), ctx.stream);
   const auto* mask = mask_.data_as<std::uint8_t>();
   const float scale = 1.0f / (1.0f - p_);
   core::dispatch(

@@ -36,6 +36,10 @@ core::Tensor part(const core::Tensor& heads, std::int64_t t) {
   return heads.view(t * core::shape_numel(one), one);
 }
 
+core::Tensor as_type(const core::Tensor& t, DType type, const core::Stream& stream) {
+  return t.dtype() == type ? t : t.cast(type, stream);
+}
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(std::int64_t embed_dim, std::int64_t heads, float dropout)
@@ -62,11 +66,11 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   const core::Tensor qkv = c_attn_->forward(x, ctx);  // [B, T, 3C] in the compute type
   const DType type = qkv.dtype();
   const core::Device device = x.device();
-  core::Tensor heads = step_buffer(ctx, {3, bh, seq, head_dim_}, type, device);
+  core::Tensor heads = core::Tensor::empty({3, bh, seq, head_dim_}, type, device, ctx.stream);
   split_heads(kernels::AttentionShape{batch, seq, num_heads_, head_dim_, 3, type}, qkv, heads,
               ctx.stream);
 
-  core::Tensor scores = step_buffer(ctx, {bh, seq, seq}, DType::f32, device);
+  core::Tensor scores = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
   core::ops::batched_matmul(part(heads, 0), part(heads, 1), scores, {.trans_b = true}, ctx.stream);
   core::Tensor probs = scores;  // the softmax runs in place (kernels/attention.h)
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
@@ -83,11 +87,11 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   // Dropout keys by sample (Note [dropout keys]): one row per sample.
   const core::Tensor dropped =
       attn_dropout_->forward(probs.reshape({batch, num_heads_ * seq * seq}), ctx);
-  const core::Tensor weights = in_dtype(dropped, type, ctx).reshape({bh, seq, seq});
+  const core::Tensor weights = as_type(dropped, type, ctx.stream).reshape({bh, seq, seq});
 
-  core::Tensor y_heads = step_buffer(ctx, {bh, seq, head_dim_}, type, device);
+  core::Tensor y_heads = core::Tensor::empty({bh, seq, head_dim_}, type, device, ctx.stream);
   core::ops::batched_matmul(weights, part(heads, 2), y_heads, {}, ctx.stream);
-  core::Tensor y = step_buffer(ctx, {batch, seq, embed_dim_}, type, device);
+  core::Tensor y = core::Tensor::empty({batch, seq, embed_dim_}, type, device, ctx.stream);
   merge_heads(kernels::AttentionShape{batch, seq, num_heads_, head_dim_, 1, type}, y_heads, y,
               ctx.stream);
   core::Tensor out = resid_dropout_->forward(c_proj_->forward(y, ctx), ctx);
@@ -113,14 +117,14 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
   core::Tensor g = c_proj_->backward(resid_dropout_->backward(dy, ctx), ctx);
   c_proj_->report_ready(ctx);
 
-  const core::Tensor dy_rows = in_dtype(g, type, ctx);
-  core::Tensor dy_heads = step_buffer(ctx, {bh, seq, head_dim_}, type, device);
+  const core::Tensor dy_rows = as_type(g, type, ctx.stream);
+  core::Tensor dy_heads = core::Tensor::empty({bh, seq, head_dim_}, type, device, ctx.stream);
   split_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 1, type}, dy_rows,
               dy_heads, ctx.stream);
-  core::Tensor dheads = step_buffer(ctx, qkv_heads_.shape(), type, device);
+  core::Tensor dheads = core::Tensor::empty(qkv_heads_.shape(), type, device, ctx.stream);
   core::Tensor dv = part(dheads, 2);
   core::ops::batched_matmul(weights_, dy_heads, dv, {.trans_a = true}, ctx.stream);
-  core::Tensor dweights = step_buffer(ctx, {bh, seq, seq}, DType::f32, device);
+  core::Tensor dweights = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
   core::ops::batched_matmul(dy_heads, part(qkv_heads_, 2), dweights, {.trans_b = true}, ctx.stream);
   const core::Tensor dprobs =
       attn_dropout_->backward(dweights.reshape({batch_, num_heads_ * seq * seq}), ctx);
@@ -138,11 +142,11 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
                                                dprobs.data_as<float>(), dscores.data_as<float>(),
                                                cs);
       });
-  const core::Tensor ds = in_dtype(dscores, type, ctx);
+  const core::Tensor ds = as_type(dscores, type, ctx.stream);
   core::Tensor dq = part(dheads, 0), dk = part(dheads, 1);
   core::ops::batched_matmul(ds, part(qkv_heads_, 1), dq, {}, ctx.stream);
   core::ops::batched_matmul(ds, part(qkv_heads_, 0), dk, {.trans_a = true}, ctx.stream);
-  core::Tensor dqkv = step_buffer(ctx, {batch_, seq, 3 * embed_dim_}, type, device);
+  core::Tensor dqkv = core::Tensor::empty({batch_, seq, 3 * embed_dim_}, type, device, ctx.stream);
   merge_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 3, type}, dheads, dqkv,
               ctx.stream);
   qkv_heads_ = probs_ = weights_ = core::Tensor();

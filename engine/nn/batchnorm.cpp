@@ -72,8 +72,8 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
     shape_error(x,
                 "needs more than one value per channel to take batch statistics "
                 "(use a larger batch, or eval mode)");
-  const core::Tensor x32 = in_dtype(x, DType::f32, ctx);
-  core::Tensor y = step_buffer(ctx, x.shape(), DType::f32, x.device());
+  const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
+  core::Tensor y = core::Tensor::empty(x.shape(), DType::f32, x.device(), ctx.stream);
   const float* w = affine_or(weight_, ones_, 1.0, x, ctx.stream).data_as<float>();
   const float* b = affine_or(bias_, zeros_, 0.0, x, ctx.stream).data_as<float>();
   const float* in = x32.data_as<float>();
@@ -89,8 +89,8 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
         });
     return y;
   }
-  core::Tensor save_mean = step_buffer(ctx, {num_features_}, DType::f32, x.device());
-  core::Tensor save_rstd = step_buffer(ctx, {num_features_}, DType::f32, x.device());
+  core::Tensor save_mean = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
+  core::Tensor save_rstd = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
   float *mean = save_mean.data_as<float>(), *rstd = save_rstd.data_as<float>();
   // Running statistics move only in training (eval without them uses the batch's).
   const bool update = training() && running_mean_;
@@ -121,10 +121,10 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
-  const core::Tensor g = in_dtype(dy, DType::f32, ctx);
+  const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::BatchNormShape s{input_.dim(0), num_features_, input_.dim(2) * input_.dim(3),
                                   eps_};
-  core::Tensor dx = step_buffer(ctx, input_.shape(), DType::f32, g.device());
+  core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
   // cuDNN always writes both parameter gradients: frozen or absent ones go to scratch.
   auto grad_or_scratch = [&](Parameter* p) {
     if (p && p->requires_grad) grad_to_add(*p, ctx.stream);
@@ -144,7 +144,7 @@ core::Tensor BatchNorm2d::backward(const core::Tensor& dy, Context& ctx) {
         kernels::cuda::batchnorm_backward(s, in, grad, w, mean, rstd, out, dw, db, stream);
       });
   input_ = save_mean_ = save_rstd_ = core::Tensor();
-  return in_dtype(dx, input_dtype_, ctx);
+  return input_dtype_ == DType::f32 ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -77,8 +77,9 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
   // Mixed dtypes (a low-type branch under autocast over an f32 stream) add in
   // f32, as PyTorch's type promotion does, so the residual stream stays f32.
   const DType type = a.dtype() == b.dtype() ? a.dtype() : DType::f32;
-  core::Tensor y = step_buffer(ctx, a.shape(), type, a.device());
-  core::ops::add(in_dtype(a, type, ctx), in_dtype(b, type, ctx), y, ctx.stream);
+  core::Tensor y = core::Tensor::empty(a.shape(), type, a.device(), ctx.stream);
+  core::ops::add(a.dtype() == type ? a : a.cast(type, ctx.stream),
+                 b.dtype() == type ? b : b.cast(type, ctx.stream), y, ctx.stream);
   if (relu_after_add_) {
     core::dispatch(
         y.device(), ctx.stream,
@@ -99,8 +100,9 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   if (relu_after_add_) {
     if (!output_.defined()) no_forward_error();
-    const core::Tensor d = in_dtype(dy, output_.dtype(), ctx);
-    g = step_buffer(ctx, d.shape(), d.dtype(), d.device());
+    const core::Tensor d =
+        dy.dtype() == output_.dtype() ? dy : dy.cast(output_.dtype(), ctx.stream);
+    g = core::Tensor::empty(d.shape(), d.dtype(), d.device(), ctx.stream);
     core::dispatch(
         g.device(), ctx.stream,
         [&] {
@@ -121,8 +123,9 @@ core::Tensor Residual::backward(const core::Tensor& dy, Context& ctx) {
     shortcut_->report_ready(ctx);
   }
   if (!input_grad()) return core::Tensor();
-  core::Tensor sum = step_buffer(ctx, dx.shape(), dx.dtype(), dx.device());
-  core::ops::add(dx, in_dtype(d_short, dx.dtype(), ctx), sum, ctx.stream);
+  core::Tensor sum = core::Tensor::empty(dx.shape(), dx.dtype(), dx.device(), ctx.stream);
+  core::ops::add(dx, d_short.dtype() == dx.dtype() ? d_short : d_short.cast(dx.dtype(), ctx.stream),
+                 sum, ctx.stream);
   return sum;
 }
 

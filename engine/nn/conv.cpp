@@ -85,10 +85,10 @@ kernels::Conv2dShape Conv2d::shape_for(const core::Tensor& x) const {
 core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
   const kernels::Conv2dShape s = shape_for(x);
   const DType type = ctx.autocast.value_or(DType::f32);
-  const core::Tensor input = in_dtype(x, type, ctx);
+  const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
-  core::Tensor y =
-      step_buffer(ctx, {s.batch, s.out_channels, s.out_h(), s.out_w()}, type, x.device());
+  core::Tensor y = core::Tensor::empty({s.batch, s.out_channels, s.out_h(), s.out_w()}, type,
+                                       x.device(), ctx.stream);
   const float* b = bias_ ? bias_->value.data_as<float>() : nullptr;
   core::dispatch(
       x.device(), ctx.stream,
@@ -111,10 +111,11 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   const kernels::Conv2dShape s = shape_for(input_);
   check_gradient(dy, {s.batch, s.out_channels, s.out_h(), s.out_w()}, input_.device());
   const DType type = input_.dtype();
-  const core::Tensor g = in_dtype(dy, type, ctx);
+  const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
   const bool want_dx = input_grad();  // the first layer of a model needs no dx
-  core::Tensor dx = want_dx ? step_buffer(ctx, input_.shape(), type, g.device()) : core::Tensor();
+  core::Tensor dx =
+      want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();
   float* dw = weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
   const bool accumulate = dw && accumulate_grad(*weight_);  // Note [lazy zero_grad]
   float* db = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;
@@ -151,7 +152,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
       });
   input_ = core::Tensor();
   if (!want_dx) return dx;
-  return in_dtype(dx, input_dtype_, ctx);
+  return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -25,7 +25,7 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
   const kernels::EmbeddingShape s{indices.numel(), vocab_, dim_, indices.dtype()};
   core::Shape out_shape = indices.shape();
   out_shape.push_back(dim_);
-  core::Tensor y = step_buffer(ctx, out_shape, DType::f32, indices.device());
+  core::Tensor y = core::Tensor::empty(out_shape, DType::f32, indices.device(), ctx.stream);
   const float* w = weight_->value.data_as<float>();
   float* out = y.data_as<float>();
   core::dispatch(
@@ -41,7 +41,7 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
 core::Tensor Embedding::backward(const core::Tensor& dy, Context& ctx) {
   if (!indices_.defined()) no_forward_error();
   if (weight_->requires_grad) {
-    const core::Tensor g = in_dtype(dy, DType::f32, ctx);
+    const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
     const kernels::EmbeddingShape s{indices_.numel(), vocab_, dim_, indices_.dtype()};
     const float* pg = g.data_as<float>();
     float* dw = grad_to_add(*weight_, ctx.stream);

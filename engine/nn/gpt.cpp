@@ -101,7 +101,7 @@ core::Tensor GPT::backward(const core::Tensor& dlogits, Context& ctx) {
   blocks_->report_ready(ctx);
   g = drop_->backward(g, ctx);
   drop_->report_ready(ctx);
-  const core::Tensor g32 = in_dtype(g, DType::f32, ctx);
+  const core::Tensor g32 = g.dtype() == DType::f32 ? g : g.cast(DType::f32, ctx.stream);
   wpe_->backward(g32, ctx);
   wpe_->report_ready(ctx);
   wte_->backward(g32, ctx);  // after lm_head's: Note [tied weights]

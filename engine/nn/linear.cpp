@@ -50,8 +50,8 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
                        "] (check the previous layer's output size)");
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor rows = x.reshape({x.numel() / in_features_, in_features_});
-  const core::Tensor input = in_dtype(rows, type, ctx);
-  core::Tensor y = step_buffer(ctx, {input.dim(0), out_features_}, type, x.device());
+  const core::Tensor input = x.dtype() == type ? rows : rows.cast(type, ctx.stream);
+  core::Tensor y = core::Tensor::empty({input.dim(0), out_features_}, type, x.device(), ctx.stream);
   core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
                     ctx.stream);
   if (bias_) {
@@ -79,7 +79,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   check_gradient(dy, out_shape, input_.device());
   const DType type = input_.dtype();
   const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
-  const core::Tensor g = in_dtype(dy_rows, type, ctx);
+  const core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
   if (weight_->requires_grad) {  // dW (+)= dy^T x, straight into the f32 gradient
     const float beta = accumulate_grad(*weight_) ? 1.0f : 0.0f;  // Note [lazy zero_grad]
     core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = beta}, ctx.stream);
@@ -96,13 +96,13 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   }
   core::Tensor dx;
   if (input_grad()) {
-    dx = step_buffer(ctx, input_.shape(), type, g.device());
+    dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
     core::ops::matmul(g, low_weight_.get(*weight_, type, ctx.stream), dx, {}, ctx.stream);
   }
   input_ = core::Tensor();
   if (!dx.defined()) return dx;
   dx = dx.reshape(input_shape_);
-  return in_dtype(dx, input_dtype_, ctx);
+  return dx.dtype() == input_dtype_ ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -54,11 +54,11 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
   const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
-  const core::Tensor x = in_dtype(logits, DType::f32, ctx);
+  const core::Tensor x = as_f32(logits, ctx.stream);
   const core::Device device = x.device();
-  probs_ = step_buffer(ctx, x.shape(), DType::f32, device);
-  count_ = step_buffer(ctx, {1}, DType::f32, device);
-  core::Tensor loss = step_buffer(ctx, {1}, DType::f32, device);
+  probs_ = core::Tensor::empty(x.shape(), DType::f32, device, ctx.stream);
+  count_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  core::Tensor loss = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
   const float* in = x.data_as<float>();
   float *probs = probs_.data_as<float>(), *out = loss.data_as<float>(),
         *count = count_.data_as<float>();
@@ -80,7 +80,8 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
     throw InvalidArgument(
         "CrossEntropyLoss: backward without a forward (run forward once before each backward)");
   const auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
-  core::Tensor dlogits = step_buffer(ctx, probs_.shape(), DType::f32, probs_.device());
+  core::Tensor dlogits =
+      core::Tensor::empty(probs_.shape(), DType::f32, probs_.device(), ctx.stream);
   const float *probs = probs_.data_as<float>(), *count = count_.data_as<float>();
   float* out = dlogits.data_as<float>();
   core::dispatch(
@@ -91,7 +92,7 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
       });
   probs_ = labels_ = core::Tensor();
   dlogits = dlogits.reshape(logits_shape_);
-  return in_dtype(dlogits, logits_dtype_, ctx);
+  return logits_dtype_ == DType::f32 ? dlogits : dlogits.cast(logits_dtype_, ctx.stream);
 }
 
 core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor& target,

@@ -1,8 +1,6 @@
 // Module tree bookkeeping (engine/nn/module.h): names, traversal, ready order.
 #include "engine/nn/module.h"
 
-#include "engine/core/ops.h"
-
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -154,23 +152,11 @@ const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
   if (type == DType::f32) return weight.value;
   if (!copy_.defined() || copy_.dtype() != type || version_ != weight.version ||
       source_ != weight.value.data()) {
-    // In place while nobody else holds it (Note [step buffers], engine/core/buffer_pool.h).
-    core::Tensor::reuse(copy_, weight.value.shape(), type, weight.value.device(), stream);
-    core::ops::cast(weight.value, copy_, stream);
+    copy_ = weight.value.cast(type, stream);
     version_ = weight.version;
     source_ = weight.value.data();
   }
   return copy_;
-}
-
-core::Tensor step_buffer(Context& ctx, const core::Shape& shape, DType dtype, core::Device device) {
-  return ctx.buffers ? ctx.buffers->take(shape, dtype, device, ctx.stream)
-                     : core::Tensor::empty(shape, dtype, device, ctx.stream);
-}
-
-core::Tensor in_dtype(const core::Tensor& x, DType dtype, Context& ctx) {
-  if (ctx.buffers) return ctx.buffers->as_dtype(x, dtype, ctx.stream);
-  return x.dtype() == dtype ? x : x.cast(dtype, ctx.stream);
 }
 
 void initialize(Module& root, std::uint64_t seed) {

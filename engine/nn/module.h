@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/buffer_pool.h"
 #include "engine/core/random.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
@@ -84,15 +83,7 @@ struct Context {
   // Called once per trainable parameter when its gradient is complete
   // (Note [grad-ready order]); may be empty.
   std::function<void(Parameter&)> on_grad_ready;
-  // Where layers take the buffers they hand out (Note [step buffers],
-  // engine/core/buffer_pool.h); null: each is a new tensor.
-  core::BufferPool* buffers = nullptr;
 };
-
-// A buffer for a layer to hand out: from ctx.buffers when set, else new.
-core::Tensor step_buffer(Context& ctx, const core::Shape& shape, DType dtype, core::Device device);
-// `x` in `dtype`: `x` itself when it has it, else a cast into a step_buffer.
-core::Tensor in_dtype(const core::Tensor& x, DType dtype, Context& ctx);
 
 class Module {
  public:
@@ -185,8 +176,7 @@ class Module {
 // Note [autocast weight copy]: Linear and Conv2d compute under autocast on a
 // low-precision copy of their f32 weight. The copy is remade only when the
 // weight's version (bumped by each optimizer step and load) or storage
-// changes, so it is made once per optimizer step, not once per micro-batch,
-// into the same buffer while nobody else holds it (Tensor::reuse).
+// changes, so it is made once per optimizer step, not once per micro-batch.
 class AutocastWeight {
  public:
   // The weight in `type`: the f32 value itself, or the cached low copy.

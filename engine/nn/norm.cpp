@@ -28,11 +28,11 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
   if (x.shape().empty() || x.dim(-1) != features_)
     shape_error(x, "expects a last dimension of " + std::to_string(features_));
   input_dtype_ = x.dtype();
-  const core::Tensor x32 = in_dtype(x, DType::f32, ctx);
+  const core::Tensor x32 = x.dtype() == DType::f32 ? x : x.cast(DType::f32, ctx.stream);
   const kernels::LayerNormShape s{x.numel() / features_, features_, eps_};
-  core::Tensor y = step_buffer(ctx, x.shape(), DType::f32, x.device());
-  core::Tensor mean = step_buffer(ctx, {s.rows}, DType::f32, x.device());
-  core::Tensor rstd = step_buffer(ctx, {s.rows}, DType::f32, x.device());
+  core::Tensor y = core::Tensor::empty(x.shape(), DType::f32, x.device(), ctx.stream);
+  core::Tensor mean = core::Tensor::empty({s.rows}, DType::f32, x.device(), ctx.stream);
+  core::Tensor rstd = core::Tensor::empty({s.rows}, DType::f32, x.device(), ctx.stream);
   const float* gamma = weight_ ? weight_->value.data_as<float>() : nullptr;
   const float* beta = bias_ ? bias_->value.data_as<float>() : nullptr;
   const float* in = x32.data_as<float>();
@@ -53,9 +53,9 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
 
 core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
-  const core::Tensor g = in_dtype(dy, DType::f32, ctx);
+  const core::Tensor g = dy.dtype() == DType::f32 ? dy : dy.cast(DType::f32, ctx.stream);
   const kernels::LayerNormShape s{input_.numel() / features_, features_, eps_};
-  core::Tensor dx = step_buffer(ctx, input_.shape(), DType::f32, g.device());
+  core::Tensor dx = core::Tensor::empty(input_.shape(), DType::f32, g.device(), ctx.stream);
   const float* gamma = weight_ ? weight_->value.data_as<float>() : nullptr;
   float* dgamma = weight_ && weight_->requires_grad ? grad_to_add(*weight_, ctx.stream) : nullptr;
   float* dbeta = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;
@@ -69,7 +69,7 @@ core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
         kernels::cuda::layernorm_backward(s, pdy, px, pm, pr, gamma, pdx, dgamma, dbeta, stream);
       });
   input_ = mean_ = rstd_ = core::Tensor();
-  return in_dtype(dx, input_dtype_, ctx);
+  return input_dtype_ == DType::f32 ? dx : dx.cast(input_dtype_, ctx.stream);
 }
 
 }  // namespace lockstep::engine

@@ -86,9 +86,9 @@ core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
   if (!fits(x, config_)) shape_error(x, expectation(config_));
   require_float(x, "input");
   const kernels::Pool2dShape s = with_input(config_, x);
-  core::Tensor y = step_buffer(ctx, output_shape(s), x.dtype(), x.device());
+  core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
   core::Tensor argmax;
-  if (training()) argmax = step_buffer(ctx, output_shape(s), DType::i32, x.device());
+  if (training()) argmax = core::Tensor::empty(output_shape(s), DType::i32, x.device(), ctx.stream);
   std::int32_t* indices = training() ? argmax.data_as<std::int32_t>() : nullptr;
   core::dispatch(
       x.device(), ctx.stream,
@@ -106,7 +106,7 @@ core::Tensor MaxPool2d::backward(const core::Tensor& dy, Context& ctx) {
   const kernels::Pool2dShape s = pending_->shape;
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
-  core::Tensor dx = step_buffer(ctx, input_shape(s), type, g.device());
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
   const std::int32_t* indices = argmax_.data_as<std::int32_t>();
   core::dispatch(
       g.device(), ctx.stream,
@@ -128,7 +128,7 @@ core::Tensor AvgPool2d::forward(const core::Tensor& x, Context& ctx) {
   if (!fits(x, config_)) shape_error(x, expectation(config_));
   require_float(x, "input");
   const kernels::Pool2dShape s = with_input(config_, x);
-  core::Tensor y = step_buffer(ctx, output_shape(s), x.dtype(), x.device());
+  core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
   core::dispatch(
       x.device(), ctx.stream,
       [&] {
@@ -147,7 +147,7 @@ core::Tensor AvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
   const kernels::Pool2dShape s = pending_->shape;
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, output_shape(s), *pending_, ctx.stream);
-  core::Tensor dx = step_buffer(ctx, input_shape(s), type, g.device());
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,
       [&] { kernels::cpu::avg_pool2d_backward(s, type, count_include_pad_, g.data(), dx.data()); },
@@ -164,7 +164,8 @@ core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
   require_float(x, "input");
   const kernels::Pool2dShape s = with_input({}, x);
   const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
-  core::Tensor y = step_buffer(ctx, {s.batch, s.channels, 1, 1}, x.dtype(), x.device());
+  core::Tensor y =
+      core::Tensor::empty({s.batch, s.channels, 1, 1}, x.dtype(), x.device(), ctx.stream);
   core::dispatch(
       x.device(), ctx.stream,
       [&] {
@@ -184,7 +185,7 @@ core::Tensor GlobalAvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
   const DType type = pending_->dtype;
   const core::Tensor g = gradient_in(*this, dy, {s.batch, s.channels, 1, 1}, *pending_, ctx.stream);
   const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
-  core::Tensor dx = step_buffer(ctx, input_shape(s), type, g.device());
+  core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,
       [&] { kernels::cpu::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data()); },

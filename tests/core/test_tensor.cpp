@@ -5,7 +5,6 @@
 #include <limits>
 #include <vector>
 
-#include "engine/core/buffer_pool.h"
 #include "engine/core/device.h"
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
@@ -27,65 +26,6 @@ TEST_CASE("views share storage and stay inside it", "[core][tensor]") {
   CHECK(w.storage() == flat.storage());
   CHECK_THROWS_WITH(flat.view(8, {3}), Catch::Contains("[3]") && Catch::Contains("[10]"));
   CHECK_THROWS_AS(flat.view(-1, {1}), InvalidArgument);
-}
-
-TEST_CASE("a slot's buffer is reused only when nobody else holds it", "[core][tensor]") {
-  core::Tensor slot;
-  const std::size_t start = core::memory_stats(core::Device::cpu()).allocations;
-  auto allocations = [&] { return core::memory_stats(core::Device::cpu()).allocations - start; };
-  void* first = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu()).data();
-  CHECK(allocations() == 1);
-  // Released by its user: the same buffer again, no allocation.
-  CHECK(core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu()).data() == first);
-  CHECK(allocations() == 1);
-  {
-    // Held by its user (a view counts): a new buffer; the held one keeps its values.
-    core::Tensor kept = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu());
-    kept.fill_(7.0);
-    const core::Tensor view = kept.view(3, {2});
-    kept = core::Tensor();
-    core::Tensor next = core::Tensor::reuse(slot, {4, 3}, DType::f32, core::Device::cpu());
-    CHECK(next.data() != first);
-    next.fill_(1.0);
-    CHECK(view.to_vector<float>() == std::vector<float>{7.0f, 7.0f});
-    CHECK(allocations() == 2);
-  }
-  // Another shape or dtype: a new buffer, kept in the slot from then on.
-  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::f32, core::Device::cpu()).shape() ==
-        core::Shape{3, 4});
-  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::i32, core::Device::cpu()).dtype() == DType::i32);
-  CHECK(allocations() == 4);
-  CHECK(core::Tensor::reuse(slot, {3, 4}, DType::i32, core::Device::cpu()).data() == slot.data());
-  CHECK(allocations() == 4);
-}
-
-TEST_CASE("the step's pool hands out free buffers by shape and keeps one step's set",
-          "[core][tensor]") {
-  core::BufferPool pool;
-  const core::Device cpu = core::Device::cpu();
-  const std::size_t start = core::memory_stats(cpu).allocations;
-  auto allocations = [&] { return core::memory_stats(cpu).allocations - start; };
-  core::Tensor a = pool.take({8}, DType::f32, cpu);
-  a.fill_(3.0);
-  core::Tensor b = pool.take({8}, DType::f32, cpu);  // a is held: another buffer
-  CHECK(b.data() != a.data());
-  b = core::Tensor();
-  CHECK(pool.take({8}, DType::f32, cpu).data() != a.data());  // the free one, not a
-  CHECK(a.to_vector<float>() == std::vector<float>(8, 3.0f));
-  CHECK(allocations() == 2);
-  void* first = a.data();
-  a = core::Tensor();
-  CHECK(pool.take({8}, DType::f32, cpu).data() == first);
-  CHECK(allocations() == 2);
-  // Casts go through the pool; a tensor of the dtype asked for is itself.
-  const core::Tensor h = pool.as_dtype(core::Tensor::zeros({8}, DType::f32), DType::f16);
-  CHECK(h.dtype() == DType::f16);
-  CHECK(pool.as_dtype(h, DType::f16).data() == h.data());
-  pool.end_step();
-  CHECK(pool.size() == 3);  // two f32, one f16 taken this step
-  pool.take({8}, DType::f32, cpu);
-  pool.end_step();
-  CHECK(pool.size() == 1);  // the step took one: the others are dropped
 }
 
 TEST_CASE("typed access checks the dtype", "[core][tensor]") {

@@ -16,8 +16,6 @@
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
-#include "engine/core/random.h"
-#include "engine/models.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -329,75 +327,6 @@ TEST_CASE("finite gradients whose squares sum past FLT_MAX take the step; an inf
     const Stepped poisoned = one_step(max_norm, poison);
     CHECK(poisoned.result.skipped);
     CHECK_FALSE(std::isfinite(poisoned.result.grad_norm));
-  }
-}
-
-// Note [step buffers] (engine/core/buffer_pool.h): the layers take the
-// buffers they hand out from the step's pool, and the step keeps its totals
-// and agreement, so after the first step a step of an MLP allocates no
-// tensor; logits a caller keeps are never overwritten by the next forward.
-TEST_CASE("after the first, a step of an MLP allocates no tensor", "[engine][trainer]") {
-  Run run(false, false, std::nullopt, 1);
-  io::TensorDataset data = source(32);
-  data.start_epoch(0);
-  const std::size_t first = core::memory_stats(core::Device::cpu()).allocations;
-  REQUIRE(run.trainer->step(data));
-  const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
-  CHECK(before > first);  // the first step makes the buffers
-  for (int i = 0; i < 3; ++i) REQUIRE(run.trainer->step(data));
-  // The TensorDataset's batches are tensors too: one inputs and one labels a step.
-  CHECK(core::memory_stats(core::Device::cpu()).allocations - before == 3 * 2);
-
-  core::BufferPool pool;
-  Context ctx;
-  ctx.buffers = &pool;
-  const io::Batch b = *data.next();
-  const core::Tensor kept = run.model->forward(b.inputs, ctx);
-  const std::vector<float> values = kept.to_vector<float>();
-  const core::Tensor other = run.model->forward(data.next()->inputs, ctx);  // the same shape
-  CHECK(other.to_vector<float>() != values);
-  CHECK(kept.to_vector<float>() == values);
-}
-
-TEST_CASE("after the first, a step of the mlp, cnn and gpt-tiny presets allocates no tensor",
-          "[engine][trainer]") {
-  for (const auto& [name, autocast] :
-       {std::pair<std::string, std::optional<DType>>{"mlp", std::nullopt},
-        {"mlp", DType::f16},
-        {"cnn", std::nullopt},
-        {"cnn", DType::bf16},
-        {"gpt-tiny", std::nullopt},
-        {"gpt-tiny", DType::bf16}}) {
-    INFO(name << " autocast " << (autocast ? dtype_name(*autocast) : "off"));
-    const ModelPreset& preset = model_preset(name);
-    auto model = make_model(name);
-    initialize(*model, 1);
-    ParameterStore store(*model, core::Device::cpu());
-    SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9});
-    LossScaler scaler(LossScaler::for_autocast(autocast));
-    StepOptions o;
-    o.autocast = autocast;
-    DataParallelStep step(*model, store, sgd, make_scheduler("constant", {}), scaler, &world(), o,
-                          core::Stream());
-    MicroBatch batch;
-    if (preset.language_model) {  // two sequences of tokens, each predicting the next
-      const std::int64_t seq = preset.sample_shape[0];
-      std::vector<std::int64_t> tokens(static_cast<std::size_t>(2 * seq + 1));
-      for (std::size_t i = 0; i < tokens.size(); ++i)
-        tokens[i] = static_cast<std::int64_t>((i * 7919) % preset.classes);
-      batch.inputs = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(0, {2, seq});
-      batch.labels = core::Tensor::from_vector(tokens, {2 * seq + 1}, DType::i64).view(1, {2, seq});
-    } else {
-      core::Shape shape{4};
-      shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
-      batch = {core::Tensor::empty(shape, DType::f32),
-               core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64)};
-      core::Generator(2).normal(batch.inputs, 0.0f, 1.0f);
-    }
-    step.run({&batch, 1});
-    const std::size_t before = core::memory_stats(core::Device::cpu()).allocations;
-    for (int i = 0; i < 2; ++i) CHECK_FALSE(step.run({&batch, 1}).skipped);
-    CHECK(core::memory_stats(core::Device::cpu()).allocations == before);
   }
 }
 
