@@ -151,3 +151,19 @@ TEST_CASE("cuda clipping matches the cpu one", "[gpu][optim]") {
   CHECK(clip_grad_norm(pair.cpu.grads(), max_norm) == Approx(cpu_norm).epsilon(1e-6));
   require_close(pair.gpu.grads(), pair.cpu.grads(), 1e-6, "clipped gradients");
 }
+
+// Note [non-finite steps]: finite f32 gradients near 1e20 square past
+// FLT_MAX; the CUDA norm's f64 output keeps the sum finite, as the CPU's
+// does. Each square of an f32 is exact in f64, so the two sums differ only by
+// their order: under n 2^-53 relative (n ~ 1e5), well inside 1e-9.
+TEST_CASE("cuda gradient norm stays finite past FLT_MAX, as the cpu one", "[gpu][optim]") {
+  Pair pair;
+  auto grads = test::step_grads(pair.cpu, 4);
+  for (auto& g : grads)
+    for (float& x : g) x *= 1e20f;
+  pair.set_grads(grads);
+  const double cpu_norm = grad_norm(pair.cpu.grads());
+  REQUIRE(std::isfinite(cpu_norm));
+  REQUIRE(cpu_norm * cpu_norm > std::numeric_limits<float>::max());
+  CHECK(grad_norm(pair.gpu.grads()) == Approx(cpu_norm).epsilon(1e-9));
+}
