@@ -306,13 +306,14 @@ void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
   }
   detail::copy_name(name_, name, detail);
   category_ = category;
-#if LOCKSTEP_WITH_CUDA
-  nvtxRangePushA(name_);
-#endif
+  // The GPU span first: it may throw (a CUDA error), and then no NVTX range is left open.
   if (stream && (mode_ & detail::kTraced)) {
     gpu_ = detail::gpu_begin(*stream, name_, category, step_);
     if (gpu_.timeline) mode_ |= kGpu;
   }
+#if LOCKSTEP_WITH_CUDA
+  nvtxRangePushA(name_);
+#endif
   start_ = Clock::now();
 }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct FakeDevice {
   std::int64_t offset_ns = 5'000'000'000;
   std::int64_t half_width_ns = 2000;
   bool auto_advance = false;  // each record 1 ms later, everything done at once
+  bool broken = false;        // record() fails, as on a device with a sticky CUDA error
   std::vector<double> stamp_ms = std::vector<double>(64, -1);
   int records = 0, waits = 0, anchors = 0, clocks_made = 0;
 };
@@ -47,6 +49,7 @@ class FakeClock final : public detail::EventClock {
   explicit FakeClock(std::shared_ptr<FakeDevice> d) : d_(std::move(d)) {}
   int slots() const override { return d_->slots; }
   void record(int slot, kernels::CudaStream) override {
+    if (d_->broken) throw std::runtime_error("fake: the device is broken");
     ++d_->records;
     if (d_->auto_advance) d_->device_ms += 1.0;
     d_->stamp_ms[slot] = d_->device_ms;
@@ -190,6 +193,30 @@ TEST_CASE("the event pool is reused: a full pool waits for its oldest closed spa
   CHECK(f.timeline.begin(f.stream, 0, name, "x", 1) == -1);
   CHECK(f.timeline.take_dropped() == 1);
   CHECK(f.timeline.take_dropped() == 0);
+}
+
+TEST_CASE("a span whose end or begin cannot be recorded gives its events back", "[core][trace]") {
+  Fixture f;
+  char name[trace::kNameBytes] = "broken";
+  const int id = f.timeline.begin(f.stream, 0, name, "x", 1);
+  REQUIRE(id >= 0);
+  CHECK(f.timeline.events_in_use() == 3);  // the anchor and the span's two
+  // end() runs in destructors (Note [gpu span end]): it drops the span, never throws.
+  f.device->broken = true;
+  f.timeline.end(id, f.stream);
+  CHECK(f.timeline.take_dropped() == 1);
+  CHECK(f.timeline.events_in_use() == 1);
+  // begin() may throw, and then holds nothing.
+  CHECK_THROWS_AS(f.timeline.begin(f.stream, 0, name, "x", 1), std::runtime_error);
+  CHECK(f.timeline.events_in_use() == 1);
+  std::vector<detail::GpuSpanEvent> out;
+  f.timeline.resolve(true, 0, out);
+  CHECK(out.empty());
+  // Once the device works, spans resolve as before.
+  f.device->broken = false;
+  REQUIRE(f.span("after", 1, 2) >= 0);
+  f.timeline.resolve(true, 0, out);
+  CHECK(out.size() == 1);
 }
 
 TEST_CASE("an old anchor is replaced while spans are pending, dropped when none is",
