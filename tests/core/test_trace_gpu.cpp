@@ -322,3 +322,40 @@ TEST_CASE("a span given a cuda stream is also a span on the stream's track of th
   CHECK(json.find("\"gpu_anchor_uncertainty_us\": 2.000") != std::string::npos);
   trace::set_step(0);
 }
+
+// Note [gpu span end]: a GPU half that cannot begin throws from the span's
+// start and leaves nothing to end (no host span, no NVTX range); one that
+// cannot end is dropped and counted, and its destructor does not throw.
+TEST_CASE(
+    "a GPU span that fails to begin throws and ends nothing; one that fails to end is dropped",
+    "[core][trace]") {
+  auto device = std::make_shared<FakeDevice>();
+  device->auto_advance = true;
+  detail::set_event_clock_factory(
+      [device](core::Device) { return std::make_unique<FakeClock>(device); });
+  const core::Stream gpu = core::Stream::default_for(core::Device::cuda(0));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("lockstep-trace-gpu-fail-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  trace::enable(dir, 0, trace::parse_step_window("1:1", "window"));
+  trace::set_step(1);
+  device->broken = true;
+  {
+    trace::Span module;
+    CHECK_THROWS_AS(module.open("forward", "broken", "module", &gpu), std::runtime_error);
+  }
+  device->broken = false;
+  {
+    trace::GpuSpan collective(gpu, "allreduce", "broken", "comm");
+    device->broken = true;
+  }
+  device->broken = false;
+  { trace::Span optimizer("optimizer", trace::Part::optimizer, gpu); }
+  const std::string json = read_file(trace::finish());
+  std::filesystem::remove_all(dir);
+  detail::set_event_clock_factory(nullptr);
+  trace::set_step(0);
+  CHECK(json.find("broken") == std::string::npos);
+  CHECK(json.find("\"dropped_gpu_spans\": 1") != std::string::npos);
+  CHECK(json.find("\"gpu\": true") != std::string::npos);  // the optimizer's, after
+}
