@@ -99,9 +99,9 @@ void NcclCommunicator::run(OperationInfo info, const core::Stream& stream, Enque
   {
     Watchdog::Scope enqueueing(watchdog().get(), info, /*enqueue_only=*/true);
     // The collective's start and end on the stream's track, beside the host's
-    // "enqueue ..." span (docs/tracing.md).
+    // "enqueue ..." span (docs/tracing.md); its name is formatted only when traced.
     std::optional<core::trace::GpuSpan> running;
-    if (core::trace::active())
+    if (core::trace::traced())
       running.emplace(s, info.name, OperationContext::current_bucket_label(), "comm");
     LOCKSTEP_CHECK_NCCL(enqueue(s.handle()));
   }

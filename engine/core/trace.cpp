@@ -299,20 +299,22 @@ void Span::begin(unsigned mode, std::string_view name, std::string_view detail,
       step_ > s.last.load(std::memory_order_relaxed))
     mode &= ~detail::kTraced;
   if (step_ < 1) mode &= ~detail::kProfiled;
-  mode_ = mode;
-  if (!mode_) {
+  if (!mode) {
     start_ = Clock::now();
     return;
   }
   detail::copy_name(name_, name, detail);
   category_ = category;
+  // The GPU span first: it may throw (a CUDA error), and then mode_ is still 0
+  // and no NVTX range is open, so a destructor that runs ends nothing.
+  if (stream && (mode & detail::kTraced)) {
+    gpu_ = detail::gpu_begin(*stream, name_, category, step_);
+    if (gpu_.timeline) mode |= kGpu;
+  }
+  mode_ = mode;
 #if LOCKSTEP_WITH_CUDA
   nvtxRangePushA(name_);
 #endif
-  if (stream && (mode_ & detail::kTraced)) {
-    gpu_ = detail::gpu_begin(*stream, name_, category, step_);
-    if (gpu_.timeline) mode_ |= kGpu;
-  }
   start_ = Clock::now();
 }
 

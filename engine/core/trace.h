@@ -63,6 +63,11 @@ inline constexpr std::size_t kNameBytes = 48;
 // Whether spans are being recorded now: traced (enabled and the step in the
 // window) or profiled (enable_profile() and a step begun).
 inline bool active() { return detail::recording.load(std::memory_order_relaxed) != 0; }
+// Whether spans begun now are traced (the profile alone does not count): what
+// a GPU span needs, as the profile holds host spans only.
+inline bool traced() {
+  return (detail::recording.load(std::memory_order_relaxed) & detail::kTraced) != 0;
+}
 
 // The parts of a step (Note [step breakdown]); each is also the span's category.
 enum class Part { data, compute, comm, optimizer };
@@ -190,8 +195,7 @@ class GpuSpan {
  public:
   GpuSpan(const Stream& stream, std::string_view name, std::string_view detail,
           const char* category) {
-    if (detail::recording.load(std::memory_order_relaxed) & detail::kTraced)
-      open_ = begin(stream, name, detail, category);
+    if (traced()) open_ = begin(stream, name, detail, category);
   }
   ~GpuSpan() {
     if (open_) close();

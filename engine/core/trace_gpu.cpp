@@ -159,7 +159,7 @@ GpuSlot gpu_begin(const Stream& stream, const char (&name)[kNameBytes], const ch
   return {timeline, id, stream.handle()};
 }
 
-void gpu_end(const GpuSlot& slot) { slot.timeline->end(slot.id, slot.stream); }
+void gpu_end(const GpuSlot& slot) noexcept { slot.timeline->end(slot.id, slot.stream); }
 
 void gpu_resolve(bool wait) {
   GpuState& g = gpu_state();

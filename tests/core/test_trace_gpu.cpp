@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct FakeDevice {
   std::int64_t offset_ns = 5'000'000'000;
   std::int64_t half_width_ns = 2000;
   bool auto_advance = false;  // each record 1 ms later, everything done at once
+  bool broken = false;        // record() fails, as on a device with a sticky CUDA error
   std::vector<double> stamp_ms = std::vector<double>(64, -1);
   int records = 0, waits = 0, anchors = 0, clocks_made = 0;
 };
@@ -47,6 +49,7 @@ class FakeClock final : public detail::EventClock {
   explicit FakeClock(std::shared_ptr<FakeDevice> d) : d_(std::move(d)) {}
   int slots() const override { return d_->slots; }
   void record(int slot, kernels::CudaStream) override {
+    if (d_->broken) throw std::runtime_error("fake: the device is broken");
     ++d_->records;
     if (d_->auto_advance) d_->device_ms += 1.0;
     d_->stamp_ms[slot] = d_->device_ms;
@@ -192,6 +195,30 @@ TEST_CASE("the event pool is reused: a full pool waits for its oldest closed spa
   CHECK(f.timeline.take_dropped() == 0);
 }
 
+TEST_CASE("a span whose end or begin cannot be recorded gives its events back", "[core][trace]") {
+  Fixture f;
+  char name[trace::kNameBytes] = "broken";
+  const int id = f.timeline.begin(f.stream, 0, name, "x", 1);
+  REQUIRE(id >= 0);
+  CHECK(f.timeline.events_in_use() == 3);  // the anchor and the span's two
+  // end() runs in destructors (Note [gpu span end]): it drops the span, never throws.
+  f.device->broken = true;
+  f.timeline.end(id, f.stream);
+  CHECK(f.timeline.take_dropped() == 1);
+  CHECK(f.timeline.events_in_use() == 1);
+  // begin() may throw, and then holds nothing.
+  CHECK_THROWS_AS(f.timeline.begin(f.stream, 0, name, "x", 1), std::runtime_error);
+  CHECK(f.timeline.events_in_use() == 1);
+  std::vector<detail::GpuSpanEvent> out;
+  f.timeline.resolve(true, 0, out);
+  CHECK(out.empty());
+  // Once the device works, spans resolve as before.
+  f.device->broken = false;
+  REQUIRE(f.span("after", 1, 2) >= 0);
+  f.timeline.resolve(true, 0, out);
+  CHECK(out.size() == 1);
+}
+
 TEST_CASE("an old anchor is replaced while spans are pending, dropped when none is",
           "[core][trace]") {
   const std::int64_t limit = 1'000'000;  // 1 ms, to keep the numbers small
@@ -294,4 +321,41 @@ TEST_CASE("a span given a cuda stream is also a span on the stream's track of th
   CHECK(json.find("\"dropped_gpu_spans\": 0") != std::string::npos);
   CHECK(json.find("\"gpu_anchor_uncertainty_us\": 2.000") != std::string::npos);
   trace::set_step(0);
+}
+
+// Note [gpu span end]: a GPU half that cannot begin throws from the span's
+// start and leaves nothing to end (no host span, no NVTX range); one that
+// cannot end is dropped and counted, and its destructor does not throw.
+TEST_CASE(
+    "a GPU span that fails to begin throws and ends nothing; one that fails to end is dropped",
+    "[core][trace]") {
+  auto device = std::make_shared<FakeDevice>();
+  device->auto_advance = true;
+  detail::set_event_clock_factory(
+      [device](core::Device) { return std::make_unique<FakeClock>(device); });
+  const core::Stream gpu = core::Stream::default_for(core::Device::cuda(0));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("lockstep-trace-gpu-fail-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  trace::enable(dir, 0, trace::parse_step_window("1:1", "window"));
+  trace::set_step(1);
+  device->broken = true;
+  {
+    trace::Span module;
+    CHECK_THROWS_AS(module.open("forward", "broken", "module", &gpu), std::runtime_error);
+  }
+  device->broken = false;
+  {
+    trace::GpuSpan collective(gpu, "allreduce", "broken", "comm");
+    device->broken = true;
+  }
+  device->broken = false;
+  { trace::Span optimizer("optimizer", trace::Part::optimizer, gpu); }
+  const std::string json = read_file(trace::finish());
+  std::filesystem::remove_all(dir);
+  detail::set_event_clock_factory(nullptr);
+  trace::set_step(0);
+  CHECK(json.find("broken") == std::string::npos);
+  CHECK(json.find("\"dropped_gpu_spans\": 1") != std::string::npos);
+  CHECK(json.find("\"gpu\": true") != std::string::npos);  // the optimizer's, after
 }

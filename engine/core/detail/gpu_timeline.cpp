@@ -118,16 +118,37 @@ int GpuTimeline::begin(kernels::CudaStream stream, int lane, const char (&name)[
   p.event.category = category;
   p.event.step = step;
   p.event.lane = lane;
+  try {
+    clock_->record(begin_slot, stream);
+  } catch (...) {  // the span was never open: its events go back
+    free_.push_back(end_slot);
+    free_.push_back(begin_slot);
+    throw;
+  }
   ++anchors_.back().users;
   order_.push_back(begin_slot);
-  clock_->record(begin_slot, stream);
   return begin_slot;
 }
 
-void GpuTimeline::end(int id, kernels::CudaStream stream) {
+// Note [gpu span end]: end() runs in the destructors of trace::Span and
+// trace::GpuSpan, often while an exception from the same device unwinds, and
+// a CUDA error there (a sticky one: an illegal address) would make
+// cudaEventRecord fail too. It must not throw: the span is dropped and
+// counted, and its events go back to the pool.
+void GpuTimeline::end(int id, kernels::CudaStream stream) noexcept {
   std::lock_guard lock(mutex_);
   Pending& p = pending_[id];
-  clock_->record(p.end_slot, stream);
+  try {
+    clock_->record(p.end_slot, stream);
+  } catch (...) {
+    --anchor_of(p).users;
+    free_.push_back(p.begin_slot);
+    free_.push_back(p.end_slot);
+    order_.erase(std::find(order_.begin(), order_.end(), id));
+    retire_anchors();
+    ++dropped_;
+    return;
+  }
   p.closed = true;
 }
 

@@ -63,8 +63,9 @@ class GpuTimeline {
   // had (Note [gpu event pool]): the span is then dropped and counted.
   int begin(kernels::CudaStream stream, int lane, const char (&name)[kNameBytes],
             const char* category, std::int64_t step);
-  // Closes span `id` (from begin(), not -1) on the stream it began on.
-  void end(int id, kernels::CudaStream stream);
+  // Closes span `id` (from begin(), not -1) on the stream it began on. Never
+  // throws: a span whose end cannot be recorded is dropped (Note [gpu span end]).
+  void end(int id, kernels::CudaStream stream) noexcept;
   // Appends to `out` every closed span whose end has happened (with `wait`,
   // every closed span, waiting for each), in the order they began; then
   // re-anchors if the anchor is older than the limit at `now_ns`.

@@ -25,7 +25,7 @@ void copy_name(char (&out)[kNameBytes], std::string_view name, std::string_view 
 // slot with a null timeline otherwise, or when the span was dropped.
 GpuSlot gpu_begin(const Stream& stream, const char (&name)[kNameBytes], const char* category,
                   std::int64_t step);
-void gpu_end(const GpuSlot& slot);
+void gpu_end(const GpuSlot& slot) noexcept;  // Note [gpu span end], gpu_timeline.cpp
 
 // Resolves the GPU spans whose end has happened (all of them, waiting, with
 // `wait`). Cheap when no GPU span was ever opened.
