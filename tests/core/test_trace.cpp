@@ -6,9 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -16,6 +14,7 @@
 
 #include "engine/core/trace.h"
 #include "kernels/error.h"
+#include "support/read_text.h"
 
 using namespace lockstep;
 namespace trace = lockstep::core::trace;
@@ -68,10 +67,7 @@ TEST_CASE("spans inside the window are written as trace events", "[core][trace]"
   const std::filesystem::path file = trace::finish();
   CHECK(file == dir / "rank-7.json");
   CHECK_FALSE(trace::active());
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string json = text.str();
+  const std::string json = test::read_text(file);
   std::filesystem::remove_all(dir);
   CHECK(json.rfind("{\"traceEvents\": [", 0) == 0);
   CHECK(count(json, "\"name\": \"forward fc1\"") == 1);
@@ -99,12 +95,6 @@ double duration_us(const std::string& json, const std::string& name) {
   return std::stod(json.substr(dur + 7, 32));
 }
 
-std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 }  // namespace
 
 TEST_CASE("a step's breakdown adds up this thread's part spans, traced or not", "[core][trace]") {
@@ -152,7 +142,7 @@ TEST_CASE("a step's breakdown adds up this thread's part spans, traced or not", 
   }
   { trace::Span optimizer("optimizer", trace::Part::optimizer); }
   b = trace::breakdown();
-  const std::string json = read_file(trace::finish());
+  const std::string json = test::read_text(trace::finish());
   std::filesystem::remove_all(dir);
   CHECK(json.find("\"name\": \"forward\", \"cat\": \"compute\"") != std::string::npos);
   CHECK(json.find("\"name\": \"optimizer\", \"cat\": \"optimizer\"") != std::string::npos);

@@ -11,9 +11,7 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,6 +20,7 @@
 #include "engine/core/detail/trace_gpu.h"
 #include "engine/core/stream.h"
 #include "engine/core/trace.h"
+#include "support/read_text.h"
 
 using namespace lockstep;
 namespace trace = lockstep::core::trace;
@@ -246,15 +245,6 @@ TEST_CASE("an old anchor is replaced while spans are pending, dropped when none 
   CHECK(f.device->anchors == 3);
 }
 
-namespace {
-std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-}  // namespace
-
 TEST_CASE("a span given a cuda stream is also a span on the stream's track of the trace file",
           "[core][trace]") {
   auto device = std::make_shared<FakeDevice>();
@@ -288,7 +278,7 @@ TEST_CASE("a span given a cuda stream is also a span on the stream's track of th
   { trace::GpuSpan alone(gpu, "allreduce", "bucket 0", "comm"); }
   trace::set_step(3);
   { trace::Span late("optimizer", trace::Part::optimizer, gpu); }
-  const std::string json = read_file(trace::finish());
+  const std::string json = test::read_text(trace::finish());
   std::filesystem::remove_all(dir);
   detail::set_event_clock_factory(nullptr);
   CHECK(device->clocks_made == 1);
@@ -351,7 +341,7 @@ TEST_CASE(
   }
   device->broken = false;
   { trace::Span optimizer("optimizer", trace::Part::optimizer, gpu); }
-  const std::string json = read_file(trace::finish());
+  const std::string json = test::read_text(trace::finish());
   std::filesystem::remove_all(dir);
   detail::set_event_clock_factory(nullptr);
   trace::set_step(0);

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -29,6 +28,7 @@
 #include "engine/optim/sgd.h"
 #include "io/loader.h"
 #include "io/shard_fixtures.h"
+#include "support/read_text.h"
 #include "support/world_of_one.h"
 
 using namespace lockstep;
@@ -144,10 +144,7 @@ TEST_CASE("traced CUDA steps put modules, optimizer, collectives and copies on s
   const double run_end_us =
       std::chrono::duration<double, std::micro>(trace::Clock::now().time_since_epoch()).count();
   trace::set_step(0);
-  std::ifstream in(trace::finish());
-  std::stringstream text;
-  text << in.rdbuf();
-  const TraceFile f = parse(text.str());
+  const TraceFile f = parse(test::read_text(trace::finish()));
   CHECK(f.dropped_gpu_spans == "0");
 
   // The host's step spans, by step.
