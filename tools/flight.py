@@ -65,18 +65,40 @@ def wall_ns(dump, ns):
     return dump["epoch_unix_ns"] + ns
 
 
-def late_ranks(dumps, records):
-    """{rank: seconds late} for the ranks in `records` (one collective) that issued it only after
-    a rank still waiting in it had written its dump: a stalled rank that the job's end woke up
-    (mpirun continues stopped ranks before ending them) and whose dump came last. The ranks'
-    clocks are compared, which assumes they agree to well under the watchdog's timeout."""
-    waiting = [r for r, rec in records.items() if rec["state"] != "completed"]
-    if not waiting:
-        return {}
-    gave_up = min(wall_ns(dumps[r], dumps[r]["now_ns"]) for r in waiting)
-    first = min(wall_ns(dumps[r], rec["enqueue_ns"]) for r, rec in records.items())
-    return {r: (wall_ns(dumps[r], rec["enqueue_ns"]) - first) / 1e9 for r, rec in records.items()
-            if wall_ns(dumps[r], rec["enqueue_ns"]) > gave_up}
+# Note [dump cut]: ranks write their dumps at different moments. The first rank to give up on a
+# collective dumps at its timeout; a stalled rank often dumps only when the job's end wakes it
+# (mpirun continues stopped ranks before ending them), and by then it may have finished the
+# collective it was stopped in and issued the next. Read as they are, its records would make the
+# rank that gave up look like the one behind. So every dump is read as of the cut, the earliest
+# dump of a rank that was waiting in a collective: a collective issued after the cut is taken as
+# not issued, one completed after it as still running, and each is reported as late. The ranks'
+# clocks are compared, which assumes they agree to well under the watchdog's timeout.
+def cut_ns(dumps):
+    waiting = [wall_ns(d, d["now_ns"]) for d in dumps.values()
+               if any(r["state"] != "completed" for r in d["collectives"])]
+    return min(waiting) if waiting else None
+
+
+def as_of_cut(dumps, cut):
+    """({rank: records as of the cut}, {(communicator, sequence): {rank: (seconds after the cut,
+    "issued" or "completed")}})."""
+    records, late = {}, {}
+    for rank, dump in dumps.items():
+        kept = []
+        for record in dump["collectives"]:
+            k = (record["communicator"], record["sequence"])
+            if cut is not None and wall_ns(dump, record["enqueue_ns"]) > cut:
+                late.setdefault(k, {})[rank] = ((wall_ns(dump, record["enqueue_ns"]) - cut) / 1e9,
+                                                "issued")
+                continue
+            if (cut is not None and record["state"] == "completed"
+                    and wall_ns(dump, record["end_ns"]) > cut):
+                late.setdefault(k, {})[rank] = ((wall_ns(dump, record["end_ns"]) - cut) / 1e9,
+                                                "completed")
+                record = dict(record, state="started", end_ns=-1)
+            kept.append(record)
+        records[rank] = kept
+    return records, late
 
 
 # Note [stuck collective]: a communicator's stuck collective is the first unfinished one that
@@ -95,9 +117,11 @@ def analyse(dumps):
         head += f"; {ranks_text(missing)} left none (stopped, dead or cut off before it could write)"
     lines.append(head)
 
-    by_key = {}  # (communicator, sequence) -> {rank: record}
-    for rank, dump in dumps.items():
-        for record in dump["collectives"]:
+    cut = cut_ns(dumps)  # Note [dump cut]
+    in_time, late = as_of_cut(dumps, cut)
+    by_key = {}  # (communicator, sequence) -> {rank: record as of the cut}
+    for rank, kept in in_time.items():
+        for record in kept:
             by_key.setdefault((record["communicator"], record["sequence"]), {})[rank] = record
 
     # A desync: ranks issued different collectives at the same sequence number.
@@ -116,24 +140,24 @@ def analyse(dumps):
             r["state"] != "completed" for r in records.values()))
         if not unfinished:
             continue
-        last_seen = {rank: max((r["sequence"] for r in dump["collectives"]
-                                if r["communicator"] == comm), default=-1)
-                     for rank, dump in dumps.items()}
+        last_seen = {rank: max((r["sequence"] for r in kept if r["communicator"] == comm),
+                               default=-1)
+                     for rank, kept in in_time.items()}
 
         def someone_missing(seq):
             records = by_key[(comm, seq)]
-            late = late_ranks(dumps, records)
-            return any(rank not in dumps or rank in late
-                       or (rank not in records and last_seen[rank] < seq) for rank in range(size))
+            return any(rank not in dumps or (rank not in records and last_seen[rank] < seq)
+                       for rank in range(size))
 
         seq = next((s for s in unfinished if someone_missing(s)), unfinished[0])
         records = by_key[(comm, seq)]
-        late = late_ranks(dumps, records)
-        records = {r: rec for r, rec in records.items() if r not in late}
+        late_here = late.get((comm, seq), {})
         issued = sorted(records)
         first = records[issued[0]]
         desynced = len({(r["kind"], r["count"], r["dtype"]) for r in records.values()}) > 1
-        waits = [(dumps[r]["now_ns"] - rec["enqueue_ns"]) / 1e9 for r, rec in records.items()]
+        at = {r: (cut - dumps[r]["epoch_unix_ns"]) if cut is not None else dumps[r]["now_ns"]
+              for r in records}
+        waits = [(at[r] - rec["enqueue_ns"]) / 1e9 for r, rec in records.items()]
         lines.append(f"STUCK at {comm}#{seq}: "
                      f"{'the desynced collective above' if desynced else what(first)}, "
                      f"issued by {ranks_text(issued)} "
@@ -143,11 +167,15 @@ def analyse(dumps):
                   and all(r["state"] == "completed" for r in recs.values())]
         for rank in range(size):
             if rank in records:
+                if late_here.get(rank, (0, ""))[1] == "completed":
+                    lines.append(f"  rank {rank} completed {comm}#{seq} only "
+                                 f"{late_here[rank][0]:.1f} s after a rank had given up on it "
+                                 "(the job's end woke it; it was stalled inside it)")
                 continue
-            if rank in late:
+            if late_here.get(rank, (0, ""))[1] == "issued":
                 lines.append(f"  rank {rank} never reached {comm}#{seq} in time: it issued it "
-                             f"{late[rank]:.1f} s after rank {issued[0]}, when the other ranks had "
-                             "already given up on it (the job's end woke it; it was stalled before)")
+                             f"{late_here[rank][0]:.1f} s after a rank had given up on it "
+                             "(the job's end woke it; it was stalled before)")
                 continue
             if rank not in dumps:
                 text = f"  rank {rank} never reached {comm}#{seq}; it left no dump"
@@ -158,14 +186,14 @@ def analyse(dumps):
                 lines.append(text)
                 continue
             dump = dumps[rank]
-            own = [r for r in dump["collectives"] if r["communicator"] == comm]
+            own = [r for r in in_time[rank] if r["communicator"] == comm]
             text = f"  rank {rank} never reached {comm}#{seq}; it is in step {dump['step']}"
-            completed = [r for r in dump["collectives"] if r["state"] == "completed"]
+            completed = [r for r in in_time[rank] if r["state"] == "completed"]
             if dump["step"] >= 1:
                 text += f" (the last step it completed is {dump['step'] - 1})"
             if own:
                 text += f"; its last collective on '{comm}' was #{own[-1]['sequence']}, {what(own[-1])}, {own[-1]['state']}"
-            in_flight = [r for r in dump["collectives"] if r["state"] != "completed"]
+            in_flight = [r for r in in_time[rank] if r["state"] != "completed"]
             if in_flight:
                 text += "; it waits in " + ", ".join(f"{key(r)} ({what(r)})" for r in in_flight)
             elif completed:

@@ -74,6 +74,28 @@ class FlightTest(unittest.TestCase):
                         out)
         self.assertIn("it waits in gradients#1", lines[2])
 
+    def test_a_rank_woken_by_the_job_end_is_read_as_of_the_first_dump(self):
+        # As CI's run left them: rank 1 was stopped inside #1 while rank 0 waited there; rank 0
+        # gave up and dumped at 5 s; the job's end woke rank 1, which completed #1 and issued #2
+        # before its own dump at 6 s. Read as of rank 0's dump both ranks are in #1.
+        self.write(0, dump(0, 2, [record(0), record(1, state="started", step=3, bucket=1, t=1_000)],
+                           step=3))
+        woken = [record(0), record(1, step=3, bucket=1, t=1_000),
+                 record(2, state="started", step=3, bucket=0, t=5_500_000_000)]
+        woken[1]["end_ns"] = 5_400_000_000
+        late = dump(1, 2, woken, step=3)
+        late["now_ns"] = 6_000_000_000
+        self.write(1, late)
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        lines = out.splitlines()
+        self.assertTrue(lines[1].startswith("STUCK at gradients#1: allreduce 256 f32 (1024 bytes) "
+                                            "at step 3, gradient bucket 2, issued by ranks 0, 1 "
+                                            "(started; waiting up to 5.0 s)"), out)
+        self.assertEqual(lines[2], "  rank 1 completed gradients#1 only 0.4 s after a rank had "
+                                   "given up on it (the job's end woke it; it was stalled inside it)")
+        self.assertEqual(len(lines), 3, out)
+
     def test_all_completed(self):
         for r in range(2):
             self.write(r, dump(r, 2, [record(0), record(1)]))
