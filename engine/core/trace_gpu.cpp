@@ -113,6 +113,9 @@ struct GpuState {
   std::mutex mutex;
   EventClockFactory factory = default_clock;
   std::map<int, GpuTimeline*> timelines;  // by device index; never freed (above)
+  // Timelines that set_event_clock_factory replaced: kept, never freed, as
+  // an open span may still point at one.
+  std::vector<GpuTimeline*> retired;
   std::map<std::pair<int, kernels::CudaStream>, Lane> lanes;
   std::vector<GpuSpanEvent> resolved;
   std::uint64_t dropped = 0;
@@ -200,7 +203,8 @@ void set_event_clock_factory(EventClockFactory factory) {
   GpuState& g = gpu_state();
   std::lock_guard lock(g.mutex);
   g.factory = factory ? std::move(factory) : default_clock;
-  g.timelines.clear();  // the old ones leak, as Note [gpu tracks] says they do
+  for (const auto& [device, t] : g.timelines) g.retired.push_back(t);
+  g.timelines.clear();
   g.lanes.clear();
   g.resolved.clear();
   g.dropped = 0;
