@@ -26,9 +26,6 @@ namespace lockstep::core::trace {
 namespace detail {
 namespace {
 
-// Events per device: two a span in flight (Note [gpu event pool]); a step of
-// the largest models here has a few hundred GPU spans.
-constexpr int kEventsPerDevice = 2048;
 // Resolved spans kept until finish(), as a thread's buffer keeps events.
 constexpr std::size_t kSpansKept = std::size_t{1} << 18;
 constexpr std::int64_t kReanchorAfterNs = 1'000'000'000;  // Note [gpu anchor]
@@ -39,6 +36,10 @@ std::int64_t now_ns() {
 }
 
 #if LOCKSTEP_WITH_CUDA
+// Events per device: two a span in flight (Note [gpu event pool]); a step of
+// the largest models here has a few hundred GPU spans.
+constexpr int kEventsPerDevice = 2048;
+
 // CUDA events with timing, made once per device, and a stream of their own
 // for the anchors (non-blocking: it never waits for the legacy stream).
 class CudaEventClock final : public EventClock {
