@@ -4,6 +4,8 @@
 // differing across shards, unsupported dtypes, labels out of range.
 #include <catch2/catch.hpp>
 
+#include <fmt/core.h>
+
 #include <fstream>
 
 #include "io/dataset.h"
@@ -133,6 +135,81 @@ TEST_CASE("a damaged superblock is refused before HDF5 opens the file", "[io][er
   fs::copy_file(dir / "good.h5", dir / "short.h5");
   fs::resize_file(dir / "short.h5", 30);
   require_error<IoError>(dir / "short.h5", {"short.h5", "ends inside its superblock"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
+TEST_CASE("a damaged group B-tree is refused before HDF5 reads it", "[io][errors]") {
+  // Note [group trees] (io/hdf5_format_check.cpp). The root group's B-tree
+  // address is at byte 80 of a version 0 superblock; in the tree node, the
+  // entry count is at +6 and the first child (a symbol node) at +32; in that
+  // symbol node, the entry count at +6 and the first entry's object header
+  // address at +16.
+  TempDir dir;
+  test::write_shard(dir / "good.h5", 0, 20, {4}, DType::u8);
+  const auto size = fs::file_size(dir / "good.h5");
+  const auto read_u64 = [&](std::uint64_t at) {
+    std::uint64_t v = 0;
+    std::ifstream file(dir / "good.h5", std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(at));
+    file.read(reinterpret_cast<char*>(&v), 8);
+    return v;
+  };
+  const auto patched = [&](const char* name, std::uint64_t at, std::uint64_t value, int bytes) {
+    fs::copy_file(dir / "good.h5", dir / name);
+    std::fstream file(dir / name, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(at));
+    file.write(reinterpret_cast<const char*>(&value), bytes);
+    return dir / name;
+  };
+  const std::uint64_t tree = read_u64(80), symbols = read_u64(tree + 32);
+  // The undefined address: HDF5 1.10 read it through a NULL buffer (a SEGV).
+  require_error<IoError>(patched("undefined.h5", tree + 32, ~std::uint64_t{0}, 8),
+                         {"undefined.h5", "damaged symbol node at address 18446744073709551615",
+                          "the root group", "re-create it"});
+  require_error<IoError>(patched("children.h5", tree + 6, 0xffff, 2),
+                         {"children.h5", "B-tree node", "65535 children, above 2 * 16"});
+  require_error<IoError>(patched("entries.h5", symbols + 6, 0xffff, 2),
+                         {"entries.h5", "65535 entries, above 2 * 4"});
+  require_error<IoError>(patched("header.h5", symbols + 16, size * 2, 8),
+                         {"header.h5", fmt::format("an object header at address {}", size * 2)});
+  require_error<IoError>(patched("cycle.h5", tree + 5, 1, 1), {"cycle.h5", "B-tree node"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
+TEST_CASE("a chunked layout HDF5 would divide by zero with is refused", "[io][errors]") {
+  // A version 3 layout message: version, class 2, the chunk's rank (the
+  // dataspace's plus one), the B-tree's address, then 4 bytes a dimension.
+  TempDir dir;
+  test::Layout chunked;
+  chunked.chunked = true;
+  test::write_shard(dir / "good.h5", 0, 20, {4}, DType::u8, DType::i64, chunked);
+  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
+  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
+  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
+  std::uint64_t layout = 0;  // the layout message's body
+  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && layout == 0;) {
+    const auto type = static_cast<unsigned char>(bytes[at]);
+    const auto length =
+        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
+    if (type == 0x08) layout = at + 8;
+    at += 8 + length;
+  }
+  REQUIRE(layout != 0);
+  REQUIRE(bytes[layout] == 3);
+  REQUIRE(bytes[layout + 1] == 2);
+  REQUIRE(bytes[layout + 2] == 3);  // [rows, 4] and the element
+  const auto patched = [&](const char* name, std::uint64_t at, char value) {
+    std::vector<char> copy = bytes;
+    copy[at] = value;
+    std::ofstream(dir / name, std::ios::binary).write(copy.data(), copy.size());
+    return dir / name;
+  };
+  require_error<IoError>(
+      patched("rank.h5", layout + 2, 0),
+      {"rank.h5", "chunks of 0 dimensions for a dataspace of rank 2", "'inputs'"});
+  for (int b = 0; b < 4; ++b) bytes[layout + 11 + 4 + b] = 0;  // the second dimension: 0
+  require_error<IoError>(patched("zero.h5", layout + 11, bytes[layout + 11]),
+                         {"zero.h5", "chunk dimension 1 of size 0"});
   CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
 }
 
