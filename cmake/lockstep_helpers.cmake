@@ -8,8 +8,13 @@ if(LOCKSTEP_SANITIZE)
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=address,undefined)
 endif()
-if(LOCKSTEP_FUZZ)  # coverage for libFuzzer in everything; tests/fuzz links the fuzzer itself
-  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+# LOCKSTEP_FUZZ: coverage for libFuzzer in everything (tests/fuzz links the
+# fuzzer itself), and __FILE__ relative to the source root: error messages
+# name source files, and their length must not depend on where the checkout
+# lies, or neither would the inputs a fixed seed tries (.ci/run, fuzzing).
+if(LOCKSTEP_FUZZ)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>
+                      $<$<COMPILE_LANGUAGE:CXX>:-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=>)
 endif()
 
 # lockstep_component(NAME <target> SOURCES ...): a shared library exported as

@@ -208,7 +208,7 @@ void DataParallelStep::update(StepResult& r) {
                                sharded() ? std::span<double>(shard) : std::span<double>());
   }
   {
-    core::trace::Span clip("unscale and clip", core::trace::Part::optimizer);
+    core::trace::Span decide("decide and schedule", core::trace::Part::optimizer);
     if (sharded())
       r.grad_norm = with_step(steps_ + 1, [&] {
         return decide_sharded(store_.grads(), owned_, scaler_, options_.max_grad_norm, shard,

@@ -23,10 +23,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A name of fixed length (not the process id): paths appear in error
+// messages, and the inputs a fixed seed tries must not depend on their length.
 const fs::path& scratch_dir() {
   static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("lockstep-fuzz-" + std::to_string(::getpid()));
-    fs::create_directories(d);
+    std::string name = (fs::temp_directory_path() / "lockstep-fuzz-XXXXXX").string();
+    if (::mkdtemp(name.data()) == nullptr)
+      throw std::runtime_error("fuzz: cannot make a directory like " + name);
+    const fs::path d = name;
     std::atexit([] {
       std::error_code ignored;
       fs::remove_all(scratch_dir(), ignored);
