@@ -19,33 +19,43 @@ void require_f32(const char* who, const core::Tensor& grads) {
 
 std::vector<comm::FlatRange> whole(const core::Tensor& grads) { return {{0, grads.numel()}}; }
 
-// The f64 sum of squares of `x`, never rounded to f32 (Note [non-finite steps]).
-double sum_squares_f64(const core::Tensor& x, const core::Stream& stream) {
-  double total = 0.0;
-  core::dispatch_stream(
-      x.device(), stream,
-      [&] { kernels::cpu::sum_squares(x.data(), x.dtype(), x.numel(), &total); },
-      [&](const core::Stream& s) {
-        // The per-block partials, then the total: f64s in an i64 tensor.
-        constexpr std::int64_t blocks = kernels::cuda::kReduceBlocks;
-        core::Tensor scratch = core::Tensor::empty({blocks + 1}, DType::i64, x.device(), s);
-        auto* partials = scratch.data_as<std::int64_t>();
-        kernels::cuda::sum_squares(x.data(), x.dtype(), x.numel(),
-                                   reinterpret_cast<double*>(partials + blocks), partials,
-                                   s.handle());
-        scratch.view(blocks, {1}).copy_to_host(&total, s);
-      });
-  return total;
-}
-
 }  // namespace
 
+// Per range an f64 sum of squares, never rounded to f32 (Note [non-finite
+// steps]), then their sum in range order. On CUDA the ranges' kernels share
+// one workspace in stream order and write their totals side by side, read
+// back in one copy: one synchronisation however many ranges (ZeRO-1 passes
+// one per owned bucket).
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream) {
   require_f32("grad_norm", grads);
-  double total = 0.0;
+  std::vector<comm::FlatRange> nonempty;
   for (const comm::FlatRange& r : ranges)
-    if (r.numel > 0) total += sum_squares_f64(grads.view(r.offset, {r.numel}), stream);
+    if (r.numel > 0) nonempty.push_back(r);
+  const auto count = static_cast<std::int64_t>(nonempty.size());
+  std::vector<double> totals(nonempty.size(), 0.0);
+  if (count == 0) return 0.0;
+  core::dispatch_stream(
+      grads.device(), stream,
+      [&] {
+        for (std::int64_t i = 0; i < count; ++i)
+          kernels::cpu::sum_squares(grads.view(nonempty[i].offset, {nonempty[i].numel}).data(),
+                                    DType::f32, nonempty[i].numel, &totals[i]);
+      },
+      [&](const core::Stream& s) {
+        // The per-block partials, then one total per range: f64s in an i64 tensor.
+        constexpr std::int64_t blocks = kernels::cuda::kReduceBlocks;
+        core::Tensor scratch = core::Tensor::empty({blocks + count}, DType::i64, grads.device(), s);
+        auto* partials = scratch.data_as<std::int64_t>();
+        for (std::int64_t i = 0; i < count; ++i)
+          kernels::cuda::sum_squares(grads.view(nonempty[i].offset, {nonempty[i].numel}).data(),
+                                     DType::f32, nonempty[i].numel,
+                                     reinterpret_cast<double*>(partials + blocks + i), partials,
+                                     s.handle());
+        scratch.view(blocks, {count}).copy_to_host(totals.data(), s);
+      });
+  double total = 0.0;
+  for (double t : totals) total += t;
   return total;
 }
 

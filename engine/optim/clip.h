@@ -19,7 +19,7 @@ namespace lockstep::engine {
 // range the kernels' sum of squares (accumulated in f64, deterministic on
 // CUDA), added in f64. Never rounded to f32, so squares of finite gradients
 // cannot overflow (Note [non-finite steps], engine/data_parallel_step.h).
-// Reading it synchronises `stream`.
+// Reading it synchronises `stream` once, however many ranges.
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream = {});
 // The L2 norm of the whole of `grads`: the square root of grad_sum_squares.

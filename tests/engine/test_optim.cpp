@@ -391,3 +391,24 @@ TEST_CASE("clip_grad_norm reports the global norm and scales like torch", "[engi
   CHECK_THROWS_WITH(clip_grad_norm(store.grads(), 0.0),
                     Catch::Contains("max_norm 0.000000 must be > 0"));
 }
+
+// ZeRO-1's shard sums: over ranges (an empty one among them, and one that
+// covers padding), in f64, each range's sum of squares added in order.
+TEST_CASE("grad_sum_squares over ranges is the f64 sum of their squares", "[engine][optim]") {
+  auto bag = test::make_bag();
+  ParameterStore store(*bag, core::Device::cpu());
+  test::set_grads(store, test::step_grads(store, 8));
+  const auto flat = test::read(store.grads());
+  const auto n = static_cast<std::int64_t>(flat.size());
+  const std::vector<comm::FlatRange> ranges{{0, n / 4}, {n / 4, 0}, {n / 2, n - n / 2}};
+  double expected = 0.0;
+  for (const comm::FlatRange& r : ranges) {
+    double range_sum = 0.0;
+    for (std::int64_t i = r.offset; i < r.offset + r.numel; ++i)
+      range_sum += static_cast<double>(flat[i]) * flat[i];
+    expected += range_sum;
+  }
+  CHECK(grad_sum_squares(store.grads(), ranges) == Approx(expected).epsilon(1e-13));
+  CHECK(grad_sum_squares(store.grads(), {}) == 0.0);
+  CHECK(grad_sum_squares(store.grads(), {{3, 0}}) == 0.0);
+}

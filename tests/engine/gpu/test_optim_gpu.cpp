@@ -169,3 +169,19 @@ TEST_CASE("cuda gradient norm stays finite past FLT_MAX, as the cpu one", "[gpu]
   REQUIRE(cpu_norm * cpu_norm > std::numeric_limits<float>::max());
   CHECK(grad_norm(pair.gpu.grads()) == Approx(cpu_norm).epsilon(1e-11));
 }
+
+// ZeRO-1's shard norm: several ranges, an empty one among them, read back in
+// one copy (grad_sum_squares). Per range the same f64 bound as above; the
+// ranges' totals are then added in the same order on both devices.
+TEST_CASE("cuda sum of squares over several ranges matches the cpu one", "[gpu][optim]") {
+  Pair pair;
+  pair.set_grads(test::step_grads(pair.cpu, 5));
+  const std::int64_t n = pair.cpu.grads().numel();
+  const std::vector<comm::FlatRange> ranges{
+      {0, n / 5}, {n / 5, 0}, {n / 3, n / 4}, {n - n / 7, n / 7}};
+  double expected = 0.0;
+  for (const comm::FlatRange& r : ranges) expected += grad_sum_squares(pair.cpu.grads(), {r});
+  CHECK(grad_sum_squares(pair.cpu.grads(), ranges) == expected);
+  CHECK(grad_sum_squares(pair.gpu.grads(), ranges) == Approx(expected).epsilon(1e-11));
+  CHECK(grad_sum_squares(pair.gpu.grads(), {{0, 0}}) == 0.0);
+}
