@@ -12,9 +12,12 @@ endif()
 # fuzzer itself), and __FILE__ relative to the source root: error messages
 # name source files, and their length must not depend on where the checkout
 # lies, or neither would the inputs a fixed seed tries (.ci/run, fuzzing).
+# The second map covers a compiler launcher such as ccache, which hands the
+# compiler paths relative to the build folder ("../io/...").
 if(LOCKSTEP_FUZZ)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>
-                      $<$<COMPILE_LANGUAGE:CXX>:-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=>)
+                      $<$<COMPILE_LANGUAGE:CXX>:-ffile-prefix-map=${PROJECT_SOURCE_DIR}/=>
+                      $<$<COMPILE_LANGUAGE:CXX>:-ffile-prefix-map=../=>)
 endif()
 
 # lockstep_component(NAME <target> SOURCES ...): a shared library exported as

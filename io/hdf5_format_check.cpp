@@ -96,18 +96,31 @@ void check_local_heap(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
 // them here keeps the walk bounded and names the group.) K are the file's
 // (H5Pget_sym_k), so the root's tree is checked once HDF5 has opened the
 // file, before anything reads it.
-struct GroupTreeOrder {
-  unsigned internal_k = 0, leaf_k = 0;  // 0: not known yet, the tree is not checked
+//
+// Note [chunk trees]: a chunked dataset of layout version 3 (HDF5 1.8's and
+// h5py's default) indexes its chunks in a version 1 B-tree too, whose keys
+// hold each chunk's stored size. Without filters HDF5 1.10 reads a chunk
+// into a buffer of that size and copies a whole chunk out of it (the shard
+// fuzzer: a heap over-read in H5VM_memcpyvv). So the tree is walked the same
+// way, at most 2 * K children a node (H5Pget_istore_k), and each chunk of an
+// unfiltered dataset must be stored as exactly one chunk's bytes, inside the
+// file. Filtered chunks are checked once the dataset is open (Note [inflated
+// chunks] in io/hdf5_read.cpp).
+struct TreeOrders {
+  unsigned group_internal_k = 0, group_leaf_k = 0, chunk_k = 0;  // 0: not known, not checked
 };
 
-template <typename Fail>
-void check_group_tree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
-                      const GroupTreeOrder& order, const std::string& name, const Fail& fail) {
-  const auto inside = [&](std::uint64_t at, std::uint64_t size) {
-    return at <= bytes && size <= bytes - at;
-  };
-  const auto damaged = [&](const char* what, std::uint64_t at, const std::string& why) {
-    fail(fmt::format("has a damaged {} at address {} in the links of {}: {}", what, at, name, why));
+// Walks the version 1 B-tree of `node_type` (0 groups, 1 chunks) at `root`
+// whose keys are `key_bytes` wide; leaf(key, child) runs on each child of a
+// leaf node. Fails on a node outside the file, reached twice, of another
+// type or level than its parent says, or with more than max_children.
+template <typename Leaf, typename Fail>
+void walk_v1_btree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
+                   unsigned node_type, std::uint64_t key_bytes, unsigned max_children,
+                   const std::string& name, const Fail& fail, const Leaf& leaf) {
+  const auto damaged = [&](std::uint64_t at, const std::string& why) {
+    fail(fmt::format("has a damaged B-tree node at address {} in the {} of {}: {}", at,
+                     node_type == 0 ? "links" : "chunk index", name, why));
   };
   struct Node {
     std::uint64_t address;
@@ -119,57 +132,89 @@ void check_group_tree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
     const Node node = pending.back();
     pending.pop_back();
     std::array<unsigned char, 24> header{};  // signature, type, level, entries, 2 siblings
-    if (!seen.insert(node.address).second) damaged("B-tree node", node.address, "reached twice");
-    if (!inside(node.address, header.size()) ||
+    if (!seen.insert(node.address).second) damaged(node.address, "reached twice");
+    if (node.address > bytes || bytes - node.address < header.size() ||
         read_at(fd, header.data(), header.size(), base + node.address) != header.size())
-      damaged("B-tree node", node.address, "outside the file");
-    if (std::memcmp(header.data(), "TREE", 4) != 0 || header[4] != 0)
-      damaged("B-tree node", node.address, "not a group node");
+      damaged(node.address, "outside the file");
+    if (std::memcmp(header.data(), "TREE", 4) != 0 || header[4] != node_type)
+      damaged(node.address, fmt::format("not a node of type {}", node_type));
     const int level = header[5];
     const unsigned used = header[6] | header[7] << 8;
     if (node.level >= 0 && level != node.level)
-      damaged("B-tree node", node.address,
-              fmt::format("level {} under a level {} node", level, node.level + 1));
+      damaged(node.address, fmt::format("level {} under a level {} node", level, node.level + 1));
     for (const std::uint64_t sibling :
          {little_endian_u64(&header[8]), little_endian_u64(&header[16])})
       if (sibling != kUndefinedAddress && sibling >= bytes)
-        damaged("B-tree node", node.address, fmt::format("a sibling at address {}", sibling));
-    if (used > 2 * order.internal_k)
-      damaged("B-tree node", node.address,
-              fmt::format("{} children, above 2 * {}", used, order.internal_k));
-    // Keys (heap offsets) and child addresses alternate, a key at each end.
-    std::vector<unsigned char> entries(std::size_t{used} * 16 + 8);
-    if (!inside(node.address + header.size(), entries.size()) ||
+        damaged(node.address, fmt::format("a sibling at address {}", sibling));
+    if (used > max_children)
+      damaged(node.address, fmt::format("{} children, above {}", used, max_children));
+    // Keys and child addresses alternate, a key at each end.
+    const std::uint64_t stride = key_bytes + 8;
+    std::vector<unsigned char> entries(used * stride + key_bytes);
+    if (bytes - node.address - header.size() < entries.size() ||
         read_at(fd, entries.data(), entries.size(), base + node.address + header.size()) !=
             entries.size())
-      damaged("B-tree node", node.address, "its children lie past the file's end");
+      damaged(node.address, "its children lie past the file's end");
     for (unsigned i = 0; i < used; ++i) {
-      const std::uint64_t child = little_endian_u64(&entries[std::size_t{i} * 16 + 8]);
-      if (level > 0) {
+      const unsigned char* key = &entries[i * stride];
+      const std::uint64_t child = little_endian_u64(key + key_bytes);
+      if (level > 0)
         pending.push_back({child, level - 1});
-        continue;
-      }
-      std::array<unsigned char, 8> symbols{};  // signature, version, reserved, entries
-      if (!seen.insert(child).second) damaged("symbol node", child, "reached twice");
-      if (!inside(child, symbols.size()) ||
-          read_at(fd, symbols.data(), symbols.size(), base + child) != symbols.size() ||
-          std::memcmp(symbols.data(), "SNOD", 4) != 0 || symbols[4] != 1)
-        damaged("symbol node", child, "not a version 1 symbol node inside the file");
-      const unsigned count = symbols[6] | symbols[7] << 8;
-      if (count > 2 * order.leaf_k)
-        damaged("symbol node", child, fmt::format("{} entries, above 2 * {}", count, order.leaf_k));
-      // Each entry: name offset, object header address, cache type, scratch pad.
-      std::vector<unsigned char> table(std::size_t{count} * 40);
-      if (!inside(child + symbols.size(), table.size()) ||
-          read_at(fd, table.data(), table.size(), base + child + symbols.size()) != table.size())
-        damaged("symbol node", child, "its entries lie past the file's end");
-      for (unsigned e = 0; e < count; ++e) {
-        const std::uint64_t object = little_endian_u64(&table[std::size_t{e} * 40 + 8]);
-        if (object >= bytes)
-          damaged("symbol node", child, fmt::format("an object header at address {}", object));
-      }
+      else
+        leaf(key, child);
     }
   }
+}
+
+template <typename Fail>
+void check_group_tree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
+                      const TreeOrders& orders, const std::string& name, const Fail& fail) {
+  std::set<std::uint64_t> seen;
+  const auto check_symbols = [&](const unsigned char*, std::uint64_t node) {
+    const auto damaged = [&](const std::string& why) {
+      fail(fmt::format("has a damaged symbol node at address {} in the links of {}: {}", node, name,
+                       why));
+    };
+    std::array<unsigned char, 8> symbols{};  // signature, version, reserved, entries
+    if (!seen.insert(node).second) damaged("reached twice");
+    if (node > bytes || bytes - node < symbols.size() ||
+        read_at(fd, symbols.data(), symbols.size(), base + node) != symbols.size() ||
+        std::memcmp(symbols.data(), "SNOD", 4) != 0 || symbols[4] != 1)
+      damaged("not a version 1 symbol node inside the file");
+    const unsigned count = symbols[6] | symbols[7] << 8;
+    if (count > 2 * orders.group_leaf_k)
+      damaged(fmt::format("{} entries, above 2 * {}", count, orders.group_leaf_k));
+    // Each entry: name offset, object header address, cache type, scratch pad.
+    std::vector<unsigned char> table(std::size_t{count} * 40);
+    if (bytes - node - symbols.size() < table.size() ||
+        read_at(fd, table.data(), table.size(), base + node + symbols.size()) != table.size())
+      damaged("its entries lie past the file's end");
+    for (unsigned e = 0; e < count; ++e) {
+      const std::uint64_t object = little_endian_u64(&table[std::size_t{e} * 40 + 8]);
+      if (object >= bytes) damaged(fmt::format("an object header at address {}", object));
+    }
+  };
+  walk_v1_btree(fd, base, bytes, root, 0, 8, 2 * orders.group_internal_k, name, fail,
+                check_symbols);
+}
+
+// The chunk index of an unfiltered dataset (Note [chunk trees]); `rank` counts
+// the element's dimension, as the layout message does.
+template <typename Fail>
+void check_chunk_tree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t root,
+                      unsigned rank, std::uint64_t chunk_bytes, const TreeOrders& orders,
+                      const std::string& name, const Fail& fail) {
+  // A key: the chunk's stored size, its filter mask, then an offset a dimension.
+  const auto check_chunk = [&](const unsigned char* key, std::uint64_t chunk) {
+    const std::uint64_t stored = key[0] | key[1] << 8 | key[2] << 16 | std::uint64_t{key[3]} << 24;
+    if (stored != chunk_bytes || chunk > bytes || bytes - chunk < stored)
+      fail(
+          fmt::format("has an unfiltered chunk of {} bytes at address {} in {}, where a chunk "
+                      "has {} bytes inside the file's {}",
+                      stored, chunk, name, chunk_bytes, bytes));
+  };
+  walk_v1_btree(fd, base, bytes, root, 1, 8 + 8 * std::uint64_t{rank}, 2 * orders.chunk_k, name,
+                fail, check_chunk);
 }
 
 // Note [object headers]: the messages of an object's header (format
@@ -188,7 +233,7 @@ void check_group_tree(int fd, std::uint64_t base, std::uint64_t bytes, std::uint
 // HDF5 verifies.
 template <typename Fail>
 void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::uint64_t object,
-                         const GroupTreeOrder& order, const std::string& name, const Fail& fail) {
+                         const TreeOrders& orders, const std::string& name, const Fail& fail) {
   // Datatypes with member names (compound, enum, and arrays or sequences of
   // them): HDF5 1.10 copies each name with strdup, unbounded. lockstep reads
   // numbers and strings only, so these are refused unread.
@@ -205,14 +250,18 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
   // whatever the message holds (the shard fuzzer: a division by zero in
   // H5D__chunk_set_info).
   int space_rank = -1, chunk_rank = -1;
+  bool filtered = false;                         // a filter pipeline message
+  std::uint64_t chunk_tree = kUndefinedAddress;  // layout version 3's chunk index
+  std::uint64_t chunk_bytes = 1;                 // the product of its chunk dimensions
   const auto check_chunk_layout = [&](const unsigned char* m, std::uint64_t length) {
     const unsigned version = m[0];
     std::uint64_t dims_at = 0, dim_bytes = 4;
     if ((version == 1 || version == 2) && length >= 3 && m[2] == 2) {
       chunk_rank = m[1];
       dims_at = 16;  // version, rank, class, 5 reserved, the B-tree's address
-    } else if (version == 3 && length >= 3 && m[1] == 2) {
+    } else if (version == 3 && length >= 11 && m[1] == 2) {
       chunk_rank = m[2];
+      chunk_tree = little_endian_u64(m + 3);
       dims_at = 11;  // version, class, rank, the B-tree's address
     } else if (version == 4 && length >= 5 && m[1] == 2) {
       chunk_rank = m[3];
@@ -232,6 +281,9 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
       std::uint64_t size = 0;
       for (std::uint64_t b = dim_bytes; b-- > 0;) size = size << 8 | m[dims_at + d * dim_bytes + b];
       if (size == 0) fail(fmt::format("has a chunk dimension {} of size 0 in {}", d, name));
+      if (__builtin_mul_overflow(chunk_bytes, size, &chunk_bytes) ||
+          chunk_bytes > (std::uint64_t{1} << 32))
+        fail(fmt::format("has chunks of more than 4 GiB in {}", name));
     }
   };
   std::array<unsigned char, 16> prefix{};
@@ -271,8 +323,8 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
       // fuzzer: a NULL read in H5HL_protect).
       if (type == 0x11 && length >= 16) {
         check_local_heap(fd, base, bytes, little_endian_u64(m + 8), fail);
-        if (order.leaf_k > 0)
-          check_group_tree(fd, base, bytes, little_endian_u64(m), order, name, fail);
+        if (orders.group_leaf_k > 0)
+          check_group_tree(fd, base, bytes, little_endian_u64(m), orders, name, fail);
       }
       if (type == 0x0c && !shared) {
         const auto pad = [&](std::uint64_t n) { return m[0] == 1 ? (n + 7) / 8 * 8 : n; };
@@ -296,6 +348,7 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
       if (type == 0x03 && !shared && length >= 2) check_datatype(m, name);
       if (type == 0x01 && !shared && length >= 2) space_rank = m[1];
       if (type == 0x08 && length >= 2) check_chunk_layout(m, length);
+      if (type == 0x0b) filtered = true;
       p += 8 + length;
     }
   }
@@ -304,6 +357,9 @@ void check_object_header(int fd, std::uint64_t base, std::uint64_t bytes, std::u
         fmt::format("has chunks of {} dimensions for a dataspace of rank {} in {} (a chunk has "
                     "the rank plus one)",
                     chunk_rank, space_rank, name));
+  if (chunk_tree != kUndefinedAddress && !filtered && orders.chunk_k > 0)
+    check_chunk_tree(fd, base, bytes, chunk_tree, static_cast<unsigned>(chunk_rank), chunk_bytes,
+                     orders, name, fail);
 }
 
 }  // namespace
@@ -406,7 +462,7 @@ void check_hdf5_file(const fs::path& file, const std::string& what) {
                       "bytes",
                       declared, driver, bytes));
   }
-  check_object_header(fd, base, eof - base, root, GroupTreeOrder{}, "the root group", fail);
+  check_object_header(fd, base, eof - base, root, TreeOrders{}, "the root group", fail);
 }
 
 namespace detail {
@@ -421,6 +477,7 @@ ObjectHeaderCheck::ObjectHeaderCheck(hid_t file, const fs::path& path, const std
     LOCKSTEP_CHECK_HDF5(H5Pget_userblock(fcpl.get(), &base));
     LOCKSTEP_CHECK_HDF5(H5Fget_filesize(file, &size));
     LOCKSTEP_CHECK_HDF5(H5Pget_sym_k(fcpl.get(), &internal_k_, &leaf_k_));
+    LOCKSTEP_CHECK_HDF5(H5Pget_istore_k(fcpl.get(), &chunk_k_));
     base_ = base;
     bytes_ = size > base ? size - base : 0;
   } catch (...) {
@@ -436,7 +493,7 @@ void ObjectHeaderCheck::operator()(const std::string& name, std::uint64_t addres
     throw IoError(
         fmt::format("{} {} {} (the file is damaged: re-create it)", what_, quoted(path_), why));
   };
-  check_object_header(fd_, base_, bytes_, address, GroupTreeOrder{internal_k_, leaf_k_}, name,
+  check_object_header(fd_, base_, bytes_, address, TreeOrders{internal_k_, leaf_k_, chunk_k_}, name,
                       fail);
 }
 

@@ -30,6 +30,7 @@ class ObjectHeaderCheck {
   int fd_;
   std::uint64_t base_ = 0, bytes_ = 0;    // the user block's size; the file's after it
   unsigned internal_k_ = 0, leaf_k_ = 0;  // the group B-trees' orders (H5Pget_sym_k)
+  unsigned chunk_k_ = 0;                  // the chunk B-trees' order (H5Pget_istore_k)
   std::string what_;
   std::filesystem::path path_;
 };

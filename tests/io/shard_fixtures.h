@@ -89,6 +89,7 @@ inline std::vector<std::uint8_t> sample_bytes(std::int64_t first, std::int64_t c
 struct Layout {
   bool chunked = false;  // chunks of `chunk_rows` rows, gzip level 4 (h5py's default)
   hsize_t chunk_rows = 16;
+  bool gzip = true;         // false: chunked without filters (h5py's chunks=True alone)
   bool shuffle = false;     // h5py's shuffle=True
   bool big_endian = false;  // dtype '>f4', '>i8' ...
   hsize_t userblock = 0;    // h5py's userblock_size
@@ -130,7 +131,7 @@ inline void write_dataset(hid_t file, const char* name, DType type, const core::
     chunk[0] = std::min(layout.chunk_rows, dims[0]);
     H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data());
     if (layout.shuffle) H5Pset_shuffle(dcpl);
-    H5Pset_deflate(dcpl, 4);
+    if (layout.gzip) H5Pset_deflate(dcpl, 4);
   }
   const hid_t file_type = storage_type(type, layout.big_endian);
   const hid_t memory_type = storage_type(type, false);

@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include <cstring>
 #include <fstream>
 
 #include "io/dataset.h"
@@ -167,7 +168,7 @@ TEST_CASE("a damaged group B-tree is refused before HDF5 reads it", "[io][errors
                          {"undefined.h5", "damaged symbol node at address 18446744073709551615",
                           "the root group", "re-create it"});
   require_error<IoError>(patched("children.h5", tree + 6, 0xffff, 2),
-                         {"children.h5", "B-tree node", "65535 children, above 2 * 16"});
+                         {"children.h5", "B-tree node", "65535 children, above 32"});
   require_error<IoError>(patched("entries.h5", symbols + 6, 0xffff, 2),
                          {"entries.h5", "65535 entries, above 2 * 4"});
   require_error<IoError>(patched("header.h5", symbols + 16, size * 2, 8),
@@ -211,6 +212,61 @@ TEST_CASE("a chunked layout HDF5 would divide by zero with is refused", "[io][er
   require_error<IoError>(patched("zero.h5", layout + 11, bytes[layout + 11]),
                          {"zero.h5", "chunk dimension 1 of size 0"});
   CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
+TEST_CASE("unfiltered chunks of the wrong size, and unwritten chunks, are refused",
+          "[io][errors]") {
+  // Note [chunk trees]: the chunk index (layout version 3: its address after
+  // version, class and rank) is a version 1 B-tree; its first key, after the
+  // node's 24-byte header, starts with the first chunk's stored size.
+  TempDir dir;
+  test::Layout plain;
+  plain.chunked = true;
+  plain.gzip = false;
+  plain.chunk_rows = 4;
+  test::write_shard(dir / "good.h5", 0, 20, {4}, DType::f32, DType::i64, plain);
+  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
+  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
+  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
+  std::uint64_t layout = 0;
+  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && layout == 0;) {
+    const auto length =
+        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
+    if (bytes[at] == 0x08) layout = at + 8;
+    at += 8 + length;
+  }
+  REQUIRE(layout != 0);
+  REQUIRE(bytes[layout] == 3);
+  std::uint64_t tree = 0;
+  std::memcpy(&tree, &bytes[layout + 3], 8);
+  REQUIRE(std::string(&bytes[tree], 4) == "TREE");
+  REQUIRE(bytes[tree + 24] == 4 * 4 * 4);  // 4 rows of 4 f32
+  std::vector<char> copy = bytes;
+  copy[tree + 24] = 8;  // HDF5 1.10 read 8 bytes and copied 64 (a heap over-read)
+  std::ofstream(dir / "short.h5", std::ios::binary).write(copy.data(), copy.size());
+  require_error<IoError>(dir / "short.h5",
+                         {"short.h5", "'inputs'", "unfiltered chunk of 8 bytes", "has 64 bytes"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+
+  // Rows 0-3 of 20 written, in chunks of 4: four chunks would read as zeros.
+  const hid_t file = test::create_file(dir / "partial.h5", {});
+  const hsize_t dims[2] = {20, 4}, chunk[2] = {4, 4}, rows[2] = {4, 4}, start[2] = {0, 0};
+  const hid_t space = H5Screate_simple(2, dims, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 2, chunk);
+  const hid_t set =
+      H5Dcreate2(file, "inputs", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  const hid_t memory = H5Screate_simple(2, rows, nullptr);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, rows, nullptr);
+  const std::vector<float> values(16, 1.0f);
+  REQUIRE(H5Dwrite(set, H5T_NATIVE_FLOAT, memory, space, H5P_DEFAULT, values.data()) >= 0);
+  for (hid_t id : {memory, space}) H5Sclose(id);
+  H5Dclose(set);
+  H5Pclose(dcpl);
+  const std::vector<std::int64_t> labels(20, 1);
+  test::write_dataset(file, "labels", DType::i64, {20}, labels.data(), {});
+  H5Fclose(file);
+  require_error<IoError>(dir / "partial.h5",
+                         {"partial.h5", "has 1 chunks written where its shape has 5"});
 }
 
 TEST_CASE("a dataset whose data lives in another file is refused", "[io][errors]") {
