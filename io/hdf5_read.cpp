@@ -264,7 +264,7 @@ void check_chunks(hid_t dataset, hid_t dcpl, const std::string& object) {
       throw IoError(object + " has chunks of more than 4 GiB");
   const Hdf5Id space(LOCKSTEP_CHECK_HDF5(H5Dget_space(dataset)));
   hsize_t dims[H5S_MAX_RANK] = {};
-  // A chunk has the dataspace's rank plus one dimensions (the element's).
+  // H5Pget_chunk leaves out the element's dimension: as many as the dataspace's.
   if (LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims, nullptr)) != rank)
     throw IoError(
         fmt::format("{} has chunks of rank {} for a dataspace of another rank", object, rank));
