@@ -269,6 +269,57 @@ TEST_CASE("unfiltered chunks of the wrong size, and unwritten chunks, are refuse
                          {"partial.h5", "has 1 chunks written where its shape has 5"});
 }
 
+TEST_CASE("an extent past its maximum, or an unknown filter, is refused", "[io][errors]") {
+  // A dataspace message (version 1): version, rank, flags (bit 0: maxima
+  // follow), 5 reserved, then the dimensions and the maxima, 8 bytes each.
+  TempDir dir;
+  // `filter`: the chunks through a filter this HDF5 does not have (registered
+  // as optional, so that HDF5 writes them unfiltered).
+  const auto write = [&](const fs::path& path, H5Z_filter_t filter) {
+    const hid_t file = test::create_file(path, {});
+    const hsize_t dims[2] = {8, 4}, chunk[2] = {4, 4};
+    const hid_t space = H5Screate_simple(2, dims, dims), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 2, chunk);
+    if (filter != 0) H5Pset_filter(dcpl, filter, H5Z_FLAG_OPTIONAL, 0, nullptr);
+    const hid_t set =
+        H5Dcreate2(file, "inputs", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    REQUIRE(set >= 0);
+    const std::vector<float> values(32, 1.0f);
+    REQUIRE(H5Dwrite(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+    H5Dclose(set);
+    H5Sclose(space);
+    H5Pclose(dcpl);
+    const std::vector<std::int64_t> labels(8, 1);
+    test::write_dataset(file, "labels", DType::i64, {8}, labels.data(), {});
+    H5Fclose(file);
+  };
+  write(dir / "good.h5", 0);
+  write(dir / "filter.h5", 1281);
+  require_error<IoError>(dir / "filter.h5",
+                         {"filter.h5", "filter 1281, which this HDF5 does not have"});
+
+  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
+  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
+  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
+  std::uint64_t dataspace = 0;
+  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && dataspace == 0;) {
+    const auto length =
+        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
+    if (bytes[at] == 0x01) dataspace = at + 8;
+    at += 8 + length;
+  }
+  REQUIRE(dataspace != 0);
+  REQUIRE(bytes[dataspace] == 1);
+  REQUIRE(bytes[dataspace + 1] == 2);
+  REQUIRE((bytes[dataspace + 2] & 1) == 1);
+  std::vector<char> copy = bytes;
+  copy[dataspace + 8 + 8 + 2] = 1;  // the second dimension: 4 + 65536, its maximum 4
+  std::ofstream(dir / "wide.h5", std::ios::binary).write(copy.data(), copy.size());
+  require_error<IoError>(dir / "wide.h5",
+                         {"wide.h5", "'inputs'", "dimension 1 of 65540, above its maximum 4"});
+  CHECK_NOTHROW(Dataset::open(dir / "good.h5"));
+}
+
 TEST_CASE("a dataset whose data lives in another file is refused", "[io][errors]") {
   TempDir dir;
   std::ofstream(dir / "secret.bin") << std::string(64, 's');
