@@ -220,8 +220,9 @@ core::Shape extent_of(hid_t object_id, const std::string& object) {
     if (d > static_cast<hsize_t>(INT64_MAX))
       throw IoError(fmt::format("{} has a dimension of {}, too large to be real", object, d));
     // HDF5 never writes an extent past its maximum, and 1.10 does not check
-    // one it reads (the shard fuzzer: a 5 x 4 dataset grown to 5 x 524292
-    // made a read fail in every one of its 393,000 chunks, 2 GB of errors).
+    // one it reads (the shard fuzzer: a 5 x 4 dataset grown to 5 x 524292,
+    // 393,000 chunks, through a filter HDF5 lacks: reading a few rows, HDF5's
+    // allocations grew past 2 GB, most of them under H5Ewalk2).
     if (limits[i] != H5S_UNLIMITED && d > limits[i])
       throw IoError(
           fmt::format("{} has dimension {} of {}, above its maximum {} (the file is "
@@ -258,8 +259,8 @@ void check_chunks(hid_t dataset, hid_t dcpl, const std::string& object) {
     std::size_t count = 8;
     const H5Z_filter_t id = LOCKSTEP_CHECK_HDF5(H5Pget_filter2(
         dcpl, static_cast<unsigned>(i), &flags, &count, values, 0, nullptr, nullptr));
-    // A filter this HDF5 lacks fails the read of every chunk, each failure
-    // kept on HDF5's error stack: refused here, named.
+    // A filter this HDF5 lacks fails the read of every chunk: refused here,
+    // named, before a read can pile up a failure per chunk.
     if (LOCKSTEP_CHECK_HDF5(H5Zfilter_avail(id)) <= 0)
       throw IoError(
           fmt::format("{} is stored through HDF5 filter {}, which this HDF5 does not "
