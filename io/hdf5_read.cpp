@@ -222,7 +222,7 @@ core::Shape extent_of(hid_t object_id, const std::string& object) {
     // HDF5 never writes an extent past its maximum, and 1.10 does not check
     // one it reads (the shard fuzzer: a 5 x 4 dataset grown to 5 x 524292,
     // 393,000 chunks, through a filter HDF5 lacks: reading a few rows, HDF5's
-    // allocations grew past 2 GB, most of them under H5Ewalk2).
+    // allocations grew past 2 GB).
     if (limits[i] != H5S_UNLIMITED && d > limits[i])
       throw IoError(
           fmt::format("{} has dimension {} of {}, above its maximum {} (the file is "
