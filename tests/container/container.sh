@@ -57,7 +57,10 @@ phase "image and devel target built"
 run=("${podman[@]}" run --rm "${limits[@]}" --shm-size=1g)
 user=$("${run[@]}" localhost/lockstep:test id -u)
 [ "$user" -ne 0 ] || { echo "the image runs as root"; exit 1; }
-"${run[@]}" localhost/lockstep:test | grep -q "^Usage: lockstep-train" ||
+# The whole output first: grep -q leaves at the first line, and podman,
+# still writing, then fails on the closed pipe (pipefail: a CI run failed so).
+help=$("${run[@]}" localhost/lockstep:test)
+grep -q "^Usage: lockstep-train" <<<"$help" ||
   { echo "running the image with no arguments does not print lockstep-train --help"; exit 1; }
 
 # The demo's data and training (scripts/demo.sh), in the runtime image, with
