@@ -38,6 +38,26 @@ std::uint64_t object_header_address(const fs::path& path, const char* name) {
   return info.addr;
 }
 
+// A file's bytes, and where the body of the first message of `type` lies in
+// the (version 1) object header of dataset `name`: 0 if it has none.
+struct HeaderMessage {
+  std::vector<char> bytes;
+  std::uint64_t body = 0;
+};
+HeaderMessage find_message(const fs::path& path, const char* name, unsigned char type) {
+  HeaderMessage found{std::vector<char>(fs::file_size(path))};
+  std::ifstream(path, std::ios::binary).read(found.bytes.data(), found.bytes.size());
+  const std::vector<char>& bytes = found.bytes;
+  for (std::uint64_t at = object_header_address(path, name) + 16;
+       at + 8 < bytes.size() && found.body == 0;) {
+    const auto length =
+        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
+    if (static_cast<unsigned char>(bytes[at]) == type) found.body = at + 8;
+    at += 8 + length;
+  }
+  return found;
+}
+
 // A shard with only the datasets given (name, dtype, shape).
 struct Part {
   const char* name;
@@ -184,17 +204,9 @@ TEST_CASE("a chunked layout HDF5 would divide by zero with is refused", "[io][er
   test::Layout chunked;
   chunked.chunked = true;
   test::write_shard(dir / "good.h5", 0, 20, {4}, DType::u8, DType::i64, chunked);
-  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
-  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
-  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
-  std::uint64_t layout = 0;  // the layout message's body
-  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && layout == 0;) {
-    const auto type = static_cast<unsigned char>(bytes[at]);
-    const auto length =
-        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
-    if (type == 0x08) layout = at + 8;
-    at += 8 + length;
-  }
+  HeaderMessage found = find_message(dir / "good.h5", "inputs", 0x08);
+  std::vector<char>& bytes = found.bytes;
+  const std::uint64_t layout = found.body;
   REQUIRE(layout != 0);
   REQUIRE(bytes[layout] == 3);
   REQUIRE(bytes[layout + 1] == 2);
@@ -225,16 +237,9 @@ TEST_CASE("unfiltered chunks of the wrong size, and unwritten chunks, are refuse
   plain.gzip = false;
   plain.chunk_rows = 4;
   test::write_shard(dir / "good.h5", 0, 20, {4}, DType::f32, DType::i64, plain);
-  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
-  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
-  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
-  std::uint64_t layout = 0;
-  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && layout == 0;) {
-    const auto length =
-        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
-    if (bytes[at] == 0x08) layout = at + 8;
-    at += 8 + length;
-  }
+  const HeaderMessage found = find_message(dir / "good.h5", "inputs", 0x08);
+  const std::vector<char>& bytes = found.bytes;
+  const std::uint64_t layout = found.body;
   REQUIRE(layout != 0);
   REQUIRE(bytes[layout] == 3);
   std::uint64_t tree = 0;
@@ -298,16 +303,9 @@ TEST_CASE("an extent past its maximum, or an unknown filter, is refused", "[io][
   require_error<IoError>(dir / "filter.h5",
                          {"filter.h5", "filter 1281, which this HDF5 does not have"});
 
-  std::vector<char> bytes(fs::file_size(dir / "good.h5"));
-  std::ifstream(dir / "good.h5", std::ios::binary).read(bytes.data(), bytes.size());
-  const std::uint64_t header = object_header_address(dir / "good.h5", "inputs");
-  std::uint64_t dataspace = 0;
-  for (std::uint64_t at = header + 16; at + 8 < bytes.size() && dataspace == 0;) {
-    const auto length =
-        static_cast<unsigned char>(bytes[at + 2]) | static_cast<unsigned char>(bytes[at + 3]) << 8;
-    if (bytes[at] == 0x01) dataspace = at + 8;
-    at += 8 + length;
-  }
+  const HeaderMessage found = find_message(dir / "good.h5", "inputs", 0x01);
+  const std::vector<char>& bytes = found.bytes;
+  const std::uint64_t dataspace = found.body;
   REQUIRE(dataspace != 0);
   REQUIRE(bytes[dataspace] == 1);
   REQUIRE(bytes[dataspace + 1] == 2);
