@@ -284,14 +284,18 @@ void check_chunks(hid_t dataset, hid_t dcpl, const std::string& object) {
   // H5Pget_chunk leaves out the element's dimension: as many as the dataspace's.
   if (LOCKSTEP_CHECK_HDF5(H5Sget_simple_extent_dims(space.get(), dims, nullptr)) != rank)
     throw IoError(
-        fmt::format("{} has chunks of rank {} for a dataspace of another rank", object, rank));
+        fmt::format("{} has chunks of rank {} for a dataspace of another rank (the file is "
+                    "damaged: re-create it)",
+                    object, rank));
   // The chunk grid: the number of chunks that cover the extent, each checked.
   hsize_t grid[H5S_MAX_RANK] = {}, chunks = 1, written = 0;
   for (int d = 0; d < rank; ++d) {
-    if (chunk_dims[d] == 0) throw IoError(object + " has a chunk dimension of 0");
+    if (chunk_dims[d] == 0)
+      throw IoError(object + " has a chunk dimension of 0 (the file is damaged: re-create it)");
     grid[d] = dims[d] / chunk_dims[d] + (dims[d] % chunk_dims[d] != 0);
     if (__builtin_mul_overflow(chunks, grid[d], &chunks))
-      throw IoError(object + " has more chunks than can be counted");
+      throw IoError(object +
+                    " has more chunks than can be counted (the file is damaged: re-create it)");
   }
   LOCKSTEP_CHECK_HDF5(H5Dget_num_chunks(dataset, space.get(), &written));
   if (written != chunks)
