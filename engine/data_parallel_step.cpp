@@ -53,7 +53,8 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       scaler_(scaler),
       world_(world),
       options_(std::move(options)),
-      stream_(std::move(stream)) {
+      stream_(std::move(stream)),
+      loss_(options_.loss ? options_.loss : std::make_shared<CrossEntropyLoss>()) {
   if (options_.accumulation < 1)
     throw InvalidArgument("DataParallelStep: StepOptions::accumulation is " +
                           std::to_string(options_.accumulation) + "; it must be at least 1");
@@ -99,6 +100,7 @@ comm::NamedValues DataParallelStep::agreement_fields() const {
   // The caller's fields first: they are in the words of its configuration.
   comm::NamedValues fields = options_.agreement;
   const comm::NamedValues own{
+      {"step.loss", loss_->describe()},
       {"step.accumulation", std::to_string(options_.accumulation)},
       {"step.autocast", options_.autocast ? dtype_name(*options_.autocast) : "off"},
       {"step.max_grad_norm", fmt::format("{}", options_.max_grad_norm)},
@@ -164,14 +166,15 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     {
       core::trace::Span forward("forward", core::trace::Part::compute);
-      const core::Tensor logits = model_.forward(batch.inputs, ctx);
-      const core::Tensor loss = loss_.forward(logits, batch.labels, ctx);
-      core::ops::mul(loss, loss_.counted_rows(), weighted_loss_, stream_);
+      const core::Tensor output = model_.forward(batch.inputs, ctx);
+      const core::Tensor loss = loss_->forward(output, batch.targets, ctx);
+      // Note [loss rows]: the mean weighed by the rows it is of.
+      core::ops::mul(loss, loss_->counted_rows(), weighted_loss_, stream_);
       core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
-      core::ops::add(rows_total, loss_.counted_rows(), rows_total, stream_);
+      core::ops::add(rows_total, loss_->counted_rows(), rows_total, stream_);
     }
     core::trace::Span backward("backward", core::trace::Part::compute);
-    model_.backward(loss_.backward(dloss, ctx), ctx);
+    model_.backward(loss_->backward(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
   if (sync_) {

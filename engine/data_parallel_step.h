@@ -1,5 +1,6 @@
 // DataParallelStep: one optimizer step of data-parallel training, written
-// once for every caller (the Trainer, the benchmarks, a user's own loop).
+// once for every caller (the Trainer, the benchmarks, a user's own loop),
+// for any model and any loss (engine/nn/loss.h: the built-ins or the caller's).
 // It takes this rank's K micro-batches of a global batch and runs them with
 // autocast and loss scaling, averages the gradients over the ranks
 // (comm::GradientSynchronizer, overlapped with backward), unscales, decides
@@ -77,6 +78,10 @@
 namespace lockstep::engine {
 
 struct StepOptions {
+  // The loss the model trains on (engine/nn/loss.h), shared with the caller,
+  // who may also use it between steps (evaluation); null: CrossEntropyLoss().
+  // Its describe() is among the settings every rank must share.
+  std::shared_ptr<Loss> loss;
   int accumulation = 1;           // K micro-batches per optimizer step
   std::optional<DType> autocast;  // f16 or bf16
   double max_grad_norm = 0.0;     // clip to this global norm; 0: no clipping
@@ -107,10 +112,12 @@ struct StepResult {
 };
 
 // One micro-batch of this rank, on the model's device: inputs [B, ...] and
-// labels [B] i64 (or [B, T] for token batches).
+// the targets the loss takes: class indices [B] i64 (or [B, T] for token
+// batches) for cross-entropy, float targets of the output's shape for the
+// elementwise losses, whatever the caller's own loss reads.
 struct MicroBatch {
   core::Tensor inputs;
-  core::Tensor labels;
+  core::Tensor targets;
 };
 
 // The model as the GradientSynchronizer sees it: the store's flat buffers,
@@ -158,6 +165,8 @@ class DataParallelStep {
   // Continues a resumed run at `steps` (the checkpoint's step).
   void set_steps(std::int64_t steps) { steps_ = steps; }
   const StepOptions& options() const { return options_; }
+  // The loss the step trains on (StepOptions::loss, or the default).
+  Loss& loss() { return *loss_; }
   const core::Stream& stream() const { return stream_; }
   // Throws InvalidArgument for a step without a world.
   comm::GradientSynchronizer& synchronizer();
@@ -186,7 +195,7 @@ class DataParallelStep {
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
   std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
   std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
-  CrossEntropyLoss loss_;
+  std::shared_ptr<Loss> loss_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.
   core::Tensor step_totals_, weighted_loss_;

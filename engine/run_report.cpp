@@ -204,10 +204,11 @@ void RunReport::record_step(std::int64_t step, double loss, std::int64_t samples
   ++epoch_steps_;
 }
 
-void RunReport::record_eval(std::int64_t step, std::int64_t epoch, double loss, double accuracy) {
+void RunReport::record_eval(std::int64_t step, std::int64_t epoch, double loss,
+                            std::optional<double> accuracy) {
   figures_.val_loss = loss;
   figures_.val_accuracy = accuracy;
-  if (!figures_.best_val_accuracy || accuracy > *figures_.best_val_accuracy) {
+  if (accuracy && (!figures_.best_val_accuracy || *accuracy > *figures_.best_val_accuracy)) {
     figures_.best_val_accuracy = accuracy;
     figures_.best_val_step = step;
     figures_.best_val_epoch = epoch;
@@ -258,9 +259,11 @@ std::vector<std::string> RunReport::format_summary(const Summary& s) const {
   if (s.last_epoch_train_loss)
     lines.push_back(fmt::format("  train        loss {:.4f} (mean of the last epoch's steps)",
                                 *s.last_epoch_train_loss));
-  if (s.val_loss)
+  if (s.val_loss && s.val_accuracy)
     lines.push_back(fmt::format("  val          loss {:.4f}, accuracy {:.2f}% (last evaluation)",
                                 *s.val_loss, 100 * *s.val_accuracy));
+  else if (s.val_loss)
+    lines.push_back(fmt::format("  val          loss {:.4f} (last evaluation)", *s.val_loss));
   if (s.best_val_accuracy)
     lines.push_back(fmt::format("  best val     accuracy {:.2f}% at step {} (epoch {})",
                                 100 * *s.best_val_accuracy, s.best_val_step, s.best_val_epoch));

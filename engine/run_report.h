@@ -96,7 +96,10 @@ class RunReport {
   // A step of `samples` global samples taking `seconds` (a StepResult's figures).
   void record_step(std::int64_t step, double loss, std::int64_t samples, double seconds,
                    bool skipped);
-  void record_eval(std::int64_t step, std::int64_t epoch, double loss, double accuracy);
+  // `accuracy` none: a loss without the metric (regression); the summary
+  // then gives the loss alone.
+  void record_eval(std::int64_t step, std::int64_t epoch, double loss,
+                   std::optional<double> accuracy);
   void end_epoch();
   void set_last_checkpoint(const std::string& path) { last_checkpoint_ = path; }
 

@@ -40,11 +40,13 @@ std::optional<StepResult> Trainer::step(io::BatchSource& source) {
 EvalResult Trainer::evaluate(io::BatchSource& source) {
   core::trace::Span span("evaluate", "eval");
   const core::Stream& stream = step_.stream();
+  Loss& loss = step_.loss();
   model_.eval();
   source.start_epoch(0);
-  // loss * rows, correct rows, rows, samples; a token batch counts each
-  // position as a row (language models: loss and accuracy per token).
-  double sums[4] = {0, 0, 0, 0};
+  // loss x counted rows, correct rows, counted rows, samples, and whether the
+  // loss has the accuracy metric (Note [loss rows]: a token batch counts each
+  // position as a row).
+  double sums[5] = {0, 0, 0, 0, 1};
   Context ctx = step_.context(0, 0);
   auto real_rows = [](const core::Tensor& t, std::int64_t valid) {
     core::Shape s = t.shape();
@@ -55,25 +57,30 @@ EvalResult Trainer::evaluate(io::BatchSource& source) {
     if (batch->valid == 0) continue;
     // Rows [0, valid) are real; the rest is padding (Note [padding], io/sampler.h).
     const core::Tensor inputs = real_rows(batch->inputs, batch->valid);
-    const core::Tensor labels = real_rows(batch->labels, batch->valid);
-    const core::Tensor logits = model_.forward(inputs, ctx);
-    const double mean = loss_.forward(logits, labels, ctx).to_vector<float>(stream)[0];
-    sums[0] += mean * static_cast<double>(labels.numel());
-    sums[1] += count_correct(logits, labels, stream).to_vector<float>(stream)[0];
-    sums[2] += static_cast<double>(labels.numel());
+    const core::Tensor targets = real_rows(batch->labels, batch->valid);
+    const core::Tensor output = model_.forward(inputs, ctx);
+    const double mean = loss.forward(output, targets, ctx).to_vector<float>(stream)[0];
+    const double rows = loss.counted_rows().to_vector<float>(stream)[0];
+    sums[0] += mean * rows;
+    sums[2] += rows;
     sums[3] += static_cast<double>(batch->valid);
+    const core::Tensor correct = loss.count_correct(output, targets, stream);
+    if (correct.defined())
+      sums[1] += correct.to_vector<float>(stream)[0];
+    else
+      sums[4] = 0;
   }
   model_.train();
-  core::Tensor totals =
-      core::Tensor::from_vector<float>({static_cast<float>(sums[0]), static_cast<float>(sums[1]),
-                                        static_cast<float>(sums[2]), static_cast<float>(sums[3])},
-                                       {4}, DType::f32);
+  std::vector<float> local(std::begin(sums), std::end(sums));
+  core::Tensor totals = core::Tensor::from_vector<float>(local, {5}, DType::f32);
   world_.host().allreduce(totals, comm::ReduceOp::sum);
   const auto t = totals.to_vector<float>();
   EvalResult r;
   r.samples = static_cast<std::int64_t>(t[3]);
   r.loss = t[2] > 0 ? t[0] / t[2] : 0.0;
-  r.accuracy = t[2] > 0 ? t[1] / t[2] : 0.0;
+  // Every rank's loss is the same object type (the step's agreement), so
+  // either all have the metric or none.
+  if (t[4] == static_cast<float>(world_.size())) r.accuracy = t[2] > 0 ? t[1] / t[2] : 0.0;
   return r;
 }
 

@@ -1,8 +1,9 @@
 // Trainer: the training loop's two calls over any batch source (the HDF5
 // DataLoader, an in-memory TensorDataset): step() takes this rank's K
 // micro-batches and runs one DataParallelStep (engine/data_parallel_step.h,
-// where the step's protocol and its Notes live); evaluate() measures the loss
-// and accuracy over a whole evaluation set, every rank its share.
+// where the step's protocol and its Notes live); evaluate() measures the
+// step's loss (StepOptions::loss) and, where the loss has one, its accuracy
+// over a whole evaluation set, every rank its share.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct EvalResult {
   // Means over the evaluation set's rows (padding not counted); for token
   // batches every position is a row (loss and accuracy per token).
   double loss = 0.0;
-  double accuracy = 0.0;  // in [0, 1]
+  // In [0, 1]; none for a loss without the metric (Loss::count_correct).
+  std::optional<double> accuracy;
   std::int64_t samples = 0;
 };
 
@@ -35,7 +37,8 @@ class Trainer {
   // the epoch has fewer than K micro-batches left (they are left unused).
   // StepResult::seconds counts the wait for the data too.
   std::optional<StepResult> step(io::BatchSource& source);
-  // Loss and accuracy over the source's whole epoch 0, every rank its share.
+  // Loss and accuracy over the source's whole epoch 0, every rank its share
+  // (collective), with the step's loss object.
   EvalResult evaluate(io::BatchSource& source);
 
   std::int64_t steps() const { return step_.steps(); }
@@ -47,7 +50,6 @@ class Trainer {
   Module& model_;
   comm::World& world_;
   DataParallelStep step_;
-  CrossEntropyLoss loss_;  // evaluation's
 };
 
 }  // namespace lockstep::engine

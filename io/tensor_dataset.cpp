@@ -31,28 +31,39 @@ std::int64_t rows_of(const core::Tensor& t, const char* what) {
   return t.dim(0);
 }
 
+// Class indices as i64, float targets as they are.
+core::Tensor widened_targets(core::Tensor targets) {
+  if (!targets.defined() || targets.device().is_cuda() || targets.dtype() == DType::i64 ||
+      is_floating(targets.dtype()))
+    return targets;  // rows_of reports the first two
+  core::Tensor wide = core::Tensor::empty(targets.shape(), DType::i64);
+  auto* to = wide.data_as<std::int64_t>();
+  for (std::int64_t i = 0; i < targets.numel(); ++i)
+    to[i] = targets.dtype() == DType::i32 ? targets.data_as<std::int32_t>()[i]
+                                          : targets.data_as<std::uint8_t>()[i];
+  return wide;
+}
+
 }  // namespace
 
-TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor labels, TensorDatasetOptions options)
+TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor targets,
+                             TensorDatasetOptions options)
     : inputs_(std::move(inputs)),
-      labels_(std::move(labels)),
+      labels_(widened_targets(std::move(targets))),
       options_(std::move(options)),
       sampler_(rows_of(inputs_, "inputs"), options_.sampler) {
-  const std::int64_t rows = rows_of(labels_, "labels");
+  const std::int64_t rows = rows_of(labels_, "targets");
   if (rows != inputs_.dim(0))
     throw InvalidArgument(fmt::format(
-        "TensorDataset: inputs have {} rows {} but labels {} {} (one label row per input row)",
+        "TensorDataset: inputs have {} rows {} but targets {} {} (one target row per input row)",
         inputs_.dim(0), core::shape_str(inputs_.shape()), rows, core::shape_str(labels_.shape())));
-  if (labels_.dtype() != DType::i64)
-    throw InvalidArgument(fmt::format("TensorDataset: labels are {}, expected i64 (cast them)",
-                                      dtype_name(labels_.dtype())));
-  if (options_.num_classes > 0) {
+  if (options_.num_classes > 0 && labels_.dtype() == DType::i64) {
     const auto* y = labels_.data_as<std::int64_t>();
     const std::int64_t per_row = rows > 0 ? labels_.numel() / rows : 0;
     for (std::int64_t i = 0; i < labels_.numel(); ++i)
       if (y[i] < 0 || y[i] >= options_.num_classes)
         throw InvalidArgument(
-            fmt::format("TensorDataset: labels row {} holds {}, outside [0, {}) "
+            fmt::format("TensorDataset: targets row {} holds {}, outside [0, {}) "
                         "(TensorDatasetOptions::num_classes)",
                         i / per_row, y[i], options_.num_classes));
   }
@@ -107,7 +118,7 @@ std::vector<std::pair<std::string, std::string>> TensorDataset::agreement_fields
   return {{"tensor_dataset.rows", std::to_string(size())},
           {"tensor_dataset.inputs",
            fmt::format("{} {}", dtype_name(inputs_.dtype()), core::shape_str(inputs_.shape()))},
-          {"tensor_dataset.labels",
+          {"tensor_dataset.targets",
            fmt::format("{} {}", dtype_name(labels_.dtype()), core::shape_str(labels_.shape()))},
           {"tensor_dataset.digest", fmt::format("{:016x}", digest)}};
 }

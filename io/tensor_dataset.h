@@ -1,6 +1,7 @@
 // TensorDataset: a BatchSource over rows already in memory (inputs [N, ...]
-// and labels [N] or [N, ...], host tensors), for tests and for programs that
-// make their data rather than read it. Each epoch's order and each rank's
+// and targets [N, ...], host tensors: class indices for cross-entropy, float
+// values for regression), for tests and for programs that make their data
+// rather than read it. Each epoch's order and each rank's
 // share come from the same DistributedSampler as the HDF5 DataLoader's, so
 // the two hand out the same rows for the same data, seed and epoch.
 #pragma once
@@ -25,16 +26,19 @@ struct TensorDatasetOptions {
   // copied on `stream` (default: the device's default stream, and waited for).
   core::Device device = core::Device::cpu();
   core::Stream stream{};
-  // > 0: check at construction that every label lies in [0, num_classes).
+  // > 0: check at construction that every integer target lies in [0, num_classes).
   std::int64_t num_classes = 0;
 };
 
 class TensorDataset final : public BatchSource {
  public:
-  // `inputs` and `labels` are host tensors with the same number of rows;
-  // labels are i64. They are kept (not copied): do not change them while
-  // batches are being taken. Throws InvalidArgument naming the argument at fault.
-  TensorDataset(core::Tensor inputs, core::Tensor labels, TensorDatasetOptions options);
+  // `inputs` and `targets` are host tensors with the same number of rows.
+  // Integer targets (class indices) are handed out as i64: i32 and u8 ones
+  // are widened here; float targets (f32, f16, bf16) are handed out as they
+  // are. Tensors are kept (not copied, except widened targets): do not change
+  // them while batches are being taken. Throws InvalidArgument naming the
+  // argument at fault.
+  TensorDataset(core::Tensor inputs, core::Tensor targets, TensorDatasetOptions options);
 
   std::optional<Batch> next() override;
   LoaderPosition position() const override;

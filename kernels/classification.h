@@ -1,8 +1,9 @@
 // Softmax cross-entropy and accuracy over f32 logits [rows, classes] with
 // integer labels (i64 or i32) [rows]. Rows whose label is ignore_index do not
 // count: the loss is the mean over the counted rows (PyTorch's reduction
-// 'mean' with ignore_index). Results are one-element f32 outputs in the
-// logits' memory, so a GPU step needs no host synchronisation.
+// 'mean' with ignore_index). With label_smoothing e the target of a counted
+// row is (1 - e) onehot(label) + e / classes (PyTorch's label_smoothing). Results are one-element
+// f32 outputs in the logits' memory, so a GPU step needs no host synchronisation.
 //
 // A label outside [0, classes) that is not ignore_index is an error on the
 // CPU; on CUDA (which cannot throw from a kernel) such a row is not counted,
@@ -22,13 +23,14 @@ struct ClassificationShape {
   std::int64_t classes = 0;
   std::int64_t ignore_index = -100;
   DType label_type = DType::i64;
+  float label_smoothing = 0.0f;  // in [0, 1]
 };
 
 namespace cpu {
 // probs: softmax of the logits, kept for backward. loss and count: f32[1].
 void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
                           float* probs, float* loss, float* count);
-// dlogits = (probs - onehot(label)) * dloss / count on counted rows, 0 elsewhere.
+// dlogits = (probs - target) * dloss / count on counted rows, 0 elsewhere.
 void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
                            const float* count, float dloss, float* dlogits);
 // correct: f32[1], rows whose largest logit (first on ties) is the label.

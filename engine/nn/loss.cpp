@@ -1,5 +1,7 @@
-// Cross-entropy, MSE and accuracy (engine/nn/loss.h).
+// The built-in losses and the accuracy metric (engine/nn/loss.h).
 #include "engine/nn/loss.h"
+
+#include <fmt/core.h>
 
 #include <string>
 #include <utility>
@@ -7,6 +9,7 @@
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "kernels/classification.h"
+#include "kernels/elementwise_loss.h"
 
 namespace lockstep::engine {
 namespace {
@@ -25,7 +28,7 @@ kernels::ClassificationShape classification_shape(const char* who, const core::T
   if (!(labels.device() == logits.device()))
     throw InvalidArgument(std::string(who) + ": labels on " + labels.device().str() +
                           ", logits on " + logits.device().str());
-  return {logits.dim(0), logits.dim(1), ignore_index, labels.dtype()};
+  return {logits.dim(0), logits.dim(1), ignore_index, labels.dtype(), 0.0f};
 }
 
 // Logits [d0, ..., classes] with labels [d0, ...] (a language model's
@@ -45,6 +48,19 @@ core::Tensor as_f32(const core::Tensor& t, const core::Stream& stream) {
 
 }  // namespace
 
+CrossEntropyLoss::CrossEntropyLoss(std::int64_t ignore_index, float label_smoothing)
+    : ignore_index_(ignore_index), label_smoothing_(label_smoothing) {
+  if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+    throw InvalidArgument(
+        fmt::format("CrossEntropyLoss: label_smoothing is {}; it must lie in [0, 1] (0: none)",
+                    label_smoothing));
+}
+
+std::string CrossEntropyLoss::describe() const {
+  return fmt::format("cross-entropy ignore_index={} label_smoothing={}", ignore_index_,
+                     label_smoothing_);
+}
+
 core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core::Tensor& labels_in,
                                        Context& ctx) {
   // Named tensors, not a structured binding: lambdas below capture them, which
@@ -53,7 +69,8 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   const core::Tensor& logits = rows.first;
   const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
-  const auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
+  auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
+  s.label_smoothing = label_smoothing_;
   const core::Tensor x = as_f32(logits, ctx.stream);
   const core::Device device = x.device();
   probs_ = core::Tensor::empty(x.shape(), DType::f32, device, ctx.stream);
@@ -79,7 +96,8 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
   if (!probs_.defined())
     throw InvalidArgument(
         "CrossEntropyLoss: backward without a forward (run forward once before each backward)");
-  const auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
+  auto s = classification_shape("CrossEntropyLoss", probs_, labels_, ignore_index_);
+  s.label_smoothing = label_smoothing_;
   core::Tensor dlogits =
       core::Tensor::empty(probs_.shape(), DType::f32, probs_.device(), ctx.stream);
   const float *probs = probs_.data_as<float>(), *count = count_.data_as<float>();
@@ -95,30 +113,109 @@ core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
   return logits_dtype_ == DType::f32 ? dlogits : dlogits.cast(logits_dtype_, ctx.stream);
 }
 
-core::Tensor MSELoss::forward(const core::Tensor& prediction, const core::Tensor& target,
-                              Context& ctx) {
-  if (prediction.shape() != target.shape())
-    throw InvalidArgument("MSELoss: prediction " + core::shape_str(prediction.shape()) +
-                          " and target " + core::shape_str(target.shape()) +
-                          " differ in shape (give the target the prediction's shape)");
+core::Tensor CrossEntropyLoss::count_correct(const core::Tensor& logits, const core::Tensor& labels,
+                                             const core::Stream& stream) {
+  return engine::count_correct(logits, labels, stream, ignore_index_);
+}
+
+namespace {
+
+const char* elementwise_loss_name(kernels::ElementwiseLossKind kind) {
+  switch (kind) {
+    case kernels::ElementwiseLossKind::mse:
+      return "mse";
+    case kernels::ElementwiseLossKind::l1:
+      return "l1";
+    case kernels::ElementwiseLossKind::huber:
+      return "huber";
+    case kernels::ElementwiseLossKind::bce_with_logits:
+      return "bce";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ElementwiseLoss::ElementwiseLoss(kernels::ElementwiseLossKind kind, float huber_delta) {
+  shape_.kind = kind;
+  shape_.huber_delta = huber_delta;
+  if (kind == kernels::ElementwiseLossKind::huber && !(huber_delta > 0.0f))
+    throw InvalidArgument(fmt::format(
+        "HuberLoss: delta is {}; it must be positive (1 is PyTorch's default)", huber_delta));
+}
+
+std::string ElementwiseLoss::describe() const {
+  return shape_.kind == kernels::ElementwiseLossKind::huber
+             ? fmt::format("huber delta={}", shape_.huber_delta)
+             : elementwise_loss_name(shape_.kind);
+}
+
+core::Tensor ElementwiseLoss::forward(const core::Tensor& prediction, const core::Tensor& target,
+                                      Context& ctx) {
+  const std::string who = describe() + " loss";
+  if (prediction.shape().empty() || prediction.shape() != target.shape())
+    throw InvalidArgument(fmt::format(
+        "{}: prediction {} and target {} differ in shape (targets [rows, ...] of the model "
+        "output's shape; a class index per row needs --loss cross-entropy)",
+        who, core::shape_str(prediction.shape()), core::shape_str(target.shape())));
+  if (!is_floating(target.dtype()) || !is_floating(prediction.dtype()))
+    throw InvalidArgument(fmt::format(
+        "{}: prediction is {} and target {}; both must be f32, f16 or bf16 (give float targets)",
+        who, dtype_name(prediction.dtype()), dtype_name(target.dtype())));
+  if (!(prediction.device() == target.device()))
+    throw InvalidArgument(fmt::format("{}: target on {}, prediction on {}", who,
+                                      target.device().str(), prediction.device().str()));
   prediction_dtype_ = prediction.dtype();
-  diff_ = prediction.cast(DType::f32, ctx.stream);  // always a fresh tensor: axpy writes it
-  core::ops::axpy(-1.0f, as_f32(target, ctx.stream), diff_, ctx.stream);
-  core::Tensor loss = core::ops::sum_squares(diff_, ctx.stream);
-  core::ops::scale(loss, 1.0f / static_cast<float>(std::max<std::int64_t>(1, diff_.numel())),
-                   ctx.stream);
+  prediction_ = as_f32(prediction, ctx.stream);
+  target_ = as_f32(target, ctx.stream);
+  kernels::ElementwiseLossShape s = shape_;
+  s.n = prediction_.numel();
+  const core::Device device = prediction_.device();
+  core::Tensor loss = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  rows_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  rows_.fill_(static_cast<double>(prediction.dim(0)), ctx.stream);
+  const float *p = prediction_.data_as<float>(), *t = target_.data_as<float>();
+  float* out = loss.data_as<float>();
+  core::dispatch(
+      device, ctx.stream, [&] { kernels::cpu::elementwise_loss_forward(s, p, t, out); },
+      [&](kernels::CudaStream stream) {
+        const auto words = static_cast<std::int64_t>(
+            (kernels::cuda::elementwise_loss_workspace_bytes(s.n) + 3) / 4);
+        core::Tensor workspace = core::Tensor::empty({words}, DType::f32, device, ctx.stream);
+        kernels::cuda::elementwise_loss_forward(s, p, t, out, workspace.data(), stream);
+      });
   return loss;
 }
 
-core::Tensor MSELoss::backward(float dloss, Context& ctx) {
-  if (!diff_.defined())
-    throw InvalidArgument(
-        "MSELoss: backward without a forward (run forward once before each backward)");
-  core::Tensor grad = diff_;  // d/dp mean((p - t)^2) = 2 (p - t) / n
-  core::ops::scale(grad, 2.0f * dloss / static_cast<float>(std::max<std::int64_t>(1, grad.numel())),
-                   ctx.stream);
-  diff_ = core::Tensor();
+core::Tensor ElementwiseLoss::backward(float dloss, Context& ctx) {
+  if (!prediction_.defined())
+    throw InvalidArgument(describe() +
+                          " loss: backward without a forward (run forward once before each "
+                          "backward)");
+  kernels::ElementwiseLossShape s = shape_;
+  s.n = prediction_.numel();
+  core::Tensor grad =
+      core::Tensor::empty(prediction_.shape(), DType::f32, prediction_.device(), ctx.stream);
+  const float *p = prediction_.data_as<float>(), *t = target_.data_as<float>();
+  float* out = grad.data_as<float>();
+  core::dispatch(
+      prediction_.device(), ctx.stream,
+      [&] { kernels::cpu::elementwise_loss_backward(s, p, t, dloss, out); },
+      [&](kernels::CudaStream stream) {
+        kernels::cuda::elementwise_loss_backward(s, p, t, dloss, out, stream);
+      });
+  prediction_ = target_ = core::Tensor();
   return prediction_dtype_ == DType::f32 ? grad : grad.cast(prediction_dtype_, ctx.stream);
+}
+
+std::unique_ptr<Loss> make_loss(const std::string& name) {
+  if (name == "cross-entropy") return std::make_unique<CrossEntropyLoss>();
+  if (name == "mse") return std::make_unique<MSELoss>();
+  if (name == "l1") return std::make_unique<L1Loss>();
+  if (name == "huber") return std::make_unique<HuberLoss>();
+  if (name == "bce") return std::make_unique<BCEWithLogitsLoss>();
+  throw InvalidArgument("unknown loss '" + name +
+                        "' (choose cross-entropy, mse, l1, huber or bce)");
 }
 
 core::Tensor count_correct(const core::Tensor& logits_in, const core::Tensor& labels_in,

@@ -103,6 +103,27 @@ void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const s
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
+// An evaluation's line on the console and its metrics record: bits per
+// token for a language model, the accuracy where the loss has it.
+void print_eval(MetricsWriter& metrics, const EvalResult& e, std::int64_t step, std::int64_t epoch,
+                bool language_model) {
+  std::string console = fmt::format("epoch {}: val_loss {:.4f}", epoch, e.loss);
+  std::string record =
+      fmt::format(R"("step": {}, "epoch": {}, "val_loss": {:.6g})", step, epoch, e.loss);
+  if (language_model) {  // bits per token: per byte for byte-level tokens (gpt-tiny)
+    const double bits = e.loss / std::log(2.0);
+    console += fmt::format("  val_bits_per_token {:.4f}", bits);
+    record += fmt::format(R"(, "val_bits_per_token": {:.6g})", bits);
+  }
+  if (e.accuracy) {
+    console += fmt::format("  {} {:.2f}%", language_model ? "next-token accuracy" : "val_accuracy",
+                           100 * *e.accuracy);
+    record += fmt::format(R"(, "val_accuracy": {:.6g})", *e.accuracy);
+  }
+  fmt::print("{}  ({} {})\n", console, e.samples, language_model ? "windows" : "samples");
+  metrics.write(record);
+}
+
 int run(const Flags& f, comm::World& world) {
   const bool lead = world.rank() == 0;
   if (!f.trace.empty()) {
@@ -350,23 +371,7 @@ int run(const Flags& f, comm::World& world) {
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
-      if (lead && preset.language_model) {
-        // Bits per token: per byte for byte-level tokens (gpt-tiny).
-        const double bits = e.loss / std::log(2.0);
-        fmt::print(
-            "epoch {}: val_loss {:.4f}  val_bits_per_token {:.4f}  next-token accuracy {:.2f}%  "
-            "({} windows)\n",
-            epoch + 1, e.loss, bits, 100 * e.accuracy, e.samples);
-        metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_accuracy": {:.6g}, "val_bits_per_token": {:.6g})",
-            trainer.steps(), epoch + 1, e.loss, e.accuracy, bits));
-      } else if (lead) {
-        fmt::print("epoch {}: val_loss {:.4f}  val_accuracy {:.2f}%  ({} samples)\n", epoch + 1,
-                   e.loss, 100 * e.accuracy, e.samples);
-        metrics.write(
-            fmt::format(R"("step": {}, "epoch": {}, "val_loss": {:.6g}, "val_accuracy": {:.6g})",
-                        trainer.steps(), epoch + 1, e.loss, e.accuracy));
-      }
+      if (lead) print_eval(metrics, e, trainer.steps(), epoch + 1, preset.language_model);
     }
   }
   save(next_epoch, next_position);

@@ -45,7 +45,16 @@ std::int64_t counted_label(const ClassificationShape& s, const void* labels, std
     const detail::SoftmaxRow r = detail::softmax_row(row, 1.0f, s.classes, probs + i * s.classes);
     const std::int64_t label = counted_label(s, labels, i);
     if (label < 0) continue;
-    total += std::log(r.sum) - static_cast<double>(row[label] - r.max);
+    // -log p_label, and with smoothing the mean over classes of -log p_c.
+    const double lse = std::log(r.sum);
+    double row_loss = lse - static_cast<double>(row[label] - r.max);
+    if (s.label_smoothing > 0.0f) {
+      double mean_shifted = 0.0;
+      for (std::int64_t j = 0; j < s.classes; ++j) mean_shifted += row[j] - r.max;
+      mean_shifted /= static_cast<double>(s.classes);
+      row_loss = (1.0 - s.label_smoothing) * row_loss + s.label_smoothing * (lse - mean_shifted);
+    }
+    total += row_loss;
     ++counted;
   }
   *count = static_cast<float>(counted);
@@ -55,11 +64,13 @@ std::int64_t counted_label(const ClassificationShape& s, const void* labels, std
 void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
                            const float* count, float dloss, float* dlogits) {
   const float scale = *count > 0 ? dloss / *count : 0.0f;
+  const float off = s.label_smoothing / static_cast<float>(s.classes);
+  const float on = 1.0f - s.label_smoothing + off;
   for (std::int64_t i = 0; i < s.rows; ++i) {
     const std::int64_t label = counted_label(s, labels, i);
     for (std::int64_t j = 0; j < s.classes; ++j) {
       const std::int64_t k = i * s.classes + j;
-      dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? 1.0f : 0.0f)) * scale;
+      dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? on : off)) * scale;
     }
   }
 }

@@ -37,13 +37,22 @@ __global__ void xent_rows(ClassificationShape s, const float* logits, const void
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     e += exp(static_cast<double>(row[j] - max));
   const double sum = detail::block_sum(e, lanes);
+  double shifted = 0.0;  // with label smoothing: the row's sum of (logit - max)
+  if (s.label_smoothing > 0.0f)
+    for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
+      shifted += static_cast<double>(row[j] - max);
+  const double shifted_sum = s.label_smoothing > 0.0f ? detail::block_sum(shifted, lanes) : 0.0;
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     probs[i * s.classes + j] = static_cast<float>(exp(static_cast<double>(row[j] - max)) / sum);
   if (threadIdx.x == 0) {
     const std::int64_t label = counted_label(s, labels, i);
     row_counted[i] = label < 0 ? 0.0f : 1.0f;
-    row_loss[i] =
-        label < 0 ? 0.0f : static_cast<float>(log(sum) - static_cast<double>(row[label] - max));
+    const double lse = log(sum);
+    double loss = label < 0 ? 0.0 : lse - static_cast<double>(row[label] - max);
+    if (label >= 0 && s.label_smoothing > 0.0f)
+      loss = (1.0 - s.label_smoothing) * loss +
+             s.label_smoothing * (lse - shifted_sum / static_cast<double>(s.classes));
+    row_loss[i] = static_cast<float>(loss);
   }
 }
 
@@ -66,12 +75,14 @@ __global__ void finish_rows(const float* a, const float* b, std::int64_t rows, b
 __global__ void xent_backward_kernel(ClassificationShape s, const float* probs, const void* labels,
                                      const float* count, float dloss, float* dlogits) {
   const float scale = *count > 0 ? dloss / *count : 0.0f;
+  const float off = s.label_smoothing / static_cast<float>(s.classes);
+  const float on = 1.0f - s.label_smoothing + off;
   const std::int64_t n = s.rows * s.classes;
   for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n;
        k += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t i = k / s.classes, j = k % s.classes;
     const std::int64_t label = counted_label(s, labels, i);
-    dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? 1.0f : 0.0f)) * scale;
+    dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? on : off)) * scale;
   }
 }
 

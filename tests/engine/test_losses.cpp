@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/nn/loss.h"
@@ -120,4 +122,121 @@ TEST_CASE("count_correct counts argmax hits and skips ignored rows", "[engine][m
       core::Tensor::from_vector<float>({1, 2, 3, 3, 2, 1, 5, 5, 0, 0, 1, 0}, {4, 3}, DType::f32);
   // argmax: 2, 0, 0 (first of the tie), 1
   CHECK(count_correct(logits, labels({2, 1, 0, -100}), {}).to_vector<float>()[0] == 2.0f);
+}
+
+namespace {
+
+// PyTorch's elementwise formulas in float64, before the mean.
+double reference_loss(const std::string& kind, double p, double t, double delta) {
+  const double d = p - t;
+  if (kind == "mse") return d * d;
+  if (kind == "l1") return std::fabs(d);
+  if (kind == "huber")
+    return std::fabs(d) <= delta ? 0.5 * d * d : delta * (std::fabs(d) - 0.5 * delta);
+  // bce: -(t log sigmoid(p) + (1 - t) log(1 - sigmoid(p)))
+  const double s = 1.0 / (1.0 + std::exp(-p));
+  return -(t * std::log(s) + (1 - t) * std::log(1 - s));
+}
+
+}  // namespace
+
+TEST_CASE("elementwise losses match PyTorch's float64 formulas, forward and central differences",
+          "[engine][loss]") {
+  // Predictions in [-3, 3] and targets in [-2, 2] (in [0, 1] for bce), kept
+  // at least 0.05 away from the kinks of L1 (d = 0) and Huber (|d| = delta),
+  // where the central difference with step 1e-4 would straddle them. The
+  // forward is an f64 sum of f32 terms: 1e-6 relative. The gradient is f32
+  // arithmetic on O(1) values over 6 x 5 = 30 elements: 1e-6 absolute
+  // against a float64 central difference (truncation O(1e-8)).
+  const core::Shape shape{6, 5};
+  const std::int64_t n = core::shape_numel(shape);
+  for (const std::string kind : {"mse", "l1", "huber", "bce"}) {
+    INFO(kind);
+    const float delta = 0.7f;
+    std::unique_ptr<Loss> loss =
+        kind == "huber" ? std::make_unique<HuberLoss>(delta) : make_loss(kind);
+    core::Tensor p = test::random_f32(shape, 3, 3.0f), t = test::random_f32(shape, 4, 2.0f);
+    float *pv = p.data_as<float>(), *tv = t.data_as<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (kind == "bce") tv[i] = 0.5f * (tv[i] + 2.0f) / 2.0f;  // in [0, 1]
+      const float d = pv[i] - tv[i];
+      if (std::fabs(d) < 0.05f || std::fabs(std::fabs(d) - delta) < 0.05f) pv[i] += 0.2f;
+    }
+    auto mean = [&](const std::vector<double>& pred) {
+      double sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) sum += reference_loss(kind, pred[i], tv[i], delta);
+      return sum / static_cast<double>(n);
+    };
+    std::vector<double> pd(pv, pv + n);
+    Context ctx;
+    const double got = loss->forward(p, t, ctx).to_vector<float>()[0];
+    CHECK(got == Approx(mean(pd)).epsilon(1e-6));
+    CHECK(loss->counted_rows().to_vector<float>()[0] == 6.0f);
+    const float dloss = 1.5f;  // the gradient is scaled by the objective's
+    const auto grad = loss->backward(dloss, ctx).to_vector<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::vector<double> up = pd, down = pd;
+      up[i] += 1e-4, down[i] -= 1e-4;
+      const double numeric = dloss * (mean(up) - mean(down)) / 2e-4;
+      REQUIRE(grad[i] == Approx(numeric).margin(1e-6));
+    }
+    CHECK_FALSE(loss->count_correct(p, t, {}).defined());  // regression has no accuracy
+  }
+}
+
+TEST_CASE("cross-entropy with label smoothing matches PyTorch's float64 formula",
+          "[engine][loss]") {
+  // loss_row = (1 - e) (-log p_y) + e mean_c(-log p_c), the mean over counted
+  // rows; gradient (p - (1 - e) onehot - e / C) / rows, checked against
+  // float64 central differences. Tolerances as in the test above.
+  const std::int64_t rows = 3, classes = 7;
+  const float e = 0.1f;
+  const core::Tensor logits = test::random_f32({rows, classes}, 21, 2.0f);
+  const std::vector<std::int64_t> y{4, -100, 0};
+  const auto x = logits.to_vector<float>();
+  auto reference = [&](const std::vector<double>& z) {
+    double total = 0;
+    int counted = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (y[r] == -100) continue;
+      double m = -1e300, sum = 0, mean_neg_log_p = 0;
+      for (std::int64_t c = 0; c < classes; ++c) m = std::max(m, z[r * classes + c]);
+      for (std::int64_t c = 0; c < classes; ++c) sum += std::exp(z[r * classes + c] - m);
+      const double lse = std::log(sum) + m;
+      for (std::int64_t c = 0; c < classes; ++c)
+        mean_neg_log_p += (lse - z[r * classes + c]) / classes;
+      total += (1 - e) * (lse - z[r * classes + y[r]]) + e * mean_neg_log_p;
+      ++counted;
+    }
+    return total / counted;
+  };
+  CrossEntropyLoss loss(-100, e);
+  Context ctx;
+  const std::vector<double> xd(x.begin(), x.end());
+  CHECK(loss.forward(logits, labels(y), ctx).to_vector<float>()[0] ==
+        Approx(reference(xd)).epsilon(1e-6));
+  const auto grad = loss.backward(1.0f, ctx).to_vector<float>();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::vector<double> up = xd, down = xd;
+    up[i] += 1e-4, down[i] -= 1e-4;
+    REQUIRE(grad[i] == Approx((reference(up) - reference(down)) / 2e-4).margin(1e-6));
+  }
+  CHECK_THROWS_WITH(CrossEntropyLoss(-100, 1.5f), Catch::Contains("label_smoothing is 1.5"));
+}
+
+TEST_CASE("losses are made by their program names, and others are refused naming the choices",
+          "[engine][loss]") {
+  CHECK(make_loss("cross-entropy")->describe() ==
+        "cross-entropy ignore_index=-100 label_smoothing=0");
+  CHECK(make_loss("mse")->describe() == "mse");
+  CHECK(make_loss("huber")->describe() == "huber delta=1");
+  CHECK_THROWS_WITH(make_loss("hinge"),
+                    Catch::Contains("unknown loss 'hinge'") &&
+                        Catch::Contains("cross-entropy, mse, l1, huber or bce"));
+  MSELoss mse;
+  Context ctx;
+  CHECK_THROWS_WITH(mse.forward(test::random_f32({2, 3}, 1), test::random_f32({2, 2}, 1), ctx),
+                    Catch::Contains("[2, 3]") && Catch::Contains("[2, 2]"));
+  CHECK_THROWS_WITH(mse.forward(test::random_f32({2}, 1), labels({0, 1}), ctx),
+                    Catch::Contains("must be f32, f16 or bf16"));
 }

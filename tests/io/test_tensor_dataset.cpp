@@ -112,14 +112,12 @@ TEST_CASE("a TensorDataset refuses tensors it cannot hand out, naming the argume
   const auto y = core::Tensor::from_vector<std::int64_t>({0, 1, 2, 3}, {4}, DType::i64);
   TensorDatasetOptions o;
   CHECK_THROWS_WITH(TensorDataset(x, core::Tensor::zeros({3}, DType::i64), o),
-                    Catch::Contains("inputs have 4 rows [4, 2] but labels 3 [3]"));
-  CHECK_THROWS_WITH(TensorDataset(x, core::Tensor::zeros({4}, DType::i32), o),
-                    Catch::Contains("labels are i32, expected i64"));
+                    Catch::Contains("inputs have 4 rows [4, 2] but targets 3 [3]"));
   CHECK_THROWS_WITH(TensorDataset(core::Tensor(), y, o),
                     Catch::Contains("inputs must be a tensor with a first dimension of rows"));
   o.num_classes = 3;
   CHECK_THROWS_WITH(TensorDataset(x, y, o),
-                    Catch::Contains("labels row 3 holds 3, outside [0, 3)"));
+                    Catch::Contains("targets row 3 holds 3, outside [0, 3)"));
   o.num_classes = 4;
   TensorDataset d(x, y, o);
   CHECK_THROWS_WITH(d.next(), Catch::Contains("before start_epoch()"));
@@ -138,4 +136,31 @@ TEST_CASE("ranks with different rows disagree on the TensorDataset's digest",
   CHECK(other_fields[0] == fields[0]);  // the same row count and shapes
   CHECK(other_fields.back().first == "tensor_dataset.digest");
   CHECK(other_fields.back().second != fields.back().second);
+}
+
+TEST_CASE("a TensorDataset widens integer targets to i64 and hands out float targets as they are",
+          "[io][tensor_dataset]") {
+  const auto x = core::Tensor::zeros({4, 2}, DType::f32);
+  TensorDatasetOptions o;
+  o.sampler = {.micro_batch = 4, .world_size = 1, .rank = 0, .shuffle = false};
+  o.num_classes = 250;  // u8 values past 127 must not wrap to negative ones
+  TensorDataset bytes(x, core::Tensor::from_vector<std::uint8_t>({3, 200, 0, 9}, {4}, DType::u8),
+                      o);
+  bytes.start_epoch(0);
+  const auto b = bytes.next();
+  REQUIRE(b);
+  CHECK(b->labels.dtype() == DType::i64);
+  CHECK(b->labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{3, 200, 0, 9});
+  TensorDataset ints(x, core::Tensor::from_vector<std::int32_t>({1, -100, 2, 3}, {4}, DType::i32),
+                     TensorDatasetOptions{.sampler = o.sampler});
+  ints.start_epoch(0);
+  CHECK(ints.next()->labels.to_vector<std::int64_t>() == std::vector<std::int64_t>{1, -100, 2, 3});
+  const std::vector<float> values{0.5f, -1.25f, 3.0f, 1e-3f, 7.0f, 8.0f, -2.0f, 0.0f};
+  TensorDataset floats(x, core::Tensor::from_vector(values, {4, 2}, DType::f32),
+                       TensorDatasetOptions{.sampler = o.sampler});
+  floats.start_epoch(0);
+  const auto f = floats.next();
+  CHECK(f->labels.dtype() == DType::f32);
+  CHECK(f->labels.shape() == core::Shape{4, 2});
+  CHECK(f->labels.to_vector<float>() == values);
 }

@@ -2,11 +2,13 @@
 // accumulation micro-batches) against one process taking the whole global
 // batch of K*N*B rows through a DataParallelStep of its own (no world, no
 // communication): the same losses and parameters after several steps, with
-// dropout, under mpiexec with 1, 2 and 3 ranks.
+// dropout, under mpiexec with 1, 2 and 3 ranks, for cross-entropy on class
+// indices and for the elementwise losses on float targets.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "engine/data_parallel_step.h"
 #include "engine/nn/activation.h"
@@ -24,13 +26,22 @@ namespace {
 
 constexpr std::int64_t kSamples = 144;  // a multiple of K*N*B for K = 1, 2, N = 1, 2, 3, B = 4
 
-io::TensorDataset task(std::int64_t micro_batch, int world_size, int rank) {
+// Cross-entropy's targets are 4 classes; the elementwise losses' are 4 floats
+// per row ({0, 1} for binary cross-entropy), functions of the inputs.
+io::TensorDataset task(const std::string& loss, std::int64_t micro_batch, int world_size,
+                       int rank) {
   std::mt19937 rng(8);
   std::normal_distribution<float> normal;
-  std::vector<float> x(kSamples * 5);
+  std::vector<float> x(kSamples * 5), t(kSamples * 4);
   std::vector<std::int64_t> y(kSamples);
   for (float& v : x) v = normal(rng);
-  for (std::int64_t i = 0; i < kSamples; ++i) y[i] = (x[i * 5] > 0) + 2 * (x[i * 5 + 3] > 0);
+  for (std::int64_t i = 0; i < kSamples; ++i) {
+    y[i] = (x[i * 5] > 0) + 2 * (x[i * 5 + 3] > 0);
+    for (std::int64_t j = 0; j < 4; ++j) {
+      const float v = x[i * 5 + j] * x[i * 5 + j + 1];
+      t[i * 4 + j] = loss == "bce" ? (v > 0 ? 1.0f : 0.0f) : v;
+    }
+  }
   io::TensorDatasetOptions o;
   o.sampler = {.micro_batch = micro_batch,
                .world_size = world_size,
@@ -38,7 +49,10 @@ io::TensorDataset task(std::int64_t micro_batch, int world_size, int rank) {
                .shuffle = true,
                .seed = 12};
   return io::TensorDataset(core::Tensor::from_vector(x, {kSamples, 5}, DType::f32),
-                           core::Tensor::from_vector(y, {kSamples}, DType::i64), o);
+                           loss == "cross-entropy"
+                               ? core::Tensor::from_vector(y, {kSamples}, DType::i64)
+                               : core::Tensor::from_vector(t, {kSamples, 4}, DType::f32),
+                           o);
 }
 
 // A model, its store and optimizer, built alike on every call.
@@ -61,8 +75,9 @@ struct Replica {
   }
 };
 
-StepOptions options(int accumulation) {
+StepOptions options(const std::string& loss, int accumulation) {
   StepOptions o;
+  o.loss = make_loss(loss);
   o.accumulation = accumulation;
   o.seed = 3;
   o.max_grad_norm = 1.0;  // clipping uses the global norm: it must match too
@@ -76,39 +91,40 @@ TEST_CASE("the Trainer on an in-memory source at N ranks equals one process with
   comm::World& world = test::mpi_world();
   const std::int64_t b = 4;
   constexpr int kSteps = 5;
-  for (int k : {1, 2}) {
-    INFO(world.size() << " ranks, K " << k);
-    Replica ranks;
-    Trainer trainer(ranks.model, *ranks.store, *ranks.sgd, make_scheduler("constant", {}),
-                    ranks.scaler, world, options(k), core::Stream());
-    io::TensorDataset shard = task(b, world.size(), world.rank());
-    shard.start_epoch(0);
+  for (const std::string loss : {"cross-entropy", "mse", "l1", "huber", "bce"})
+    for (int k : {1, 2}) {
+      INFO(world.size() << " ranks, K " << k << ", " << loss);
+      Replica ranks;
+      Trainer trainer(ranks.model, *ranks.store, *ranks.sgd, make_scheduler("constant", {}),
+                      ranks.scaler, world, options(loss, k), core::Stream());
+      io::TensorDataset shard = task(loss, b, world.size(), world.rank());
+      shard.start_epoch(0);
 
-    Replica one;
-    DataParallelStep alone(one.model, *one.store, *one.sgd, make_scheduler("constant", {}),
-                           one.scaler, nullptr, options(1), core::Stream());
-    io::TensorDataset whole = task(k * world.size() * b, 1, 0);
-    whole.start_epoch(0);
+      Replica one;
+      DataParallelStep alone(one.model, *one.store, *one.sgd, make_scheduler("constant", {}),
+                             one.scaler, nullptr, options(loss, 1), core::Stream());
+      io::TensorDataset whole = task(loss, k * world.size() * b, 1, 0);
+      whole.start_epoch(0);
 
-    for (int step = 0; step < kSteps; ++step) {
-      const std::optional<StepResult> ours = trainer.step(shard);
-      const std::optional<io::Batch> batch = whole.next();
-      REQUIRE(ours);
-      REQUIRE(batch);
-      const MicroBatch rows{batch->inputs, batch->labels};
-      const StepResult reference = alone.run({&rows, 1});
-      CHECK(ours->samples == reference.samples);
-      // The same sums in another order (per-rank partial sums, then the
-      // allreduce, against one pass over all rows): a few f32 roundings of
-      // terms near ln 4, so 1e-5 relative in the loss and the norm.
-      CHECK(ours->loss == Approx(reference.loss).epsilon(1e-5));
-      CHECK(ours->grad_norm == Approx(reference.grad_norm).epsilon(1e-5));
+      for (int step = 0; step < kSteps; ++step) {
+        const std::optional<StepResult> ours = trainer.step(shard);
+        const std::optional<io::Batch> batch = whole.next();
+        REQUIRE(ours);
+        REQUIRE(batch);
+        const MicroBatch rows{batch->inputs, batch->labels};
+        const StepResult reference = alone.run({&rows, 1});
+        CHECK(ours->samples == reference.samples);
+        // The same sums in another order (per-rank partial sums, then the
+        // allreduce, against one pass over all rows): a few f32 roundings of
+        // terms of O(1), so 1e-5 relative in the loss and the norm.
+        CHECK(ours->loss == Approx(reference.loss).epsilon(1e-5));
+        CHECK(ours->grad_norm == Approx(reference.grad_norm).epsilon(1e-5));
+      }
+      const auto p = ranks.store->values().to_vector<float>();
+      const auto q = one.store->values().to_vector<float>();
+      REQUIRE(p.size() == q.size());
+      // As in test_equivalence.cpp: f32 rounding of sums in another order,
+      // amplified a little by five steps of momentum: 2e-5 on weights of O(0.1..1).
+      for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(std::fabs(p[i] - q[i]) <= 2e-5);
     }
-    const auto p = ranks.store->values().to_vector<float>();
-    const auto q = one.store->values().to_vector<float>();
-    REQUIRE(p.size() == q.size());
-    // As in test_equivalence.cpp: f32 rounding of sums in another order,
-    // amplified a little by five steps of momentum: 2e-5 on weights of O(0.1..1).
-    for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(std::fabs(p[i] - q[i]) <= 2e-5);
-  }
 }
