@@ -16,10 +16,12 @@
 namespace lockstep::io {
 
 struct Batch {
-  // Token shards (ShardFormat::has_labels false): inputs [B, T] i32, the first
+  // Token shards (ShardFormat::is_tokens()): inputs [B, T] i32, the first
   // T tokens of each window, and labels [B, T] i64, its last T.
   core::Tensor inputs;  // [B, ...sample_shape]: the dataset's dtype, or f32 when scaled
-  core::Tensor labels;  // [B] i64
+  // What the loss trains towards: [B] i64 class indices, or for a target
+  // shard (ShardFormat::has_targets) f32 [B, ...target_shape].
+  core::Tensor labels;
   std::vector<std::int64_t> indices;  // global sample index of each row
   std::int64_t valid = 0;             // rows [0, valid) are real (Note [padding])
   std::int64_t epoch = 0, index = 0;  // global batch `index` of `epoch`

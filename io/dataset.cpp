@@ -18,6 +18,7 @@ struct Dataset::State {
   std::vector<ShardInfo> infos;
   std::vector<std::int64_t> ends;  // exclusive global end row of each shard
   std::vector<std::int64_t> labels;
+  std::vector<float> targets;
   ShardFormat format;
 };
 
@@ -59,6 +60,8 @@ Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOption
     state->ends.push_back(rows);
     const std::vector<std::int64_t> labels = file->take_labels();
     state->labels.insert(state->labels.end(), labels.begin(), labels.end());
+    const std::vector<float> targets = file->take_targets();
+    state->targets.insert(state->targets.end(), targets.begin(), targets.end());
     state->files.push_back(std::move(file));
   }
   return Dataset(std::move(state));
@@ -86,6 +89,7 @@ std::vector<std::pair<std::string, std::string>> Dataset::agreement_fields() con
 }
 
 const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
+const std::vector<float>& Dataset::targets() const { return state_->targets; }
 
 std::string Dataset::describe_row(std::int64_t row) const {
   const auto shard =

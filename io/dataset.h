@@ -1,7 +1,8 @@
 // Dataset: a set of HDF5 shards read as one indexable collection of samples
 // (docs/data-format.md). Opening checks every shard and that all agree on the
-// format, and loads every label into memory (8 bytes a sample), so that label
-// checks happen once and batches only read inputs. Reads are thread-safe.
+// format, and loads every label (8 bytes a sample) or target (4 bytes a
+// value) into memory, so that checks happen once and batches only read
+// inputs. Reads are thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,9 @@ class Dataset {
   // Labels of every sample, as i64 whatever the shards store (empty for
   // token shards, which have none).
   const std::vector<std::int64_t>& labels() const;
+  // Targets of every sample of a target shard (ShardFormat::has_targets), as
+  // f32, sample after sample (shape_numel(format().target_shape) each); empty otherwise.
+  const std::vector<float>& targets() const;
   // Throws InvalidArgument naming the shard, the row and the label when a
   // label lies outside [0, num_classes).
   void check_labels(std::int64_t num_classes) const;

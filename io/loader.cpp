@@ -36,7 +36,7 @@ struct Slot {
   std::shared_ptr<core::Storage> pinned;  // cuda: inputs, then labels
   core::Event copied;                     // cuda: the copy out of `pinned` has finished
   void* host_inputs = nullptr;
-  std::int64_t* host_labels = nullptr;
+  void* host_labels = nullptr;        // i64 labels or tokens, or f32 targets (State::label_dtype)
   std::vector<std::int32_t> windows;  // token shards: the rows read, [B, T+1]
   MicroBatch rows;
   std::exception_ptr error;
@@ -61,7 +61,8 @@ struct DataLoader::State {
   LoaderOptions options;
   DistributedSampler sampler;
   core::Shape batch_shape;
-  core::Shape label_shape;  // [B], or [B, T] for token shards
+  core::Shape label_shape;         // [B], [B, ...target_shape] or [B, T] for token shards
+  DType label_dtype = DType::i64;  // f32 for target shards
   DType out_dtype;
   std::vector<Slot> slots;
 
@@ -149,24 +150,34 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
   core::set_current_device(options.device);
   slot.copied.synchronize();
   slot.rows = sampler.micro_batch(batch);
-  if (!dataset.format().has_labels) {
+  if (dataset.format().is_tokens()) {
     dataset.read_inputs(slot.rows.indices, slot.windows.data());
     split_windows(slot);
+  } else if (dataset.format().has_targets) {
+    dataset.read_inputs(slot.rows.indices, slot.host_inputs);
+    const std::vector<float>& targets = dataset.targets();
+    const auto per_row = static_cast<std::size_t>(core::shape_numel(dataset.format().target_shape));
+    auto* out = static_cast<float*>(slot.host_labels);
+    for (std::size_t i = 0; i < slot.rows.indices.size(); ++i)
+      std::copy_n(targets.data() + static_cast<std::size_t>(slot.rows.indices[i]) * per_row,
+                  per_row, out + i * per_row);
   } else {
     dataset.read_inputs(slot.rows.indices, slot.host_inputs);
     const std::vector<std::int64_t>& labels = dataset.labels();
+    auto* out = static_cast<std::int64_t*>(slot.host_labels);
     for (std::size_t i = 0; i < slot.rows.indices.size(); ++i)
-      slot.host_labels[i] = labels[static_cast<std::size_t>(slot.rows.indices[i])];
+      out[i] = labels[static_cast<std::size_t>(slot.rows.indices[i])];
   }
   if (options.transform) {
-    HostBatch host{slot.host_inputs,
-                   dataset.format().input_dtype,
-                   batch_shape,
-                   slot.host_labels,
-                   slot.rows.indices,
-                   slot.rows.valid,
-                   epoch,
-                   batch};
+    HostBatch host{
+        slot.host_inputs,
+        dataset.format().input_dtype,
+        batch_shape,
+        dataset.format().has_targets ? nullptr : static_cast<std::int64_t*>(slot.host_labels),
+        slot.rows.indices,
+        slot.rows.valid,
+        epoch,
+        batch};
     options.transform(host);
   }
   if (slot.staging.defined()) scale_u8(slot.staging, slot.inputs);
@@ -177,6 +188,7 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
 void DataLoader::State::split_windows(Slot& slot) const {
   const std::int64_t seq = batch_shape[1], vocab = options.num_classes;
   auto* inputs = static_cast<std::int32_t*>(slot.host_inputs);
+  auto* targets = static_cast<std::int64_t*>(slot.host_labels);
   for (std::size_t r = 0; r < slot.rows.indices.size(); ++r) {
     const std::int32_t* window = slot.windows.data() + r * (seq + 1);
     for (std::int64_t t = 0; t <= seq; ++t)
@@ -187,7 +199,7 @@ void DataLoader::State::split_windows(Slot& slot) const {
             dataset.describe_row(slot.rows.indices[r]), t, window[t],
             vocab > 0 ? std::to_string(vocab) : std::string("2^31")));
     std::copy(window, window + seq, inputs + r * seq);
-    std::copy(window + 1, window + seq + 1, slot.host_labels + r * seq);
+    std::copy(window + 1, window + seq + 1, targets + r * seq);
   }
 }
 
@@ -270,7 +282,7 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   const core::Device device = options.device;
   core::set_current_device(device);
   core::Tensor inputs = core::Tensor::empty(batch_shape, out_dtype, device, consumer_stream);
-  core::Tensor labels = core::Tensor::empty(label_shape, DType::i64, device, consumer_stream);
+  core::Tensor labels = core::Tensor::empty(label_shape, label_dtype, device, consumer_stream);
   // Stream-ordered memory may be used on another stream only after that
   // stream has waited for the allocation (memory.h).
   allocated.record(consumer_stream);
@@ -393,13 +405,16 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   const std::int64_t rows = o.sampler.micro_batch;
   s.batch_shape = {rows};
   s.label_shape = {rows};
-  if (format.has_labels) {
+  if (!format.is_tokens()) {
     s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(),
                          format.sample_shape.end());
+    s.label_shape.insert(s.label_shape.end(), format.target_shape.begin(),
+                         format.target_shape.end());
   } else {
     s.batch_shape.push_back(format.sample_shape[0] - 1);
     s.label_shape = s.batch_shape;
   }
+  s.label_dtype = format.has_targets ? DType::f32 : DType::i64;
   s.out_dtype = o.scale_u8 ? DType::f32 : format.input_dtype;
   const std::int64_t depth = o.depth > 0 ? o.depth : 2 * std::int64_t{o.threads} + 1 + held;
   s.slots.resize(static_cast<std::size_t>(depth));
@@ -409,19 +424,18 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
       (input_bytes + kLabelsAlignment - 1) / kLabelsAlignment * kLabelsAlignment;
   const auto label_count = static_cast<std::size_t>(core::shape_numel(s.label_shape));
   for (Slot& slot : s.slots) {
-    if (!format.has_labels)
+    if (format.is_tokens())
       slot.windows.resize(static_cast<std::size_t>(rows) * format.sample_shape[0]);
     if (o.device.is_cuda()) {
-      slot.pinned = core::allocate_pinned(labels_at + label_count * 8);
+      slot.pinned = core::allocate_pinned(labels_at + label_count * dtype_size(s.label_dtype));
       slot.host_inputs = slot.pinned->data();
-      slot.host_labels =
-          reinterpret_cast<std::int64_t*>(static_cast<std::byte*>(slot.pinned->data()) + labels_at);
+      slot.host_labels = static_cast<std::byte*>(slot.pinned->data()) + labels_at;
     } else {
       slot.inputs = core::Tensor::empty(s.batch_shape, s.out_dtype);
-      slot.labels = core::Tensor::empty(s.label_shape, DType::i64);
+      slot.labels = core::Tensor::empty(s.label_shape, s.label_dtype);
       if (o.scale_u8) slot.staging = core::Tensor::empty(s.batch_shape, DType::u8);
       slot.host_inputs = (o.scale_u8 ? slot.staging : slot.inputs).data();
-      slot.host_labels = slot.labels.data_as<std::int64_t>();
+      slot.host_labels = slot.labels.data();
     }
   }
   if (o.device.is_cuda()) {

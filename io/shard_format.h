@@ -1,5 +1,6 @@
 // ShardFormat: what every shard of a dataset agrees on (docs/data-format.md):
-// the inputs' dtype and per-sample shape, and the labels' dtype; ShardLayout:
+// the inputs' dtype and per-sample shape, and what the samples are trained
+// towards (integer labels, float targets, or the next tokens); ShardLayout:
 // how a shard's rows are read. Shared by the writer and the reader.
 #pragma once
 
@@ -14,15 +15,22 @@ namespace lockstep::io {
 // Dataset names inside a shard.
 inline constexpr const char* kInputsName = "inputs";
 inline constexpr const char* kLabelsName = "labels";
+inline constexpr const char* kTargetsName = "targets";
 
 struct ShardFormat {
   DType input_dtype = DType::u8;   // u8, f16 or f32; i32 for tokens
   core::Shape sample_shape;        // one sample, e.g. {1, 28, 28}; inputs are [N, ...]
-  DType label_dtype = DType::i64;  // i64 or i32; labels are [N]
-  // false: a token shard (docs/data-format.md): no labels, inputs i32 [N, T+1]
-  // (stored as i32 or u16), each row a window whose first T tokens are the
-  // inputs and last T the targets.
+  DType label_dtype = DType::i64;  // as stored: any integer type, read as i64; labels are [N]
   bool has_labels = true;
+  // A target shard: float 'targets' [N, ...target_shape] (stored f32 or f16,
+  // read as f32) in place of 'labels', for regression and multi-label losses.
+  bool has_targets = false;
+  core::Shape target_shape{};  // one sample's targets, e.g. {4}
+
+  // A token shard (docs/data-format.md): neither labels nor targets, inputs
+  // i32 [N, T+1] (stored as i32 or u16), each row a window whose first T
+  // tokens are the inputs and last T the targets.
+  bool is_tokens() const { return !has_labels && !has_targets; }
 
   std::size_t sample_bytes() const {
     return static_cast<std::size_t>(checked_mul(core::shape_numel(sample_shape),
@@ -32,7 +40,9 @@ struct ShardFormat {
   // "inputs u8 [1, 28, 28], labels i64"
   std::string str() const {
     return std::string("inputs ") + dtype_name(input_dtype) + " " + core::shape_str(sample_shape) +
-           (has_labels ? std::string(", labels ") + dtype_name(label_dtype) : ", no labels");
+           (has_labels    ? std::string(", labels ") + dtype_name(label_dtype)
+            : has_targets ? ", targets f32 " + core::shape_str(target_shape)
+                          : ", no labels");
   }
   bool operator==(const ShardFormat&) const = default;
 };

@@ -64,6 +64,10 @@ void write_rows(hid_t dataset, DType type, const core::Shape& sample_shape, std:
 }  // namespace
 
 void check_format(const ShardFormat& format) {
+  if (format.has_targets)
+    throw InvalidArgument(
+        "ShardWriter writes shards of labels and of tokens; write a shard of float 'targets' with "
+        "h5py (docs/data-format.md shows the lines)");
   if (!format.has_labels) {
     if (format.input_dtype != DType::i32 || format.sample_shape.size() != 1 ||
         format.sample_shape[0] < 2)

@@ -37,12 +37,13 @@ namespace {
 struct Flags {
   std::string data, val_data, model = "mlp", optimizer = "sgd", schedule = "constant";
   std::string precision = "fp32", device, shuffle = "on", checkpoint_dir, resume, init_from;
-  std::string metrics, log_level = "info", trace, trace_steps = "1:";
+  std::string metrics, log_level = "info", trace, trace_steps = "1:", loss = "cross-entropy";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1, zero = 0,
       max_consecutive_skips = StepOptions{}.max_consecutive_skips;
-  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0;
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0, clip = 0.0, dropout = 0.0,
+         label_smoothing = 0.0;
   std::int64_t sample_tokens = 0;
   std::string prompt = "\n";
   std::uint64_t seed = 0;
@@ -81,26 +82,55 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
       {"shuffle", f.shuffle},
       {"dataset", fmt::format("{} samples", data.size())}};
   if (f.dropout != 0.0) fields["dropout"] = fmt::format("{}", f.dropout);
+  if (f.loss != "cross-entropy" || f.label_smoothing != 0.0)
+    fields["loss"] = fmt::format("{} label_smoothing={}", f.loss, f.label_smoothing);
   return fields;
 }
 
-// A language-model preset needs token shards whose windows fit its context,
-// an image preset needs shards with labels.
-void check_data_fits(const ModelPreset& preset, const io::Dataset& data, const std::string& flag,
-                     const std::string& path) {
+// A language-model preset needs token shards whose windows fit its context;
+// an image preset needs labels for cross-entropy and float targets of its
+// output's shape for the other losses.
+void check_data_fits(const ModelPreset& preset, const std::string& loss, const io::Dataset& data,
+                     const std::string& flag, const std::string& path) {
   const io::ShardFormat& format = data.format();
-  if (preset.language_model && format.has_labels)
+  if (preset.language_model && !format.is_tokens())
     throw InvalidArgument(fmt::format(
         "{} {} holds {}, but --model {} reads token shards (write them with lockstep-shard text)",
         flag, path, format.str(), preset.name));
-  if (!preset.language_model && !format.has_labels)
+  if (preset.language_model && loss != "cross-entropy")
+    throw InvalidArgument(fmt::format(
+        "--loss {}: --model {} predicts the next token, which needs --loss cross-entropy", loss,
+        preset.name));
+  if (!preset.language_model && format.is_tokens())
     throw InvalidArgument(fmt::format("{} {} holds token windows, but --model {} needs labels",
                                       flag, path, preset.name));
+  if (!preset.language_model && loss == "cross-entropy" && !format.has_labels)
+    throw InvalidArgument(fmt::format(
+        "{} {} holds {}: --loss cross-entropy reads class indices from a 'labels' dataset (float "
+        "'targets' need --loss mse, l1, huber or bce)",
+        flag, path, format.str()));
+  const core::Shape output{preset.classes};
+  if (!preset.language_model && loss != "cross-entropy" &&
+      !(format.has_targets && format.target_shape == output))
+    throw InvalidArgument(fmt::format(
+        "{} {} holds {}: --loss {} reads float 'targets' of the model's output shape {} per "
+        "sample (--model {}); write them with h5py as docs/data-format.md shows",
+        flag, path, format.str(), loss, core::shape_str(output), preset.name));
   if (preset.language_model && format.sample_shape[0] - 1 > preset.sample_shape[0])
     throw InvalidArgument(fmt::format(
         "{} {} holds windows of {} tokens, longer than --model {}'s context of {} + 1 (write "
         "them with a smaller --seq)",
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
+}
+
+// --loss and --label-smoothing as the loss object.
+std::shared_ptr<Loss> loss_for(const Flags& f) {
+  if (f.label_smoothing != 0.0 && f.loss != "cross-entropy")
+    throw InvalidArgument(fmt::format(
+        "--label-smoothing {} applies to --loss cross-entropy, not {}", f.label_smoothing, f.loss));
+  if (f.loss == "cross-entropy")
+    return std::make_shared<CrossEntropyLoss>(-100, static_cast<float>(f.label_smoothing));
+  return make_loss(f.loss);
 }
 
 // An evaluation's line on the console and its metrics record: bits per
@@ -141,8 +171,9 @@ int run(const Flags& f, comm::World& world) {
     throw InvalidArgument(
         fmt::format("--sample-tokens {}: --model {} generates no text (only the GPT presets do)",
                     f.sample_tokens, f.model));
+  std::shared_ptr<Loss> loss = loss_for(f);
   io::Dataset train_data = io::Dataset::open(f.data);
-  check_data_fits(preset, train_data, "--data", f.data);
+  check_data_fits(preset, f.loss, train_data, "--data", f.data);
   std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
@@ -169,7 +200,9 @@ int run(const Flags& f, comm::World& world) {
   loader_options.threads = 2;
   loader_options.device = device;
   loader_options.stream = stream;
-  loader_options.scale_u8 = !preset.language_model;
+  // u8 inputs (images of bytes) are scaled to [0, 1]; f16 and f32 ones are
+  // used as stored.
+  loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 && !preset.language_model;
   loader_options.num_classes = preset.classes;
   loader_options.held_batches = f.accum;  // Trainer::step holds a step's micro-batches
   // Checked before the loader sizes its buffers from --batch-size and --accum.
@@ -194,6 +227,7 @@ int run(const Flags& f, comm::World& world) {
   schedule.warmup_steps = f.warmup;
   schedule.step_size = std::max<std::int64_t>(1, total_steps / 3);  // --schedule step: 3 decays
   StepOptions trainer_options;
+  trainer_options.loss = loss;
   trainer_options.accumulation = f.accum;
   trainer_options.autocast = autocast_for(f.precision);
   LossScaler scaler = LossScaler::for_autocast(trainer_options.autocast);
@@ -232,7 +266,7 @@ int run(const Flags& f, comm::World& world) {
   std::optional<io::Dataset> val_data;
   if (!f.val_data.empty()) {
     val_data = io::Dataset::open(f.val_data);
-    check_data_fits(preset, *val_data, "--val-data", f.val_data);
+    check_data_fits(preset, f.loss, *val_data, "--val-data", f.val_data);
   }
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);
@@ -287,6 +321,7 @@ int run(const Flags& f, comm::World& world) {
   std::optional<io::DataLoader> val_loader;
   if (val_data) {
     io::LoaderOptions v = loader_options;
+    v.scale_u8 = val_data->format().input_dtype == DType::u8 && !preset.language_model;
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
     val_loader.emplace(*val_data, v);
@@ -414,6 +449,16 @@ int main(int argc, char** argv) {
     presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
                            core::shape_str(p.sample_shape));
   app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
+  app.add_option("--loss", f.loss,
+                 "cross-entropy (class indices from the shards' 'labels'), or mse, l1, huber "
+                 "(delta 1) or bce (with logits) against float 'targets' of the model's output "
+                 "shape")
+      ->check(CLI::IsMember({"cross-entropy", "mse", "l1", "huber", "bce"}))
+      ->capture_default_str();
+  app.add_option("--label-smoothing", f.label_smoothing,
+                 "cross-entropy: train towards (1 - e) onehot + e / classes")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
       ->capture_default_str();
   auto* sample_tokens =

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <string_view>
 
@@ -57,49 +58,75 @@ void ShardFile::inspect(bool force_hdf5) {
   const char* current = nullptr;  // the dataset being looked at, for messages
   try {
     file_ = open_hdf5_file(path_, "shard");
-    Hdf5Id labels;
-    core::Shape inputs_extent, labels_extent;
+    Hdf5Id labels, targets;
+    core::Shape inputs_extent, labels_extent, targets_extent;
     format_.has_labels = LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kLabelsName, H5P_DEFAULT)) > 0;
-    for (const char* name : {kInputsName, kLabelsName}) {
+    format_.has_targets =
+        LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kTargetsName, H5P_DEFAULT)) > 0;
+    if (format_.has_labels && format_.has_targets)
+      fail(nullptr,
+           "holds both 'labels' and 'targets'; a shard trains towards one of them (class "
+           "indices in 'labels', float values in 'targets': write only the one the loss reads)");
+    for (const char* name : {kInputsName, kLabelsName, kTargetsName}) {
       current = name;
-      const bool is_inputs = std::string_view(name) == kInputsName;
-      if (!is_inputs && !format_.has_labels) continue;  // a token shard
+      const std::string_view which(name);
+      const bool is_inputs = which == kInputsName, is_targets = which == kTargetsName;
+      if ((which == kLabelsName && !format_.has_labels) || (is_targets && !format_.has_targets))
+        continue;
       if (is_inputs && LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), name, H5P_DEFAULT)) == 0)
         fail(name,
-             "missing (a shard holds 'inputs' [N, ...] and 'labels' [N]; see "
-             "docs/data-format.md)");
+             "missing (a shard holds 'inputs' [N, ...] and 'labels' [N] or 'targets' [N, ...]; "
+             "see docs/data-format.md)");
       Hdf5Id dataset(LOCKSTEP_CHECK_HDF5(H5Dopen2(file_.get(), name, H5P_DEFAULT)));
       const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(dataset.get())));
       auto dtype = dtype_of(type.get());
+      const H5T_class_t type_class = LOCKSTEP_CHECK_HDF5(H5Tget_class(type.get()));
       // Note [u16 tokens]: token shards may store u16 (GPT-2's vocabulary fits);
       // HDF5 widens them to i32 on read, so they take the hdf5 read path.
-      if (is_inputs && !format_.has_labels && is_u16(type.get())) {
+      if (is_inputs && format_.is_tokens() && is_u16(type.get())) {
         dtype = DType::i32;
         widened_u16_ = true;
       }
-      if (is_inputs && !format_.has_labels && dtype != DType::i32)
+      if (is_inputs && format_.is_tokens() && dtype != DType::i32)
         fail(kLabelsName,
-             "missing (a shard holds 'inputs' [N, ...] and 'labels' [N], or only "
-             "'inputs' of i32 or u16 tokens [N, T+1]; these inputs are " +
+             "missing (a shard holds 'inputs' [N, ...] and 'labels' [N] or 'targets' [N, ...], "
+             "or only 'inputs' of i32 or u16 tokens [N, T+1]; these inputs are " +
                  describe_type(type.get()) + "; see docs/data-format.md)");
-      // Token inputs are i32 here (checked just above).
-      const bool allowed = dtype && (!is_inputs ? (*dtype == DType::i32 || *dtype == DType::i64)
-                                                : !format_.has_labels || *dtype == DType::u8 ||
-                                                      *dtype == DType::f16 || *dtype == DType::f32);
-      if (!allowed)
-        fail(name, "stored as " + describe_type(type.get()) + "; lockstep reads " +
-                       (is_inputs ? "u8, f16 or f32 inputs" : "i32 or i64 labels") +
-                       " (convert the dataset, e.g. with lockstep-shard)");
-      (is_inputs ? format_.input_dtype : format_.label_dtype) = *dtype;
+      if (is_inputs) {
+        // Token inputs are i32 here (checked just above).
+        if (!dtype || !(format_.is_tokens() || *dtype == DType::u8 || *dtype == DType::f16 ||
+                        *dtype == DType::f32))
+          fail(name, "stored as " + describe_type(type.get()) +
+                         "; lockstep reads u8, f16 or f32 inputs (in h5py, write them with "
+                         "f.create_dataset('inputs', data=x.astype('float32')), or 'uint8' for "
+                         "images of bytes)");
+        format_.input_dtype = *dtype;
+      } else if (!is_targets) {
+        // Labels of any integer type (h5py's uint8 included); HDF5 converts
+        // them to i64 on read, and check_labels bounds them by the classes.
+        if (type_class != H5T_INTEGER)
+          fail(name, "stored as " + describe_type(type.get()) +
+                         "; labels are class indices of an integer type (in h5py: "
+                         "f.create_dataset('labels', data=y.astype('int64')); float values "
+                         "belong in a 'targets' dataset)");
+        format_.label_dtype = dtype.value_or(DType::i64);
+      } else if (type_class != H5T_FLOAT || !dtype || *dtype == DType::bf16) {
+        fail(name, "stored as " + describe_type(type.get()) +
+                       "; targets are f32 or f16 values (in h5py: "
+                       "f.create_dataset('targets', data=t.astype('float32')); class indices "
+                       "belong in a 'labels' dataset)");
+      }
       const std::string object = "shard '" + path_.string() + "', dataset '" + name + "'";
-      (is_inputs ? inputs_extent : labels_extent) = extent_of(dataset.get(), object);
+      (is_inputs    ? inputs_extent
+       : is_targets ? targets_extent
+                    : labels_extent) = extent_of(dataset.get(), object);
       check_storage(dataset.get(), object);
-      (is_inputs ? inputs_ : labels) = std::move(dataset);
+      (is_inputs ? inputs_ : is_targets ? targets : labels) = std::move(dataset);
     }
     current = nullptr;
     if (inputs_extent.empty())
       fail(kInputsName, "is a scalar; inputs are [N, ...] with one row per sample");
-    if (!format_.has_labels && (inputs_extent.size() != 2 || inputs_extent[1] < 2))
+    if (format_.is_tokens() && (inputs_extent.size() != 2 || inputs_extent[1] < 2))
       fail(kInputsName, "has shape " + core::shape_str(inputs_extent) +
                             "; a token shard (no 'labels') holds windows [N, T+1] with T >= 1");
     if (format_.has_labels && labels_extent.size() != 1)
@@ -108,24 +135,38 @@ void ShardFile::inspect(bool force_hdf5) {
       fail(nullptr, fmt::format("'inputs' has {} rows but 'labels' has {} (every sample needs "
                                 "exactly one label; re-create the shard)",
                                 inputs_extent[0], labels_extent[0]));
+    if (format_.has_targets && targets_extent.empty())
+      fail(kTargetsName, "is a scalar; targets are [N, ...] with one row per sample");
+    if (format_.has_targets && inputs_extent[0] != targets_extent[0])
+      fail(nullptr, fmt::format("'inputs' has {} rows but 'targets' has {} (every sample needs "
+                                "exactly one row of targets; re-create the shard)",
+                                inputs_extent[0], targets_extent[0]));
     rows_ = inputs_extent[0];
     format_.sample_shape.assign(inputs_extent.begin() + 1, inputs_extent.end());
+    if (format_.has_targets)
+      format_.target_shape.assign(targets_extent.begin() + 1, targets_extent.end());
     // Everything is sized from these extents: bound them by the file before
     // any buffer is (Note [hostile files] in io/hdf5.h).
     const std::uint64_t limit = checked_mul(kMaxExpansion, file_bytes_, "shard size bound");
-    std::uint64_t sample_bytes = dtype_size(format_.input_dtype), labels_bytes = 0;
+    std::uint64_t sample_bytes = dtype_size(format_.input_dtype), labels_bytes = 0,
+                  target_values = 1;
     for (std::int64_t d : format_.sample_shape)
       if (__builtin_mul_overflow(sample_bytes, static_cast<std::uint64_t>(d), &sample_bytes))
         sample_bytes = limit + 1;
+    for (std::int64_t d : format_.target_shape)
+      if (__builtin_mul_overflow(target_values, static_cast<std::uint64_t>(d), &target_values))
+        target_values = limit + 1;
     if (sample_bytes == 0)
       fail(kInputsName, "has shape " + core::shape_str(inputs_extent) + ": samples of zero bytes");
+    // Labels are read as i64, targets as f32: 8 or 4 bytes a value.
+    const std::uint64_t per_row = format_.has_targets ? 4 * target_values : sizeof(std::int64_t);
     if (__builtin_mul_overflow(sample_bytes, static_cast<std::uint64_t>(rows_), &inputs_bytes_) ||
-        __builtin_mul_overflow(sizeof(std::int64_t),  // labels are read as i64
-                               static_cast<std::uint64_t>(rows_), &labels_bytes) ||
+        __builtin_mul_overflow(per_row, static_cast<std::uint64_t>(rows_), &labels_bytes) ||
         inputs_bytes_ > limit || labels_bytes > limit)
-      fail(nullptr, fmt::format("inputs {} and labels [{}] hold more bytes than a file of {} "
+      fail(nullptr, fmt::format("inputs {} and {} [{}] hold more bytes than a file of {} "
                                 "bytes can (the shard is damaged: re-create it)",
-                                core::shape_str(inputs_extent), rows_, file_bytes_));
+                                core::shape_str(inputs_extent),
+                                format_.has_targets ? "targets" : "labels", rows_, file_bytes_));
 
     current = kLabelsName;
     if (format_.has_labels) {
@@ -135,6 +176,23 @@ void ShardFile::inspect(bool force_hdf5) {
         LOCKSTEP_CHECK_HDF5(H5Dread(labels.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                     labels_values_.data()));
       }
+    }
+    current = kTargetsName;
+    if (format_.has_targets) {
+      target_values_.resize(static_cast<std::size_t>(labels_bytes / 4));
+      if (!target_values_.empty()) {
+        const Hdf5Id memory = memory_type(DType::f32);
+        LOCKSTEP_CHECK_HDF5(H5Dread(targets.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                    target_values_.data()));
+      }
+      if (const auto bad = std::find_if(target_values_.begin(), target_values_.end(),
+                                        [](float v) { return !std::isfinite(v); });
+          bad != target_values_.end())
+        fail(kTargetsName,
+             fmt::format("row {} holds {}: targets must be finite (a NaN or inf target makes "
+                         "every step non-finite; fix the data)",
+                         (bad - target_values_.begin()) / static_cast<std::int64_t>(target_values),
+                         *bad));
     }
     current = kInputsName;
     choose_layout(force_hdf5);

@@ -45,6 +45,9 @@ class ShardFile {
   // Every label, converted to i64 (and native byte order) by HDF5 when the
   // shard was opened; the first call moves them out, later calls get none.
   std::vector<std::int64_t> take_labels() { return std::move(labels_values_); }
+  // Every target of a target shard, converted to f32 by HDF5 when the shard
+  // was opened, row after row; moved out as take_labels.
+  std::vector<float> take_targets() { return std::move(target_values_); }
   // Reads local rows `rows` (ascending, no repeats) so that row rows[i] lands
   // at dst[i]; thread-safe. Throws IoError when the file has shrunk or fails.
   void read_rows(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
@@ -65,7 +68,8 @@ class ShardFile {
   std::uint64_t file_bytes_ = 0;
   std::uint64_t inputs_offset_ = 0;          // contiguous: where row 0 starts
   std::uint64_t inputs_bytes_ = 0;           // rows x sample bytes, checked against the file
-  std::vector<std::int64_t> labels_values_;  // empty for a token shard
+  std::vector<std::int64_t> labels_values_;  // empty without labels
+  std::vector<float> target_values_;         // empty without targets
   bool widened_u16_ = false;                 // Note [u16 tokens] in shard_file.cpp
   Hdf5Id file_, inputs_;                     // kept open for the hdf5 layout only
 };

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "engine/nn/activation.h"
 #include "engine/nn/attention.h"
@@ -172,10 +174,30 @@ TEST_CASE("cuda losses and accuracy match the cpu", "[gpu][engine]") {
                 "cross-entropy gradient");
   require_close(count_correct(logits.to(kGpu), labels.to(kGpu), {}),
                 count_correct(logits, labels, {}), 0, 0, "count_correct");
-  MSELoss cpu_mse, gpu_mse;
-  const core::Tensor target = test::random_f32({67, 10}, 8);
-  require_close(gpu_mse.forward(logits.to(kGpu), target.to(kGpu), ctx),
-                cpu_mse.forward(logits, target, ctx), 1e-6, 1e-6, "mse");
-  require_close(gpu_mse.backward(1.0f, ctx), cpu_mse.backward(1.0f, ctx), 1e-7, 1e-6,
-                "mse gradient");
+  CrossEntropyLoss cpu_smooth(-100, 0.1f), gpu_smooth(-100, 0.1f);
+  require_close(gpu_smooth.forward(logits.to(kGpu), labels.to(kGpu), ctx),
+                cpu_smooth.forward(logits, labels, ctx), 1e-6, 1e-5, "smoothed cross-entropy");
+  require_close(gpu_smooth.backward(0.5f, ctx), cpu_smooth.backward(0.5f, ctx), 1e-7, 1e-5,
+                "smoothed cross-entropy gradient");
+  // The elementwise losses: the same f32 formula per element
+  // (kernels/detail/elementwise_loss_math.h), summed in f64 in another order;
+  // 67 x 10 elements span several of the CUDA forward's blocks only when the
+  // grid does, so a second size of 70,000 elements crosses blocks for sure.
+  for (const std::int64_t rows : {67, 7000}) {
+    const core::Tensor prediction = test::random_f32({rows, 10}, 4, 4.0f);
+    core::Tensor target = test::random_f32({rows, 10}, 8);
+    for (const std::string kind : {"mse", "l1", "huber", "bce"}) {
+      INFO(kind << ", " << rows << " rows");
+      core::Tensor t = target;
+      if (kind == "bce") {  // targets in [0, 1]
+        t = target.cast(DType::f32);
+        for (float& v : std::span(t.data_as<float>(), t.numel())) v = 0.5f * (v + 1.0f);
+      }
+      std::unique_ptr<Loss> cpu_loss = make_loss(kind), gpu_loss = make_loss(kind);
+      require_close(gpu_loss->forward(prediction.to(kGpu), t.to(kGpu), ctx),
+                    cpu_loss->forward(prediction, t, ctx), 1e-6, 1e-6, kind.c_str());
+      require_close(gpu_loss->backward(1.0f, ctx), cpu_loss->backward(1.0f, ctx), 1e-7, 1e-6,
+                    (kind + " gradient").c_str());
+    }
+  }
 }
