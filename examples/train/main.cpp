@@ -125,6 +125,9 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
 
 // --loss and --label-smoothing as the loss object.
 std::shared_ptr<Loss> loss_for(const Flags& f) {
+  if (!(f.label_smoothing >= 0.0 && f.label_smoothing <= 1.0))  // NaN passes CLI11's range
+    throw InvalidArgument(
+        fmt::format("--label-smoothing {} must lie in [0, 1] (0: none)", f.label_smoothing));
   if (f.label_smoothing != 0.0 && f.loss != "cross-entropy")
     throw InvalidArgument(fmt::format(
         "--label-smoothing {} applies to --loss cross-entropy, not {}", f.label_smoothing, f.loss));

@@ -66,7 +66,9 @@ refuses "$t" --epochs 0 -1 nan 1e7 EMPTY
 refuses "$t" --steps 0 -1 nan 1e15 EMPTY
 refuses "$ts" --sample-tokens -1 nan 1e7 EMPTY 5  # 5: the default mlp generates no text
 refuses "$ts --sample-tokens 5 --model gpt-tiny" --prompt EMPTY
-for flag in --model --optimizer --schedule --precision --device --shuffle --log-level; do
+refuses "$ts" --label-smoothing -0.1 1.5 nan EMPTY
+refuses "$ts" --loss mse  # the shards hold labels, not float targets
+for flag in --model --optimizer --schedule --precision --device --shuffle --log-level --loss; do
   refuses "$ts" "$flag" EMPTY nonsense
 done
 for flag in --val-data --checkpoint-dir --resume --init-from --metrics; do
