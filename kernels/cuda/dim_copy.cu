@@ -28,12 +28,13 @@ __global__ void copy_rows_kernel(const Word* src, Index src_stride, Word* dst, I
 void copy_rows(const RowCopy& c, CudaStream stream) {
   const std::int64_t n = c.rows * c.row_elems;
   if (n == 0) return;
-  // Offsets reach (rows - 1) * stride + row_elems in either buffer.
+  // Offsets stay below (rows - 1) * stride + row_elems in either buffer, which
+  // is at least n as both strides are at least row_elems.
   const std::int64_t reach =
       (c.rows - 1) * (c.src_stride > c.dst_stride ? c.src_stride : c.dst_stride) + c.row_elems;
   auto launch = [&](auto word) {
     using Word = decltype(word);
-    detail::with_index(reach > n ? reach : n, [&](auto index) {
+    detail::with_index(reach, [&](auto index) {
       using Index = decltype(index);
       copy_rows_kernel<Word, Index><<<detail::grid_for(n), detail::kThreads, 0, stream>>>(
           static_cast<const Word*>(c.src), static_cast<Index>(c.src_stride),
@@ -41,20 +42,7 @@ void copy_rows(const RowCopy& c, CudaStream stream) {
           static_cast<Index>(c.row_elems));
     });
   };
-  switch (c.element_bytes) {
-    case 1:
-      launch(std::uint8_t{});
-      break;
-    case 2:
-      launch(std::uint16_t{});
-      break;
-    case 4:
-      launch(std::uint32_t{});
-      break;
-    default:
-      launch(std::uint64_t{});
-      break;
-  }
+  detail::dispatch_word(c.element_bytes, launch);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
