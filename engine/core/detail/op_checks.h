@@ -24,7 +24,8 @@ inline void require_float_dtype(const char* op, const Tensor& x) {
 
 inline void require_same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (!(a.device() == b.device()))
-    throw InvalidArgument(std::string(op) + ": tensors on " + a.device().str() + " and " +
+    throw InvalidArgument(std::string(op) + ": " + shape_str(a.shape()) + " on " +
+                          a.device().str() + " and " + shape_str(b.shape()) + " on " +
                           b.device().str() + " (move one with .to())");
 }
 
