@@ -6,12 +6,11 @@
 #include <fmt/core.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <random>
-#include <span>
 
 #include "comm/world.h"
+#include "engine/core/tensor_ops.h"
 #include "engine/data_parallel_step.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -24,25 +23,24 @@
 using namespace lockstep;
 
 // A layer the library does not have: y = x * sigmoid(x) (SiLU). Implementing
-// forward and backward is all it takes; containers do the rest.
+// forward and backward is all it takes; containers do the rest. Written with
+// the ops of engine/core/tensor_ops.h, it runs on the CPU or a GPU, queued on
+// the step's stream.
 class SiLU : public engine::Module {
  public:
   SiLU() : Module("SiLU") {}
-  core::Tensor forward(const core::Tensor& x, engine::Context&) override {
-    input_ = x.to(core::Device::cpu());
-    core::Tensor y = input_.cast(DType::f32);
-    for (float& v : std::span(y.data_as<float>(), y.numel())) v = v / (1.0f + std::exp(-v));
-    return y.to(x.device());
+  core::Tensor forward(const core::Tensor& x, engine::Context& ctx) override {
+    input_ = x;
+    return core::ops::mul(x, core::ops::sigmoid(x, ctx.stream), ctx.stream);
   }
-  core::Tensor backward(const core::Tensor& dy, engine::Context&) override {
-    core::Tensor g = dy.to(core::Device::cpu()).cast(DType::f32);
-    const float* x = input_.data_as<float>();
-    float* d = g.data_as<float>();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
-      const float s = 1.0f / (1.0f + std::exp(-x[i]));
-      d[i] *= s * (1.0f + x[i] * (1.0f - s));
-    }
-    return g.to(dy.device());
+  core::Tensor backward(const core::Tensor& dy, engine::Context& ctx) override {
+    namespace ops = core::ops;
+    const core::Stream& stream = ctx.stream;
+    const core::Tensor s = ops::sigmoid(input_, stream);
+    // dx = dy * s * (1 + x (1 - s))
+    const core::Tensor slope =
+        ops::add(1.0, ops::mul(input_, ops::sub(1.0, s, stream), stream), stream);
+    return ops::mul(ops::mul(dy, s, stream), slope, stream);
   }
 
  private:

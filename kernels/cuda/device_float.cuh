@@ -1,11 +1,12 @@
 // Device-side helpers shared by the CUDA kernels: f32 <-> storage conversion
-// for the float DTypes, a host-side dispatch from DType to a C++ type, and the
-// launch geometry every grid-stride kernel uses.
+// for the float DTypes, host-side dispatches from DType (or element size) to a
+// C++ type, and the launch geometry every grid-stride kernel uses.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -75,6 +76,26 @@ void dispatch_any(DType type, F&& f) {
       return;
     default:
       dispatch_float(type, "dispatch", f);
+      return;
+  }
+}
+
+// Calls f(Word{}) with the unsigned integer type of `bytes` (1, 2, 4, else 8)
+// bytes: for kernels that move elements without looking at their values.
+template <typename F>
+void dispatch_word(std::size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1:
+      f(std::uint8_t{});
+      return;
+    case 2:
+      f(std::uint16_t{});
+      return;
+    case 4:
+      f(std::uint32_t{});
+      return;
+    default:
+      f(std::uint64_t{});
       return;
   }
 }

@@ -105,20 +105,7 @@ void fill(void* dst, DType type, std::int64_t n, double value, CudaStream stream
     std::memcpy(&w, &pattern, sizeof w);
     fill_kernel<Word><<<grid_for(n), kThreads, 0, stream>>>(static_cast<Word*>(dst), n, w);
   };
-  switch (dtype_size(type)) {
-    case 1:
-      launch(std::uint8_t{});
-      break;
-    case 2:
-      launch(std::uint16_t{});
-      break;
-    case 4:
-      launch(std::uint32_t{});
-      break;
-    default:
-      launch(std::uint64_t{});
-      break;
-  }
+  detail::dispatch_word(dtype_size(type), launch);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
