@@ -10,7 +10,8 @@
 #                                  smoke step, stopping there if it fails, then
 #                                  the [gpu] test binaries (among them ZeRO-1's
 #                                  NCCL reduce-scatter and gather, the packed
-#                                  optimizer state, the data-parallel step on CUDA)
+#                                  optimizer state, the data-parallel step on CUDA),
+#                                  and a gpt2-shaped step with per-kernel times
 #   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
 #                                  bench_step against PyTorch, and a 300-step
 #                                  training run held to the packed cpu run
@@ -149,7 +150,10 @@ run_tests() {
   step gpu_tests 60 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
   step comm_gpu_tests 30 "$bin/lockstep_comm_gpu_tests" "[gpu]"
   step io_gpu_tests 30 "$bin/lockstep_io_gpu_tests" "[gpu]"
-  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]" --durations yes
+  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]" --durations yes
+  # GPT-2's real widths: a one-block step against the cpu, then each kernel
+  # family at 16K tokens checked and timed (tests/engine/gpu/test_gpt2_shape_gpu.cpp).
+  step gpt2_shape 60 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
   [ -n "${PLAN:-}" ] && return 0
   grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log
   verdicts
