@@ -84,6 +84,10 @@ TEST_CASE("cuda gpt2-shaped forward and backward match the cpu per tensor", "[gp
   initialize(cpu_model, 5);
   initialize(gpu_model, 5);
   ParameterStore cpu_store(cpu_model, core::Device::cpu()), gpu_store(gpu_model, kGpu);
+  cpu_store.zero_grad();
+  gpu_store.zero_grad();
+  // The store's copies and fills ran on the default stream; the model runs on its own.
+  core::Stream::default_for(kGpu).synchronize();
   core::Stream stream = core::Stream::create(kGpu);
   const core::Tensor tokens = random_tokens(kT, kV, 1).reshape({1, kT});
   const core::Tensor targets = random_tokens(kT, kV, 2).reshape({1, kT});
@@ -116,6 +120,8 @@ TEST_CASE("cuda gpt2-shaped forward and backward match the cpu per tensor", "[gp
   INFO("loss: cuda " << lg << ", cpu " << lc);
   CHECK(std::fabs(lg - lc) <= 1e-5 * std::fabs(lc));
   CHECK(relative_l2(gpu_logits, cpu_logits, stream) <= 1e-4);
+  cpu_store.grads();  // zero-fills any gradient still stale (Note [lazy zero_grad])
+  gpu_store.grads();
   const auto cpu_params = cpu_model.parameters(), gpu_params = gpu_model.parameters();
   REQUIRE(cpu_params.size() == gpu_params.size());
   for (std::size_t i = 0; i < cpu_params.size(); ++i) {
