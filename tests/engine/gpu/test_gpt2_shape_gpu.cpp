@@ -122,6 +122,7 @@ TEST_CASE("cuda gpt2-shaped forward and backward match the cpu per tensor", "[gp
   CHECK(relative_l2(gpu_logits, cpu_logits, stream) <= 1e-4);
   cpu_store.grads();  // zero-fills any gradient still stale (Note [lazy zero_grad])
   gpu_store.grads();
+  core::Stream::default_for(kGpu).synchronize();
   const auto cpu_params = cpu_model.parameters(), gpu_params = gpu_model.parameters();
   REQUIRE(cpu_params.size() == gpu_params.size());
   for (std::size_t i = 0; i < cpu_params.size(); ++i) {
