@@ -155,7 +155,9 @@ run_tests() {
   # family at 16K tokens checked and timed (tests/engine/gpu/test_gpt2_shape_gpu.cpp).
   step gpt2_shape 60 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
   [ -n "${PLAN:-}" ] && return 0
-  grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log
+  grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log "$OUT/gpt2_shape.log"
+  # The gpt2-shaped times, for docs/gpu-results.md.
+  grep -hE "^(gpt2-shaped step|kernel family|  .* [0-9]+\.[0-9]{3}$)" "$OUT/gpt2_shape.log"
   verdicts
 }
 
