@@ -10,7 +10,8 @@
 #                                  smoke step, stopping there if it fails, then
 #                                  the [gpu] test binaries (among them ZeRO-1's
 #                                  NCCL reduce-scatter and gather, the packed
-#                                  optimizer state, the data-parallel step on CUDA)
+#                                  optimizer state, the data-parallel step on CUDA),
+#                                  and a gpt2-shaped step with per-kernel times
 #   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
 #                                  bench_step against PyTorch, and a 300-step
 #                                  training run held to the packed cpu run
@@ -19,9 +20,11 @@
 #   tools/gpu-check.sh plan        here: each call's steps, their timeouts and
 #                                  total, and whether the pack holds the binaries
 # Every step has a timeout; a call's timeouts add up to well under the device
-# tool's 600 s per command. Logs and JSON go to $OUT; a table comes last.
+# tool's 600 s per command. Logs and JSON go to $OUT. A call prints one verdict
+# line per step last and exits with the number of steps that did not pass
+# (failed, timed out, or skipped for want of a GPU), so 0 means every step passed.
+# tests/tools/gpu_check_steps.sh sources this file to test that counting.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 
 pack_file=.gpu-pack/lockstep-gpu.tar.gz
 pack_limit_bytes=$((64 << 20))
@@ -74,6 +77,8 @@ pack() {
 }
 
 plan_total=0
+steps_failed=0  # steps of this call that did not pass (the call's exit status)
+verdicts=()     # one line per step run, printed again by `verdicts` at the end
 OUT=${OUT:-out/gpu}
 work=pack         # where the pack was unpacked (prepare); its name under `plan`
 python=python3    # the python with torch (prepare)
@@ -87,14 +92,31 @@ step() {
     printf '  %-22s %4ss  %s\n' "$name" "$limit" "$*"
     return 0
   fi
-  local start=$SECONDS rc
-  timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local start=$SECONDS rc line_buffered=()
+  # Line-buffered, so that a step killed at its timeout keeps what it printed.
+  command -v stdbuf >/dev/null && line_buffered=(stdbuf -oL)
+  timeout -k 5 "$limit" "${line_buffered[@]}" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
   local verdict=passed
   case $rc in 0) ;; 77) verdict="skipped (no GPU)" ;; 124 | 137) verdict="timed out" ;; *) verdict="failed (exit $rc)" ;; esac
-  printf '%-22s %-20s %4ss  %s\n' "$name" "$verdict" $((SECONDS - start)) \
-    "$(grep -v '^[[:space:]]*$' "$OUT/$name.log" | tail -n 1)" | tee -a "$OUT/steps.txt"
+  [ "$rc" -eq 0 ] || steps_failed=$((steps_failed + 1))
+  local line
+  line=$(printf '%-22s %-20s %4ss  %s' "$name" "$verdict" $((SECONDS - start)) \
+    "$(grep -v '^[[:space:]]*$' "$OUT/$name.log" | tail -n 1)")
+  verdicts+=("$line")
+  echo "$line" | tee -a "$OUT/steps.txt"
   return "$rc"
+}
+
+# Prints each step's verdict again, last, with the count of steps that did not
+# pass; returns that count (capped at 255 as an exit status must be).
+verdicts() {
+  echo
+  echo "verdicts:"
+  local line
+  for line in "${verdicts[@]}"; do echo "  $line"; done
+  echo "steps not passed: $steps_failed of ${#verdicts[@]}"
+  return $((steps_failed > 255 ? 255 : steps_failed))
 }
 
 # Unpacks into $work and sets up the libraries and python the steps use.
@@ -120,13 +142,23 @@ prepare() {
 run_tests() {
   [ -z "${PLAN:-}" ] && prepare tests
   local bin=$work/bin
-  step smoke 30 "$bin/lockstep-gpu-smoke" || { echo "smoke failed: see $OUT/smoke.log; nothing else ran"; return 1; }
+  if ! step smoke 30 "$bin/lockstep-gpu-smoke"; then
+    echo "smoke failed: see $OUT/smoke.log; nothing else ran"
+    verdicts
+    return
+  fi
   step gpu_tests 60 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
   step comm_gpu_tests 30 "$bin/lockstep_comm_gpu_tests" "[gpu]"
   step io_gpu_tests 30 "$bin/lockstep_io_gpu_tests" "[gpu]"
-  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]" --durations yes
+  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]" --durations yes
+  # GPT-2's real widths: a one-block step against the cpu, then each kernel
+  # family at 16K tokens checked and timed (tests/engine/gpu/test_gpt2_shape_gpu.cpp).
+  step gpt2_shape 60 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
   [ -n "${PLAN:-}" ] && return 0
-  grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log
+  grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log "$OUT/gpt2_shape.log"
+  # The gpt2-shaped times, for docs/gpu-results.md.
+  grep -hE "^(gpt2-shaped step|kernel family|  .* [0-9]+\.[0-9]{3}$)" "$OUT/gpt2_shape.log"
+  verdicts
 }
 
 run_bench() {
@@ -148,6 +180,7 @@ run_bench() {
   "$python" tools/gpu_baseline.py summary --lockstep "$OUT/bench_gemm.json" --torch "$OUT/torch_gemm.json" \
     --steps "$OUT/bench_step.json" --train "$OUT/train_cuda.jsonl" "$work/ref/train_cpu.jsonl" \
     | tee "$OUT/summary.txt"
+  verdicts
 }
 
 # One rank (no mpirun there): the GPU backward profiles tools/scaling_model.py
@@ -162,6 +195,7 @@ run_scaling() {
   done
   [ -n "${PLAN:-}" ] && return 0
   cat "$OUT"/bench_scaling_*.json >"$OUT/bench_scaling.json" 2>/dev/null
+  verdicts
 }
 
 # Lists each call's steps and timeouts, checks each stays within the device
@@ -190,6 +224,9 @@ plan() {
   return "$status"
 }
 
+# Sourced (by tests/tools/gpu_check_steps.sh), this file only defines its functions.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+cd "$(dirname "$0")/.." || exit 2
 case "${1:-}" in
   pack) pack ;;
   run-tests) run_tests ;;

@@ -3,6 +3,7 @@
 
 #include <fmt/core.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -169,6 +170,15 @@ std::unique_ptr<Communicator> NcclCommunicator::do_duplicate(std::string label) 
 std::unique_ptr<NcclCommunicator> create_nccl_world(Communicator& host, core::Device device,
                                                     std::shared_ptr<Watchdog> watchdog) {
   core::set_current_device(device);
+  // Note [NCCL connects at init]: NCCL 2.22 and later connect peers and
+  // allocate their buffers at a communicator's first collective of each kind
+  // (NCCL_RUNTIME_CONNECT=1, its default), which for ZeRO-1's reduce-scatter and
+  // all-gather is mid-backward, while the memory pool holds the step's peak and
+  // its release-and-retry covers only lockstep's own allocations. 0 makes
+  // ncclCommInitRank connect every channel instead, before the first step; a
+  // value the user set is kept (overwrite 0). Set before NCCL's first call,
+  // which reads its parameters once.
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   ncclUniqueId id{};
   if (host.rank() == 0) LOCKSTEP_CHECK_NCCL(ncclGetUniqueId(&id));
   host.broadcast(&id, sizeof id, DType::u8, 0);

@@ -7,6 +7,31 @@
 #include "kernels/embedding.h"
 
 namespace lockstep::engine {
+namespace {
+
+// Note [embedding index check]: a CUDA kernel cannot throw, so the lookup
+// records the first position whose index is outside the vocabulary in a
+// device word, and this reads it back at once (one copy and a wait on the
+// step's stream) and throws the CPU kernel's error. Reading it later, where a
+// step already waits, would leave a wrong zero row flowing through the model
+// and report the error far from its cause; the wait here comes at the start
+// of a forward, when the stream holds little more than the batch's copy and
+// the lookup itself.
+template <typename Launch>
+void check_indices_after(const core::Tensor& indices, std::int64_t vocab,
+                         const core::Stream& stream, Launch&& launch) {
+  core::Tensor first_bad = core::Tensor::empty({1}, DType::i64, indices.device(), stream);
+  launch(first_bad.data_as<std::int64_t>());
+  const std::int64_t position = first_bad.to_vector<std::int64_t>(stream)[0];
+  if (position < 0) return;
+  const std::int64_t index =
+      indices.view(position, {1}).cast(DType::i64, stream).to_vector<std::int64_t>(stream)[0];
+  throw InvalidArgument("embedding: index " + std::to_string(index) + " at position " +
+                        std::to_string(position) + " is outside the vocabulary [0, " +
+                        std::to_string(vocab) + ")");
+}
+
+}  // namespace
 
 Embedding::Embedding(std::int64_t vocab, std::int64_t dim)
     : Module("Embedding"), vocab_(vocab), dim_(dim) {
@@ -32,7 +57,9 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
       indices.device(), ctx.stream,
       [&] { kernels::cpu::embedding_forward(s, w, indices.data(), out); },
       [&](kernels::CudaStream stream) {
-        kernels::cuda::embedding_forward(s, w, indices.data(), out, stream);
+        check_indices_after(indices, vocab_, ctx.stream, [&](std::int64_t* first_bad) {
+          kernels::cuda::embedding_forward(s, w, indices.data(), out, first_bad, stream);
+        });
       });
   indices_ = training() ? indices : core::Tensor();
   return y;
@@ -49,7 +76,10 @@ core::Tensor Embedding::backward(const core::Tensor& dy, Context& ctx) {
         g.device(), ctx.stream,
         [&] { kernels::cpu::embedding_backward(s, pg, indices_.data(), dw); },
         [&](kernels::CudaStream stream) {
-          kernels::cuda::embedding_backward(s, pg, indices_.data(), dw, stream);
+          const auto bytes =
+              static_cast<std::int64_t>(kernels::cuda::embedding_backward_workspace_bytes(s));
+          core::Tensor workspace = core::Tensor::empty({bytes}, DType::u8, g.device(), ctx.stream);
+          kernels::cuda::embedding_backward(s, pg, indices_.data(), dw, workspace.data(), stream);
         });
   }
   indices_ = core::Tensor();

@@ -91,7 +91,10 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
         g.device(), ctx.stream,
         [&] { kernels::cpu::bias_grad(g.data(), type, rows, out_features_, db); },
         [&](kernels::CudaStream s) {
-          kernels::cuda::bias_grad(g.data(), type, rows, out_features_, db, s);
+          const auto bytes = static_cast<std::int64_t>(
+              kernels::cuda::bias_grad_workspace_bytes(rows, out_features_));
+          core::Tensor workspace = core::Tensor::empty({bytes}, DType::u8, g.device(), ctx.stream);
+          kernels::cuda::bias_grad(g.data(), type, rows, out_features_, db, workspace.data(), s);
         });
   }
   core::Tensor dx;

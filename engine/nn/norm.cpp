@@ -66,7 +66,11 @@ core::Tensor LayerNorm::backward(const core::Tensor& dy, Context& ctx) {
       g.device(), ctx.stream,
       [&] { kernels::cpu::layernorm_backward(s, pdy, px, pm, pr, gamma, pdx, dgamma, dbeta); },
       [&](kernels::CudaStream stream) {
-        kernels::cuda::layernorm_backward(s, pdy, px, pm, pr, gamma, pdx, dgamma, dbeta, stream);
+        const auto bytes = static_cast<std::int64_t>(
+            dgamma || dbeta ? kernels::cuda::layernorm_backward_workspace_bytes(s) : 0);
+        core::Tensor workspace = core::Tensor::empty({bytes}, DType::u8, g.device(), ctx.stream);
+        kernels::cuda::layernorm_backward(s, pdy, px, pm, pr, gamma, pdx, dgamma, dbeta,
+                                          workspace.data(), stream);
       });
   input_ = mean_ = rstd_ = core::Tensor();
   return input_dtype_ == DType::f32 ? dx : dx.cast(input_dtype_, ctx.stream);

@@ -3,6 +3,8 @@
 // max and sum are warp-shuffle trees in a fixed order, so results are
 // deterministic; columns past the diagonal are written as zeros.
 #include <cfloat>
+#include <climits>
+#include <cstdint>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/check.h"
@@ -15,32 +17,44 @@ using detail::kThreads;
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = kThreads / kWarp;
 
-// Element e of the heads layout [P, B, H, T, D] and its place in [B, T, P, H, D].
-__device__ std::int64_t row_index(const AttentionShape& s, std::int64_t e) {
-  const std::int64_t d = e % s.head_dim;
-  std::int64_t rest = e / s.head_dim;
-  const std::int64_t t = rest % s.seq;
-  rest /= s.seq;
-  const std::int64_t h = rest % s.heads;
-  rest /= s.heads;
-  const std::int64_t b = rest % s.batch;
-  const std::int64_t p = rest / s.batch;
-  return ((b * s.seq + t) * s.parts + p) * s.heads * s.head_dim + h * s.head_dim + d;
+// Element e of the heads layout [P, B, H, T, D] and its place in [B, T, P, H, D],
+// in the index type I: 32-bit where the element count allows (Note [32-bit
+// head moves]), since five 64-bit divisions per element cost more than the move.
+template <typename I>
+__device__ I row_index(const AttentionShape& s, I e) {
+  const auto head_dim = static_cast<I>(s.head_dim), seq = static_cast<I>(s.seq);
+  const auto heads = static_cast<I>(s.heads), batch = static_cast<I>(s.batch);
+  const auto parts = static_cast<I>(s.parts);
+  const I d = e % head_dim;
+  I rest = e / head_dim;
+  const I t = rest % seq;
+  rest /= seq;
+  const I h = rest % heads;
+  rest /= heads;
+  const I b = rest % batch;
+  const I p = rest / batch;
+  return ((b * seq + t) * parts + p) * heads * head_dim + h * head_dim + d;
 }
 
-template <typename T>
-__global__ void split_kernel(AttentionShape s, std::int64_t n, const T* rows, T* heads) {
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+template <typename I, typename T>
+__global__ void split_kernel(AttentionShape s, I n, const T* rows, T* heads) {
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<I>(gridDim.x) * blockDim.x)
     heads[e] = rows[row_index(s, e)];
 }
 
-template <typename T>
-__global__ void merge_kernel(AttentionShape s, std::int64_t n, const T* heads, T* rows) {
-  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+template <typename I, typename T>
+__global__ void merge_kernel(AttentionShape s, I n, const T* heads, T* rows) {
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<I>(gridDim.x) * blockDim.x)
     rows[row_index(s, e)] = heads[e];
 }
+
+// Note [32-bit head moves]: with n <= INT32_MAX elements every index and
+// intermediate product in row_index is below n, and e plus the grid's stride
+// (at most 8192 x 256 = 2^21) stays below 2^32, so unsigned 32-bit math is
+// exact; larger tensors take the 64-bit path.
+bool fits_32_bits(std::int64_t n) { return n <= std::int64_t{INT32_MAX}; }
 
 __device__ float warp_max(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2)
@@ -104,8 +118,13 @@ void split_heads(const AttentionShape& s, const void* rows, void* heads, CudaStr
   const std::int64_t n = elements(s);
   detail::dispatch_float(s.type, "split_heads", [&](auto t) {
     using T = decltype(t);
-    split_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(s, n, static_cast<const T*>(rows),
-                                                                  static_cast<T*>(heads));
+    const auto* in = static_cast<const T*>(rows);
+    auto* out = static_cast<T*>(heads);
+    if (fits_32_bits(n))
+      split_kernel<std::uint32_t, T>
+          <<<detail::grid_for(n), kThreads, 0, stream>>>(s, static_cast<std::uint32_t>(n), in, out);
+    else
+      split_kernel<std::int64_t, T><<<detail::grid_for(n), kThreads, 0, stream>>>(s, n, in, out);
   });
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
@@ -115,8 +134,13 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows, CudaStr
   const std::int64_t n = elements(s);
   detail::dispatch_float(s.type, "merge_heads", [&](auto t) {
     using T = decltype(t);
-    merge_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(
-        s, n, static_cast<const T*>(heads), static_cast<T*>(rows));
+    const auto* in = static_cast<const T*>(heads);
+    auto* out = static_cast<T*>(rows);
+    if (fits_32_bits(n))
+      merge_kernel<std::uint32_t, T>
+          <<<detail::grid_for(n), kThreads, 0, stream>>>(s, static_cast<std::uint32_t>(n), in, out);
+    else
+      merge_kernel<std::int64_t, T><<<detail::grid_for(n), kThreads, 0, stream>>>(s, n, in, out);
   });
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }

@@ -1,6 +1,8 @@
 // CUDA softmax cross-entropy and accuracy (kernels/classification.h). One
-// block per row computes the row's softmax and loss into the workspace; one
-// block then adds the rows in order (f64): deterministic, no host sync.
+// block per row computes the row's softmax and loss, or its argmax, into the
+// workspace; one block then adds the rows in order (f64): deterministic, no
+// host sync. The backward gives a block each row, so no element needs a
+// division to find its row.
 #include "kernels/classification.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
@@ -77,27 +79,70 @@ __global__ void xent_backward_kernel(ClassificationShape s, const float* probs, 
   const float scale = *count > 0 ? dloss / *count : 0.0f;
   const float off = s.label_smoothing / static_cast<float>(s.classes);
   const float on = 1.0f - s.label_smoothing + off;
-  const std::int64_t n = s.rows * s.classes;
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < n;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t i = k / s.classes, j = k % s.classes;
+  for (std::int64_t i = blockIdx.x; i < s.rows; i += gridDim.x) {
     const std::int64_t label = counted_label(s, labels, i);
-    dlogits[k] = label < 0 ? 0.0f : (probs[k] - (j == label ? on : off)) * scale;
+    const float* p = probs + i * s.classes;
+    float* out = dlogits + i * s.classes;
+    for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
+      out[j] = label < 0 ? 0.0f : (p[j] - (j == label ? on : off)) * scale;
   }
+}
+
+// Note [first argmax]: the CPU keeps best = 0 and moves to j where row[j] >
+// row[best], so it returns 0 when row[0] is NaN and otherwise the first index
+// of the largest non-NaN value. Here each thread takes the first largest
+// non-NaN value of its strided columns, and the block combines candidates by
+// (larger value, then smaller index): a total order, so the tree's shape does
+// not change the winner, which is the CPU's.
+struct Candidate {
+  float value;
+  std::int64_t index;  // -1: no non-NaN value seen
+};
+
+__device__ Candidate better(Candidate a, Candidate b) {
+  if (a.index < 0) return b;
+  if (b.index < 0) return a;
+  if (a.value != b.value) return a.value > b.value ? a : b;
+  return a.index < b.index ? a : b;
 }
 
 __global__ void correct_rows(ClassificationShape s, const float* logits, const void* labels,
                              float* row_correct, float* row_counted) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < s.rows;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t label = counted_label(s, labels, i);
+  __shared__ float values[kThreads];
+  __shared__ std::int64_t indices[kThreads];
+  for (std::int64_t i = blockIdx.x; i < s.rows; i += gridDim.x) {
     const float* row = logits + i * s.classes;
-    std::int64_t best = 0;
-    for (std::int64_t j = 1; j < s.classes; ++j)
-      if (row[j] > row[best]) best = j;
-    row_correct[i] = (label >= 0 && best == label) ? 1.0f : 0.0f;
-    row_counted[i] = label >= 0 ? 1.0f : 0.0f;
+    Candidate mine{0.0f, -1};
+    for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads) {
+      const float v = row[j];
+      if (!isnan(v) && (mine.index < 0 || v > mine.value)) mine = {v, j};
+    }
+    values[threadIdx.x] = mine.value;
+    indices[threadIdx.x] = mine.index;
+    __syncthreads();
+    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) {
+        const Candidate c = better({values[threadIdx.x], indices[threadIdx.x]},
+                                   {values[threadIdx.x + stride], indices[threadIdx.x + stride]});
+        values[threadIdx.x] = c.value;
+        indices[threadIdx.x] = c.index;
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      const std::int64_t best = isnan(row[0]) || indices[0] < 0 ? 0 : indices[0];
+      const std::int64_t label = counted_label(s, labels, i);
+      row_correct[i] = (label >= 0 && best == label) ? 1.0f : 0.0f;
+      row_counted[i] = label >= 0 ? 1.0f : 0.0f;
+    }
+    __syncthreads();  // the shared arrays are reused for the next row
   }
+}
+
+// Blocks for the kernels that stride over rows a block at a time.
+unsigned row_grid(std::int64_t rows) {
+  constexpr std::int64_t kMaxBlocks = 65536;
+  return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
 }
 
 }  // namespace
@@ -117,8 +162,8 @@ void softmax_xent_forward(const ClassificationShape& s, const float* logits, con
 void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
                            const float* count, float dloss, float* dlogits, CudaStream stream) {
   if (s.rows * s.classes == 0) return;
-  xent_backward_kernel<<<detail::grid_for(s.rows * s.classes), kThreads, 0, stream>>>(
-      s, probs, labels, count, dloss, dlogits);
+  xent_backward_kernel<<<row_grid(s.rows), kThreads, 0, stream>>>(s, probs, labels, count, dloss,
+                                                                  dlogits);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -127,8 +172,8 @@ void count_correct(const ClassificationShape& s, const float* logits, const void
   auto* row_correct = static_cast<float*>(workspace);
   float* row_counted = row_correct + s.rows;
   if (s.rows > 0)
-    correct_rows<<<detail::grid_for(s.rows), kThreads, 0, stream>>>(s, logits, labels, row_correct,
-                                                                    row_counted);
+    correct_rows<<<row_grid(s.rows), kThreads, 0, stream>>>(s, logits, labels, row_correct,
+                                                            row_counted);
   finish_rows<<<1, kThreads, 0, stream>>>(row_correct, row_counted, s.rows, false, correct,
                                           nullptr);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());

@@ -1,8 +1,9 @@
 // CUDA LayerNorm (kernels/layernorm.h). Forward and dx: one block per row,
 // statistics in f64 through a fixed-order tree (deterministic). dgamma and
-// dbeta: one thread per column walking the rows in order (no atomics).
+// dbeta: a two-pass column sum (kernels/cuda/column_sum.cuh), no atomics.
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/device_float.cuh"
 #include "kernels/layernorm.h"
 
@@ -56,21 +57,20 @@ __global__ void dx_kernel(LayerNormShape s, const float* dy, const float* x, con
   }
 }
 
-__global__ void affine_grad_kernel(LayerNormShape s, const float* dy, const float* x,
-                                   const float* mean, const float* rstd, float* dgamma,
-                                   float* dbeta) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < s.cols;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
-    double dg = 0.0, db = 0.0;
-    for (std::int64_t i = 0; i < s.rows; ++i) {
-      const double g = dy[i * s.cols + j];
-      dg += g * (x[i * s.cols + j] - mean[i]) * static_cast<double>(rstd[i]);
-      db += g;
-    }
-    if (dgamma) dgamma[j] = static_cast<float>(dgamma[j] + dg);
-    if (dbeta) dbeta[j] = static_cast<float>(dbeta[j] + db);
+// Row i's terms of dgamma[j] and dbeta[j], as the CPU computes them (f64).
+struct AffineGradTerm {
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t i, std::int64_t j, double* acc) const {
+    const double g = dy[i * cols + j];
+    const double xhat = (static_cast<double>(x[i * cols + j]) - mean[i]) * rstd[i];
+    acc[0] += g * xhat;
+    acc[1] += g;
   }
-}
+};
 
 }  // namespace
 
@@ -84,14 +84,17 @@ void layernorm_forward(const LayerNormShape& s, const float* x, const float* gam
 
 void layernorm_backward(const LayerNormShape& s, const float* dy, const float* x, const float* mean,
                         const float* rstd, const float* gamma, float* dx, float* dgamma,
-                        float* dbeta, CudaStream stream) {
+                        float* dbeta, void* workspace, CudaStream stream) {
   if (s.rows == 0) return;
   dx_kernel<<<static_cast<unsigned>(s.rows), kThreads, 0, stream>>>(s, dy, x, mean, rstd, gamma,
                                                                     dx);
-  if (dgamma || dbeta)
-    affine_grad_kernel<<<detail::grid_for(s.cols), kThreads, 0, stream>>>(s, dy, x, mean, rstd,
-                                                                          dgamma, dbeta);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  if (!dgamma && !dbeta) return;
+  detail::ColumnOutputs<2> outputs;
+  outputs.out[0] = dgamma;
+  outputs.out[1] = dbeta;
+  detail::column_sums<2>(s.rows, s.cols, AffineGradTerm{dy, x, mean, rstd, s.cols}, outputs,
+                         workspace, stream);
 }
 
 }  // namespace lockstep::kernels::cuda

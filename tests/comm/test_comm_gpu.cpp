@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/comm_test_support.h"
@@ -53,6 +55,12 @@ TEST_CASE("launched directly, the world binds cuda:0 and a one-rank NCCL communi
   comm::Communicator& nccl = world.for_device(world.device());
   CHECK(std::string(nccl.backend()) == "nccl");
   CHECK(nccl.device() == core::Device::cuda(0));
+  // Note [NCCL connects at init]: set before NCCL's first call, to 0 unless the
+  // environment that ran this test had set it (tools/gpu-check.sh does not).
+  const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
+  REQUIRE(connect != nullptr);
+  INFO("NCCL_RUNTIME_CONNECT=" << connect);
+  CHECK(std::string(connect) == "0");
 }
 
 TEST_CASE("one-rank NCCL collectives on device buffers return the inputs", "[gpu][comm]") {

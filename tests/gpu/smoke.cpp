@@ -2,8 +2,9 @@
 // run-tests), so that a broken environment costs seconds, not minutes. In
 // order: a GPU is usable; a zero-byte device tensor allocates and frees; a
 // kernel then launches with no CUDA error left behind; a cuBLASLt GEMM runs;
-// a one-rank NCCL world allreduces. Prints one line per check; exits 1 at the
-// first that fails, naming it.
+// a one-rank NCCL world allreduces. Prints one line per check, line-buffered
+// so that the lines before a hang survive its kill; exits 1 at the first that
+// fails, naming it.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -80,6 +81,7 @@ void run() {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // stdout is a log file: fully buffered otherwise
   try {
     run();
   } catch (const std::exception& e) {

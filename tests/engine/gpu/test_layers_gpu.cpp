@@ -158,7 +158,42 @@ TEST_CASE("cuda Residual and Embedding match the cpu", "[gpu][engine]") {
   const core::Tensor dy = test::random_f32({2, 3, 8}, 2);
   cpu_emb.backward(dy, ctx);
   gpu_emb.backward(dy.to(kGpu), ctx);
-  require_close(gpu_store.grads(), cpu_store.grads(), 1e-6, 1e-6, "embedding gradient");
+  // The same f32 additions in the same order on both (Note [embedding gradient order]).
+  require_close(gpu_store.grads(), cpu_store.grads(), 0, 0, "embedding gradient");
+}
+
+TEST_CASE("cuda Embedding reports an index outside the vocabulary as the cpu does",
+          "[gpu][engine]") {
+  Embedding cpu_emb(50, 8), gpu_emb(50, 8);
+  initialize(cpu_emb, 1);
+  initialize(gpu_emb, 1);
+  ParameterStore cpu_store(cpu_emb, core::Device::cpu()), gpu_store(gpu_emb, kGpu);
+  core::Stream stream = core::Stream::create(kGpu);
+  Context cpu_ctx, gpu_ctx;
+  gpu_ctx.stream = stream;
+  for (DType type : {DType::i64, DType::i32}) {
+    INFO(dtype_name(type));
+    // Positions 1 (index 50) and 3 (-2): both report position 1, as the CPU loop meets it first.
+    const core::Tensor idx =
+        core::Tensor::from_vector<std::int64_t>({3, 50, 0, -2, 49}, {5}, DType::i64).cast(type);
+    std::string cpu_message, gpu_message;
+    try {
+      cpu_emb.forward(idx, cpu_ctx);
+    } catch (const InvalidArgument& e) {
+      cpu_message = e.what();
+    }
+    try {
+      gpu_emb.forward(idx.to(kGpu, stream), gpu_ctx);
+    } catch (const InvalidArgument& e) {
+      gpu_message = e.what();
+    }
+    REQUIRE(cpu_message.find("index 50 at position 1") != std::string::npos);
+    CHECK(gpu_message == cpu_message);
+    // A valid batch afterwards still works: nothing is left behind on the stream.
+    const core::Tensor ok = core::Tensor::from_vector<std::int64_t>({1, 2}, {2}, DType::i64);
+    require_close(gpu_emb.forward(ok.to(kGpu, stream), gpu_ctx), cpu_emb.forward(ok, cpu_ctx), 0, 0,
+                  "embedding after an error", stream);
+  }
 }
 
 TEST_CASE("cuda losses and accuracy match the cpu", "[gpu][engine]") {
