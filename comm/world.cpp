@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <thread>
@@ -80,6 +81,26 @@ bool host_overlap_pays(const World& world, int compute_threads) {
   const long cores =
       bound > 0 && bound < machine ? bound : machine / std::max(1, world.local_size());
   return cores > compute_threads;
+}
+
+// Note [guarded main]: an error on one rank must end every rank. The rank
+// that caught it logs it with its rank prefix and aborts the job (MPI_Abort
+// ends the others, wherever they wait); the other ranks print nothing, so the
+// message comes once. An error inside init itself, before there is a World,
+// is printed by each process that met it.
+int guarded_main(const std::string& name, int& argc, char**& argv, const InitOptions& options,
+                 const std::function<int(World&)>& program) {
+  std::unique_ptr<World> world;
+  try {
+    world = init(argc, argv, options);
+    const int rc = program(*world);
+    world->shutdown();
+    return rc;
+  } catch (const std::exception& e) {
+    if (world && world->size() > 1) world->abort(name + ": " + e.what(), 1);
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
 }
 
 std::unique_ptr<World> init(int& argc, char**& argv, const InitOptions& options) {

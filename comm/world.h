@@ -42,6 +42,15 @@ class World;
 // LOCKSTEP_COMM_TIMEOUT (seconds; default 600). Sets the log rank.
 std::unique_ptr<World> init(int& argc, char**& argv, const InitOptions& options = {});
 
+// A program's main, guarded (Note [guarded main]): starts the World, runs
+// `program` and shuts the World down, returning program's exit status. An
+// exception is printed once, by the rank that had it ("NAME: rank R: what"),
+// and ends the whole job with exit status 1 (World::abort) instead
+// of `terminate called` on every rank or a hang of the others in their next
+// collective; one process prints it and returns 1.
+int guarded_main(const std::string& name, int& argc, char**& argv, const InitOptions& options,
+                 const std::function<int(World&)>& program);
+
 // Whether this rank has a core beyond its `compute_threads` for the gradient
 // synchroniser's communication thread (SynchronizerOptions::host_overlap,
 // Note [host overlap]). Its cores: its CPU affinity when the launcher bound it

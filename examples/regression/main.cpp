@@ -31,11 +31,10 @@ io::TensorDataset make_data(std::int64_t n, unsigned seed, io::TensorDatasetOpti
                            core::Tensor::from_vector(y, {n, 1}, DType::f32), options);
 }
 
-int main(int argc, char** argv) {
-  auto world = comm::init(argc, argv);
+int fit(comm::World& world) {
   io::TensorDatasetOptions o{
-      .sampler = {.micro_batch = 32, .world_size = world->size(), .rank = world->rank(), .seed = 1},
-      .device = world->device()};
+      .sampler = {.micro_batch = 32, .world_size = world.size(), .rank = world.rank(), .seed = 1},
+      .device = world.device()};
   io::TensorDataset train = make_data(4096, 7, o);
   o.sampler.shuffle = o.sampler.drop_last = false;
   io::TensorDataset held_out = make_data(1024, 8, o);
@@ -46,7 +45,7 @@ int main(int argc, char** argv) {
   model.emplace<engine::Linear>("fc2", 64, 1);
   model.set_input_grad(false);
   engine::initialize(model, 1);
-  engine::ParameterStore store(model, world->device());
+  engine::ParameterStore store(model, world.device());
   engine::AdamW optimizer(store, engine::single_group(store, 0.01, 0.0));
   engine::LossScaler scaler = engine::LossScaler::for_autocast(std::nullopt);
   engine::StepOptions options{.loss = std::make_shared<engine::MSELoss>(), .max_grad_norm = 1.0};
@@ -54,16 +53,18 @@ int main(int argc, char** argv) {
   const int epochs = 12;
   const auto schedule =
       engine::make_scheduler("cosine", {.total_steps = epochs * train.batches_per_epoch()});
-  engine::Trainer trainer(model, store, optimizer, schedule, scaler, *world, options, {});
+  engine::Trainer trainer(model, store, optimizer, schedule, scaler, world, options, {});
   for (int epoch = 0; epoch < epochs; ++epoch) {
     train.start_epoch(epoch);
     while (const auto r = trainer.step(train))
-      if (world->rank() == 0 && r->step % 100 == 0)
+      if (world.rank() == 0 && r->step % 100 == 0)
         fmt::print("step {}: mse {:.5f}\n", r->step, r->loss);
   }
   const double mse = trainer.evaluate(held_out).loss;
-  if (world->rank() == 0)
+  if (world.rank() == 0)
     fmt::print("regression: held-out mse {:.5f} after {} steps\n", mse, trainer.steps());
-  world->shutdown();
   return mse < 0.01 ? 0 : 1;  // the targets' variance is about 0.6
 }
+
+// An error is printed once, by the rank that had it, and ends every rank.
+int main(int argc, char** argv) { return comm::guarded_main("regression", argc, argv, {}, fit); }

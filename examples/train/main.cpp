@@ -125,9 +125,6 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
 
 // --loss and --label-smoothing as the loss object.
 std::shared_ptr<Loss> loss_for(const Flags& f) {
-  if (!(f.label_smoothing >= 0.0 && f.label_smoothing <= 1.0))  // NaN passes CLI11's range
-    throw InvalidArgument(
-        fmt::format("--label-smoothing {} must lie in [0, 1] (0: none)", f.label_smoothing));
   if (f.label_smoothing != 0.0 && f.loss != "cross-entropy")
     throw InvalidArgument(fmt::format(
         "--label-smoothing {} applies to --loss cross-entropy, not {}", f.label_smoothing, f.loss));
@@ -435,7 +432,6 @@ int run(const Flags& f, comm::World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::unique_ptr<comm::World> world;
   Flags f;
   CLI::App app{"lockstep-train: data-parallel training of a model preset on HDF5 shards"};
   app.footer(
@@ -456,11 +452,9 @@ int main(int argc, char** argv) {
                  "cross-entropy (class indices from the shards' 'labels'), or mse, l1, huber "
                  "(delta 1) or bce (with logits) against float 'targets' of the model's output "
                  "shape")
-      ->check(CLI::IsMember({"cross-entropy", "mse", "l1", "huber", "bce"}))
       ->capture_default_str();
   app.add_option("--label-smoothing", f.label_smoothing,
                  "cross-entropy: train towards (1 - e) onehot + e / classes")
-      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
       ->capture_default_str();
@@ -533,6 +527,8 @@ int main(int argc, char** argv) {
   app.get_option("--batch-size")->check(within(1, kMaxRows));
   app.get_option("--accum")->check(within(1, kMaxRows));
   app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
+  app.get_option("--loss")->check(one_of({"cross-entropy", "mse", "l1", "huber", "bce"}));
+  app.get_option("--label-smoothing")->check(within(0, 1));
   app.get_option("--lr")->check(within(0, 1e6));
   app.get_option("--momentum")->check(within(0, 1));
   app.get_option("--weight-decay")->check(within(0, 1e6));
@@ -562,18 +558,11 @@ int main(int argc, char** argv) {
                f.momentum, f.optimizer);
     return 1;
   }
-  try {
-    comm::InitOptions init;
-    init.use_gpu = f.device != "cpu";
-    world = comm::init(argc, argv, init);
-    if (f.device == "cuda" && !world->device().is_cuda())
+  comm::InitOptions init;
+  init.use_gpu = f.device != "cpu";
+  return comm::guarded_main("lockstep-train", argc, argv, init, [&](comm::World& world) {
+    if (f.device == "cuda" && !world.device().is_cuda())
       throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
-    const int rc = run(f, *world);
-    world->shutdown();
-    return rc;
-  } catch (const std::exception& e) {
-    if (world && world->size() > 1) world->abort(std::string("lockstep-train: ") + e.what(), 1);
-    fmt::print(stderr, "lockstep-train: {}\n", e.what());
-    return 1;
-  }
+    return run(f, world);
+  });
 }

@@ -8,10 +8,13 @@
 //   stall     rank 1 sleeps before step 3's backward: the others' watchdogs end the job
 //   stop      rank 1 is stopped (SIGSTOP) there instead: it cannot answer nor dump
 //   desync    in step 3 the last rank issues a barrier where the others allreduce
+//   throw     rank 1 throws in step 3, out of main (comm::guarded_main): its message
+//             comes once and the job ends, the others waiting in a collective
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,9 +25,9 @@
 
 using namespace lockstep;
 
-int main(int argc, char** argv) {
-  auto world = comm::init(argc, argv, {.use_gpu = false});
-  const std::string mode = argc > 1 ? argv[1] : "train";
+namespace {
+
+int train(comm::World* world, const std::string& mode) {
   const int rank = world->rank();
   try {
     comm::check_agreement(
@@ -51,6 +54,8 @@ int main(int argc, char** argv) {
       if (step == 3 && rank == 1 && mode == "die") std::raise(SIGKILL);
       if (step == 3 && rank == 1 && mode == "stall") sleep(3600);
       if (step == 3 && rank == 1 && mode == "stop") std::raise(SIGSTOP);
+      if (step == 3 && rank == 1 && mode == "throw")
+        throw std::runtime_error("the test's error on rank 1 in step 3");
       if (step == 3 && mode == "desync") {
         float x[4] = {};
         if (rank == world->size() - 1)
@@ -66,9 +71,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d finished 5 steps\n", rank);
   } catch (const Error& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    world->shutdown();
     return 1;
   }
-  world->shutdown();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "train";
+  return comm::guarded_main("lockstep_mpi_faults", argc, argv, {.use_gpu = false},
+                            [&](comm::World& world) { return train(&world, mode); });
 }
