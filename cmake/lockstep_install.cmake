@@ -13,7 +13,10 @@ install(FILES ${PROJECT_BINARY_DIR}/lockstepConfig.cmake
         DESTINATION ${lockstep_config_dir})
 
 # The Python tools (metrics and benchmark plots, the JSON-lines reader they
-# share, the scaling model), beside each other as plot.py imports jsonl.py.
-install(PROGRAMS tools/plot.py tools/scaling_model.py
+# share, the scaling model, and the readers of what a run leaves behind: the
+# flight dumps an aborted job's message points to, traces, TensorBoard
+# scalars), beside each other as plot.py imports jsonl.py.
+install(PROGRAMS tools/plot.py tools/scaling_model.py tools/flight.py tools/trace.py
+                 tools/to_tensorboard.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/lockstep/tools)
 install(FILES tools/jsonl.py DESTINATION ${CMAKE_INSTALL_DATADIR}/lockstep/tools)
