@@ -79,10 +79,15 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
       {"precision", f.precision},
       {"seed", std::to_string(f.seed)},
       {"shuffle", f.shuffle},
-      {"dataset", fmt::format("{} samples", data.size())}};
-  if (f.dropout != 0.0) fields["dropout"] = fmt::format("{}", f.dropout);
+      {"dataset", fmt::format("{} samples", data.size())},
+      {"dropout", fmt::format("{}", f.dropout)}};
   return fields;
 }
+
+// What a field of fingerprint() is in a checkpoint that lacks it: one made
+// before the field was written always (Note [resume fingerprint]).
+const std::map<std::string, std::string> kFingerprintDefaults{
+    {"dropout", fmt::format("{}", Flags{}.dropout)}};
 
 // A language-model preset needs token shards whose windows fit its context,
 // an image preset needs shards with labels.
@@ -222,8 +227,9 @@ int run(const Flags& f, comm::World& world) {
   std::int64_t epoch = 0, position = 0;  // epoch counts from 0 here, from 1 in what is shown
   std::string resume_note;
   if (resume_file) {
-    const TrainingState s = restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(),
-                                               *model, *optimizer, config, stream);
+    const TrainingState s =
+        restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(), *model, *optimizer,
+                           config, kFingerprintDefaults, stream);
     trainer.set_steps(s.step);
     scaler.set_state(s.scaler);
     epoch = s.epoch;

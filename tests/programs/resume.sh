@@ -13,6 +13,9 @@
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
+#   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
+#                resume that leaves --dropout at its default (0), and resumes
+#                with --dropout 0.1 (Note [resume fingerprint])
 #   ownership    a fresh run refuses a --checkpoint-dir that holds checkpoints;
 #                a run resumed from an early checkpoint into a directory with
 #                a later one keeps the checkpoint it writes (--keep 1)
@@ -120,6 +123,22 @@ case $mode in
     done
     [ "$checked" -ge 15 ] || { echo "only $checked of 20 kills left a checkpoint to resume"; exit 1; }
     echo "crash safety: 20 kills, $checked resumes, each from a good checkpoint"
+    ;;
+  fingerprint)
+    "$shard" text --src "$(dirname "$0")"/../../docs/*.md --out "$work/text" --seq 32 >/dev/null
+    gpt=(--data "$work/text/train" --model gpt-tiny --seed 7 --log-every 1000 --device cpu
+      --batch-size 4 --checkpoint-dir "$work/a")
+    "$train" "${gpt[@]}" --dropout 0.1 --steps 2 >/dev/null
+    if "$train" "${gpt[@]}" --steps 4 --resume auto >"$work/default.log" 2>&1; then
+      echo "a checkpoint made with --dropout 0.1 resumed with the default dropout 0:"
+      cat "$work/default.log"; exit 1
+    fi
+    grep -q "dropout was '0.1' and is now '0'" "$work/default.log" ||
+      { echo "the dropout is not named:"; cat "$work/default.log"; exit 1; }
+    "$train" "${gpt[@]}" --dropout 0.1 --steps 4 --resume auto >"$work/same.log" 2>&1 ||
+      { echo "the same dropout did not resume:"; cat "$work/same.log"; exit 1; }
+    grep -q "resumed from" "$work/same.log" || { echo "nothing resumed:"; cat "$work/same.log"; exit 1; }
+    echo "fingerprint: a default left out is compared; the same dropout resumes"
     ;;
   ownership)
     launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-every 2 --keep 5 --checkpoint-dir "$work/a" >/dev/null
