@@ -377,7 +377,8 @@ int run(const Flags& f, comm::World& world) {
   }
   save(next_epoch, next_position);
   if (lead && f.sample_tokens > 0) {
-    const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
+    std::vector<std::int32_t> prompt;  // bytes as tokens 0-255: char is signed on x86
+    for (const unsigned char byte : f.prompt) prompt.push_back(byte);
     const std::vector<std::int32_t> text =
         generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
     std::string bytes;
