@@ -160,7 +160,8 @@ std::uint64_t read_budget(const fs::path& file) {
 
 }  // namespace
 
-CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, CheckpointStart start)
+CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, CheckpointStart start,
+                                         CheckpointLock lock)
     : dir_(std::move(dir)), keep_last_(keep_last) {
   if (keep_last < 1)
     throw InvalidArgument("CheckpointDirectory: keep_last is " + std::to_string(keep_last) +
@@ -168,6 +169,7 @@ CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, Checkpoint
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw IoError("cannot create checkpoint directory " + quoted(dir_) + ": " + ec.message());
+  if (lock == CheckpointLock::hold) lock_ = std::make_unique<DirectoryLock>(dir_);
   const auto existing = list();
   if (start == CheckpointStart::fresh && !existing.empty())
     throw CheckpointDirectoryInUse(
@@ -184,8 +186,9 @@ fs::path CheckpointDirectory::save(std::int64_t step, const CheckpointContents& 
   const fs::path final_path = dir_ / name;
   const fs::path tmp = dir_ / ("." + name + ".tmp");
   const fs::path sum_tmp = dir_ / ("." + name + ".crc32.tmp");
+  // Note [checkpoint lock]: without it, a temporary may be another run's.
   for (const fs::path& stale : {tmp, sum_tmp})
-    if (io::remove_temporary(stale))
+    if (lock_ && io::remove_temporary(stale))
       core::log_warn("removed the leftover temporary {} (an earlier save was cut short)",
                      quoted(stale));
   // Only what this save created is removed on failure: something that

@@ -192,7 +192,13 @@ int run(const Flags& f, comm::World& world) {
   if (!f.checkpoint_dir.empty()) {
     try {
       checkpoints.emplace(f.checkpoint_dir, f.keep,
-                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume);
+                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume,
+                          lead ? CheckpointLock::hold : CheckpointLock::none);
+    } catch (const CheckpointDirectoryLocked& e) {
+      throw IoError(fmt::format(
+          "--checkpoint-dir {} is another run's: {} holds its lock (wait for that run to end or "
+          "stop it, or pass another --checkpoint-dir)",
+          f.checkpoint_dir, e.holder().empty() ? "a process starting up" : e.holder()));
     } catch (const CheckpointDirectoryInUse& e) {
       throw InvalidArgument(fmt::format(
           "--checkpoint-dir {} already holds checkpoints of a run (the newest {}): pass "

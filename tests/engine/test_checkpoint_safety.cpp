@@ -2,9 +2,12 @@
 // [checkpoint commit]): a fresh run refuses a directory that holds
 // checkpoints, retention never deletes the checkpoint just written or a newer
 // one, a full disk (a small tmpfs, mounted here as root) leaves earlier
-// checkpoints and no temporaries, and temporaries are never written through
-// a symlink planted at their name.
+// checkpoints and no temporaries, temporaries are never written through
+// a symlink planted at their name, and a directory's lock (Note [checkpoint
+// lock]) has one holder at a time.
+#include <fmt/core.h>
 #include <sys/mount.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -134,8 +137,8 @@ TEST_CASE("a symlink planted at a temporary name is never written through",
   CHECK(test::file_text(victim) == "precious");
 
   // save() removes whatever is at its temporary names (the links, not their
-  // targets) before creating them exclusively.
-  CheckpointDirectory ckpts(dir.path(), 3, CheckpointStart::fresh);
+  // targets) before creating them exclusively, under the lock.
+  CheckpointDirectory ckpts(dir.path(), 3, CheckpointStart::fresh, CheckpointLock::hold);
   fs::create_symlink(victim, dir / ".ckpt-7.h5.tmp");
   fs::create_symlink(victim, dir / ".ckpt-7.h5.crc32.tmp");
   const fs::path file = ckpts.save(7, contents_of(8, 7));
@@ -180,4 +183,38 @@ TEST_CASE("a full disk fails the save and keeps earlier checkpoints, with no tem
   }
   // Nothing holds a file open on the full disk: HDF5 closed the failed file.
   CHECK(disk.unmount());
+}
+
+TEST_CASE("a directory's lock refuses a second holder by name until the first lets go",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  const std::string me = fmt::format("host {} pid {} started ", host, ::getpid());
+  {
+    CheckpointDirectory first(dir.path(), 3, CheckpointStart::fresh, CheckpointLock::hold);
+    CHECK_THAT(test::file_text(dir / kLockFileName), Catch::StartsWith(me));
+    try {
+      CheckpointDirectory second(dir.path(), 3, CheckpointStart::resume, CheckpointLock::hold);
+      FAIL("a second holder took the lock");
+    } catch (const CheckpointDirectoryLocked& e) {
+      CHECK_THAT(e.holder(), Catch::StartsWith(me));
+      CHECK_THAT(e.what(), Catch::Contains(dir.path().string()) && Catch::Contains(me) &&
+                               Catch::Contains("another directory"));
+    }
+    // A reader takes no lock; its save leaves a temporary it finds alone
+    // (it may be the holder's) and fails.
+    std::ofstream(dir / ".ckpt-5.h5.tmp") << "the holder's";
+    CHECK_THROWS_WITH(
+        CheckpointDirectory(dir.path(), 3, CheckpointStart::resume).save(5, contents_of(4, 5)),
+        Catch::Contains(".ckpt-5.h5.tmp") && Catch::Contains("already there"));
+    CHECK(test::file_text(dir / ".ckpt-5.h5.tmp") == "the holder's");
+    // The holder removes it as a leftover.
+    CHECK_NOTHROW(first.save(5, contents_of(4, 5)));
+    CHECK(names_in(dir.path()) ==
+          std::vector<std::string>{"ckpt-5.h5", "ckpt-5.h5.crc32", kLockFileName});
+  }
+  // Released with its holder; the lock file stays and the next holder rewrites it.
+  CheckpointDirectory again(dir.path(), 3, CheckpointStart::resume, CheckpointLock::hold);
+  CHECK_THAT(test::file_text(dir / kLockFileName), Catch::StartsWith(me));
 }

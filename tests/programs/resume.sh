@@ -16,6 +16,10 @@
 #   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
 #                resume that leaves --dropout at its default (0), and resumes
 #                with --dropout 0.1 (Note [resume fingerprint])
+#   lock         while one run trains into a directory, a second one, fresh or
+#                --resume auto, is refused naming the first's host, pid and
+#                start time; once the first is killed (SIGKILL), a resume
+#                takes the directory (Note [checkpoint lock])
 #   ownership    a fresh run refuses a --checkpoint-dir that holds checkpoints;
 #                a run resumed from an early checkpoint into a directory with
 #                a later one keeps the checkpoint it writes (--keep 1)
@@ -139,6 +143,36 @@ case $mode in
       { echo "the same dropout did not resume:"; cat "$work/same.log"; exit 1; }
     grep -q "resumed from" "$work/same.log" || { echo "nothing resumed:"; cat "$work/same.log"; exit 1; }
     echo "fingerprint: a default left out is compared; the same dropout resumes"
+    ;;
+  lock)
+    "$train" "${common[@]}" --batch-size 32 --steps 100000 --checkpoint-every 20 \
+      --checkpoint-dir "$work/c" >"$work/first.log" 2>&1 &
+    first=$!
+    for _ in $(seq 1 300); do
+      grep -qs "pid $first " "$work/c/lockstep.lock" && break
+      sleep 0.1
+    done
+    grep -qs "pid $first " "$work/c/lockstep.lock" ||
+      { echo "the first run wrote no lock file:"; cat "$work/first.log"; kill -9 "$first"; exit 1; }
+    for second in fresh resume; do
+      extra=()
+      [ "$second" = resume ] && extra=(--resume auto)
+      rc=0
+      timeout 60 "$train" "${common[@]}" --batch-size 32 --steps 4 --checkpoint-dir "$work/c" \
+        "${extra[@]}" >"$work/second.log" 2>&1 || rc=$?
+      if [ "$rc" -ne 1 ] || ! grep -q "host $(hostname) pid $first started 20" "$work/second.log"; then
+        echo "a $second second run: exit $rc, not 1 naming the first run (pid $first):"
+        cat "$work/second.log"
+        kill -9 "$first"
+        exit 1
+      fi
+    done
+    kill -0 "$first" || { echo "the first run ended early:"; cat "$work/first.log"; exit 1; }
+    kill -9 "$first"
+    wait "$first" 2>/dev/null || true
+    "$train" "${common[@]}" --batch-size 32 --steps 2 --checkpoint-dir "$work/c" --resume auto \
+      >"$work/third.log" 2>&1 || { echo "after the kill, the directory stayed locked:"; cat "$work/third.log"; exit 1; }
+    echo "lock: second runs refused naming the first; released by the kernel at its death"
     ;;
   ownership)
     launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-every 2 --keep 5 --checkpoint-dir "$work/a" >/dev/null
