@@ -2,7 +2,8 @@
 // never leaves a damaged file under a good name, and checked before HDF5 ever
 // opens it (HDF5 1.10 can crash on malformed files).
 //
-// Note [checkpoint commit]: save() writes .ckpt-<step>.h5.tmp, fsyncs it, writes
+// Note [checkpoint commit]: save() writes .ckpt-<step>.h5.tmp (the image of a
+// file HDF5 built in memory: Note [checkpoint image]), fsyncs it, writes
 // the checksum file ckpt-<step>.h5.crc32 (its own temporary, fsync, rename),
 // renames the HDF5 file to ckpt-<step>.h5 and fsyncs the directory. A
 // checkpoint is good when both files exist and the CRC-32 and size of the
