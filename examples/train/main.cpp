@@ -344,7 +344,9 @@ int run(const Flags& f, comm::World& world) {
       if (r->stop) {
         if (lead) {
           // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
-          fmt::print("stopped at step {} on request (a signal): {}\n", r->step,
+          fmt::print("stopped at step {} {}: {}\n", r->step,
+                     metrics.failed() ? "as the --metrics file cannot be written (see above)"
+                                      : "on request (a signal)",
                      checkpoints ? "to continue, run the same command with --resume auto"
                                  : "nothing saved (no --checkpoint-dir)");
           std::fflush(stdout);
@@ -399,7 +401,7 @@ int run(const Flags& f, comm::World& world) {
         "also counts in the spans around it)\n{}",
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
   report->finish();
-  return 0;
+  return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error
 }
 
 }  // namespace
