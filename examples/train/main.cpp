@@ -18,6 +18,7 @@
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
+#include "engine/heartbeat.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
@@ -37,7 +38,7 @@ namespace {
 struct Flags {
   std::string data, val_data, model = "mlp", optimizer = "sgd", schedule = "constant";
   std::string precision = "fp32", device, shuffle = "on", checkpoint_dir, resume, init_from;
-  std::string metrics, log_level = "info", trace, trace_steps = "1:";
+  std::string metrics, log_level = "info", trace, trace_steps = "1:", heartbeat;
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1, zero = 0,
@@ -246,6 +247,8 @@ int run(const Flags& f, comm::World& world) {
     resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
   }
   MetricsWriter metrics(lead ? f.metrics : "");
+  Heartbeat heartbeat(lead ? f.heartbeat : "");  // Note [heartbeat]
+  heartbeat.beat(trainer.steps(), "starting");
   std::optional<RunReport> report;
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
@@ -266,6 +269,7 @@ int run(const Flags& f, comm::World& world) {
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
     if (!lead) return;  // rank 0 writes: every rank holds the same state
+    const Heartbeat::Busy beating(heartbeat, trainer.steps(), "saving");
     // A test hook (tests/multihost, docs/faults.md): a slower disk.
     if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
       std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
@@ -326,6 +330,7 @@ int run(const Flags& f, comm::World& world) {
       const std::int64_t samples = r->samples / tokens_per_window;
       const double samples_per_s = static_cast<double>(samples) / r->seconds;
       report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
+      heartbeat.beat(r->step, "training");
       // Rank 0's breakdown and device memory; the summary gives every rank's peak.
       const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
       if (lead && !f.metrics.empty())  // formatted only when written
@@ -401,6 +406,7 @@ int run(const Flags& f, comm::World& world) {
         "also counts in the spans around it)\n{}",
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
   report->finish();
+  heartbeat.beat(trainer.steps(), "done");
   return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error
 }
 
@@ -471,6 +477,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", f.init_from, "start from the /model weights of this HDF5 file");
   app.add_option("--metrics", f.metrics, "append JSON lines (one per step and evaluation) here");
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
+  app.add_option("--heartbeat", f.heartbeat,
+                 "rewrite this file (rank 0's) at every step boundary and every second of a save "
+                 "with the step, phase and time, for liveness checks (docs/container.md)");
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
   auto* trace = app.add_option("--trace", f.trace,
@@ -512,6 +521,7 @@ int main(int argc, char** argv) {
   app.get_option("--resume")->check(non_empty());
   app.get_option("--init-from")->check(non_empty());
   app.get_option("--metrics")->check(non_empty());
+  app.get_option("--heartbeat")->check(non_empty());
   app.get_option("--log-every")->check(within(1, kMaxSteps));
   app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
   app.get_option("--threads")->check(threads_per_rank());

@@ -69,7 +69,7 @@ refuses "$ts --sample-tokens 5 --model gpt-tiny" --prompt EMPTY
 for flag in --model --optimizer --schedule --precision --device --shuffle --log-level; do
   refuses "$ts" "$flag" EMPTY nonsense
 done
-for flag in --val-data --checkpoint-dir --resume --init-from --metrics; do
+for flag in --val-data --checkpoint-dir --resume --init-from --metrics --heartbeat; do
   refuses "$ts" "$flag" EMPTY
 done
 refuses "$train --device cpu --steps 1" --data EMPTY
