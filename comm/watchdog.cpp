@@ -23,9 +23,11 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -212,21 +214,26 @@ std::filesystem::path Watchdog::dump_flight(std::string_view reason) {
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   {
+    errno = 0;
     std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     out << text;
     out.close();
     if (!out) {
-      core::log_warn(
-          "flight recorder: cannot write {} (set LOCKSTEP_FLIGHT_DIR to a writable "
-          "directory)",
-          partial.string());
+      const int failure = errno;
+      std::filesystem::remove(partial, error);
+      // Note [write failures] in engine/core/log.h: said whatever the log level.
+      core::report_write_failure(
+          "the flight dump " + path.string(),
+          fmt::format("{} (set LOCKSTEP_FLIGHT_DIR to a writable directory with free space)",
+                      failure != 0 ? std::strerror(failure) : "a write failed"));
       return {};
     }
   }
   std::filesystem::rename(partial, path, error);
   if (error) {
-    core::log_warn("flight recorder: cannot rename {} to {}: {}", partial.string(), path.string(),
-                   error.message());
+    core::report_write_failure("the flight dump " + path.string(),
+                               "renaming " + partial.string() + " failed: " + error.message());
+    std::filesystem::remove(partial, error);
     return {};
   }
   return path;

@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <set>
 
 #include "kernels/error.h"
 
@@ -78,6 +79,39 @@ void refuse_nonfinite(const CheckpointContents& c, std::int64_t step) {
   }
 }
 
+// Note [resume fingerprint]: every key either side has, defaults filled in.
+void check_fingerprint(const CheckpointContents& c, const std::string& file,
+                       const std::map<std::string, std::string>& config,
+                       const std::map<std::string, std::string>& defaults) {
+  const std::string prefix = "config.";
+  std::set<std::string> keys;
+  for (const auto& [key, value] : config) keys.insert(key);
+  for (const auto& [name, value] : c.attributes)
+    if (name.starts_with(prefix)) keys.insert(name.substr(prefix.size()));
+  for (const std::string& key : keys) {
+    const auto fallback = defaults.find(key);
+    const bool has_default = fallback != defaults.end();
+    const bool saved_set = c.attributes.count(prefix + key) > 0;
+    // A missing field without a default is the error attribute() reports.
+    const std::string saved = saved_set || !has_default
+                                  ? attribute<std::string>(c, file, prefix + key)
+                                  : fallback->second;
+    const auto live = config.find(key);
+    if (live == config.end() && !has_default)
+      throw InvalidArgument(fmt::format(
+          "cannot resume from {}: it was made with {} '{}', which this program does not set "
+          "(the checkpoint of another program or of a newer lockstep: resume it with that one)",
+          file, key, saved));
+    const std::string now = live != config.end() ? live->second : fallback->second;
+    if (saved != now)
+      throw InvalidArgument(fmt::format(
+          "cannot resume from {}: {} was '{}'{} and is now '{}'{} (a resume may change steps, "
+          "epochs, logging, checkpoint cadence, threads and world size, not {})",
+          file, key, saved, saved_set ? "" : " (the default: the checkpoint does not record it)",
+          now, live != config.end() ? "" : " (the default)", key));
+  }
+}
+
 }  // namespace
 
 CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
@@ -108,19 +142,13 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
 TrainingState restore_checkpoint(const CheckpointContents& c, const std::string& file,
                                  Module& model, Optimizer& optimizer,
                                  const std::map<std::string, std::string>& config,
+                                 const std::map<std::string, std::string>& config_defaults,
                                  const core::Stream& stream) {
   const auto version = attribute<std::int64_t>(c, file, "format_version");
   if (version != kCheckpointFormatVersion)
     throw IoError(fmt::format("checkpoint {} has format version {}, this lockstep reads {}", file,
                               version, kCheckpointFormatVersion));
-  for (const auto& [key, value] : config) {
-    const std::string saved = attribute<std::string>(c, file, "config." + key);
-    if (saved != value)
-      throw InvalidArgument(fmt::format(
-          "cannot resume from {}: {} was '{}' and is now '{}' (a resume may change steps, epochs, "
-          "logging, checkpoint cadence, threads and world size, not {})",
-          file, key, saved, value, key));
-  }
+  check_fingerprint(c, file, config, config_defaults);
   load_group(c.tensors, "/", model, file, stream, true);
   for (const auto& [parameter, state] : optimizer.state_names()) {
     const std::string name = "/optimizer/" + parameter + "/" + state;

@@ -9,9 +9,14 @@
 //
 // Note [resume fingerprint]: the config.* attributes are what a resume may
 // not change (model, optimizer and its hyper-parameters, global batch,
-// precision, seed, dataset); steps, epochs, logging, checkpoint cadence,
-// threads and the world size (with the same global batch) may change. A
-// difference is an error naming the field and both values.
+// precision, seed, dataset, dropout); steps, epochs, logging, checkpoint
+// cadence, threads and the world size (with the same global batch) may
+// change. A difference is an error naming the field and both values. A resume
+// compares the union of the checkpoint's config.* keys and the run's, a key
+// missing on one side taking its default: a field that a checkpoint lacks (one
+// written only when set, or added after the checkpoint was made) is compared
+// too, and a saved field with neither a value in this run nor a default is an
+// error (the checkpoint of another program, or of a newer one).
 #pragma once
 
 #include <cstdint>
@@ -48,13 +53,15 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
                                       const TrainingState& state, const core::Stream& stream);
 
 // Checks the format version, the model's parameter names and shapes and the
-// fingerprint against `config` (Note [resume fingerprint]), then copies
+// fingerprint against `config`, filled in from `config_defaults` on either
+// side (Note [resume fingerprint]), then copies
 // weights, buffers and optimizer state into the live objects (a sharded
 // optimizer takes its shard's part; nothing is communicated). Returns the
 // saved state; `file` names the checkpoint in errors.
 TrainingState restore_checkpoint(const CheckpointContents& contents, const std::string& file,
                                  Module& model, Optimizer& optimizer,
                                  const std::map<std::string, std::string>& config,
+                                 const std::map<std::string, std::string>& config_defaults,
                                  const core::Stream& stream);
 
 // Weights only: every trainable parameter from /model/<name> of any HDF5

@@ -1,6 +1,6 @@
-// Checkpoint files (engine/checkpoint_file.h): HDF5 writing and reading
-// through io/hdf5.h, CRC-32 (zlib) checksums, the commit sequence through
-// io/durable_file.h, and retention.
+// Checkpoint files (engine/checkpoint_file.h): HDF5 writing (in memory, Note
+// [checkpoint image]) and reading through io/hdf5.h, CRC-32 (zlib) checksums,
+// the commit sequence through io/durable_file.h, and retention.
 #include "engine/checkpoint_file.h"
 
 #include <fcntl.h>
@@ -82,8 +82,7 @@ void write_attribute(hid_t root, const std::string& name, const AttributeValue& 
   space.close();
 }
 
-// Writes `contents` into the new file `file`, every status checked, and
-// closes it (which flushes it: a full disk shows here at the latest).
+// Writes `contents` into the new file `file`, every status checked.
 void write_contents(Hdf5Id& file, const CheckpointContents& contents) {
   Hdf5Lock lock;
   Hdf5Id link_props(LOCKSTEP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)));
@@ -111,7 +110,36 @@ void write_contents(Hdf5Id& file, const CheckpointContents& contents) {
   }
   link_props.close();
   for (const auto& [name, value] : contents.attributes) write_attribute(file.get(), name, value);
+}
+
+// Note [checkpoint image]: HDF5 builds a checkpoint in memory (the core
+// driver without a backing store) and save() writes the file's image with
+// io/durable_file.h's checked write(2)s. When HDF5 wrote the file itself, a
+// full disk met in the flush of a dataset's close left that identifier open:
+// the save failed as it should, and then HDF5 crashed at exit closing it
+// (SIGSEGV in H5D_close from H5_term_library). In memory, nothing HDF5 does
+// fails for want of space, every identifier is closed on every path, and
+// each disk failure (space, quota, EIO) is one of lockstep's own writes, its
+// fsync or a rename. The cost: a save holds the file's bytes once more in
+// memory while it writes them.
+std::vector<unsigned char> checkpoint_image(const CheckpointContents& contents,
+                                            const fs::path& name) {
+  std::size_t bytes = 64 << 10;  // the core driver's first allocation: the data and some metadata
+  for (const auto& [tensor_name, tensor] : contents.tensors)
+    bytes = checked_add(bytes, tensor.nbytes(), "checkpoint image size");
+  Hdf5Lock lock;
+  Hdf5Id access(LOCKSTEP_CHECK_HDF5(H5Pcreate(H5P_FILE_ACCESS)));
+  LOCKSTEP_CHECK_HDF5(H5Pset_fapl_core(access.get(), bytes, /*backing_store=*/0));
+  Hdf5Id file(
+      LOCKSTEP_CHECK_HDF5(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get())));
+  access.close();
+  write_contents(file, contents);
+  LOCKSTEP_CHECK_HDF5(H5Fflush(file.get(), H5F_SCOPE_LOCAL));
+  const ssize_t size = LOCKSTEP_CHECK_HDF5(H5Fget_file_image(file.get(), nullptr, 0));
+  std::vector<unsigned char> image(static_cast<std::size_t>(size));
+  LOCKSTEP_CHECK_HDF5(H5Fget_file_image(file.get(), image.data(), image.size()));
   file.close();
+  return image;
 }
 
 // The line of a checksum file: "crc32 <8 hex digits> size <bytes>\n".
@@ -160,7 +188,8 @@ std::uint64_t read_budget(const fs::path& file) {
 
 }  // namespace
 
-CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, CheckpointStart start)
+CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, CheckpointStart start,
+                                         CheckpointLock lock)
     : dir_(std::move(dir)), keep_last_(keep_last) {
   if (keep_last < 1)
     throw InvalidArgument("CheckpointDirectory: keep_last is " + std::to_string(keep_last) +
@@ -168,6 +197,7 @@ CheckpointDirectory::CheckpointDirectory(fs::path dir, int keep_last, Checkpoint
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw IoError("cannot create checkpoint directory " + quoted(dir_) + ": " + ec.message());
+  if (lock == CheckpointLock::hold) lock_ = std::make_unique<DirectoryLock>(dir_);
   const auto existing = list();
   if (start == CheckpointStart::fresh && !existing.empty())
     throw CheckpointDirectoryInUse(
@@ -184,21 +214,25 @@ fs::path CheckpointDirectory::save(std::int64_t step, const CheckpointContents& 
   const fs::path final_path = dir_ / name;
   const fs::path tmp = dir_ / ("." + name + ".tmp");
   const fs::path sum_tmp = dir_ / ("." + name + ".crc32.tmp");
+  // Note [checkpoint lock]: without it, a temporary may be another run's.
   for (const fs::path& stale : {tmp, sum_tmp})
-    if (io::remove_temporary(stale))
+    if (lock_ && io::remove_temporary(stale))
       core::log_warn("removed the leftover temporary {} (an earlier save was cut short)",
                      quoted(stale));
   // Only what this save created is removed on failure: something that
   // appears at a temporary name meanwhile is another writer's.
   bool created = false, sum_created = false;
   try {
-    {
-      Hdf5Lock lock;
-      Hdf5Id file = io::create_hdf5_file(tmp);
-      created = true;
-      write_contents(file, contents);
+    const std::vector<unsigned char> image = checkpoint_image(contents, tmp);
+    const int image_fd = io::create_exclusive(tmp);  // Note [exclusive creation] in io/hdf5.cpp
+    created = true;
+    try {
+      io::write_all(image_fd, image.data(), image.size(), tmp);
+    } catch (...) {
+      ::close(image_fd);
+      throw;
     }
-    io::fsync_path(tmp, false);
+    io::sync_and_close(image_fd, tmp);
     const std::string line = checksum_line(tmp);
     const int fd = io::create_exclusive(sum_tmp);
     sum_created = true;

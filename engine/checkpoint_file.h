@@ -2,7 +2,8 @@
 // never leaves a damaged file under a good name, and checked before HDF5 ever
 // opens it (HDF5 1.10 can crash on malformed files).
 //
-// Note [checkpoint commit]: save() writes .ckpt-<step>.h5.tmp, fsyncs it, writes
+// Note [checkpoint commit]: save() writes .ckpt-<step>.h5.tmp (the image of a
+// file HDF5 built in memory: Note [checkpoint image]), fsyncs it, writes
 // the checksum file ckpt-<step>.h5.crc32 (its own temporary, fsync, rename),
 // renames the HDF5 file to ckpt-<step>.h5 and fsyncs the directory. A
 // checkpoint is good when both files exist and the CRC-32 and size of the
@@ -15,7 +16,8 @@
 // the checkpoint just written and the older ones: only checkpoints with a
 // smaller step are deleted, never the one just written, never a newer one
 // (left by an attempt that went further before the run was resumed from an
-// earlier checkpoint; a warning says how many there are).
+// earlier checkpoint; a warning says how many there are). The run that owns
+// a directory holds its lock (Note [checkpoint lock] in checkpoint_lock.h).
 //
 // What goes into a checkpoint (the /model, /buffers, /optimizer groups and
 // the attributes) is the Trainer's business; this file moves named tensors
@@ -27,11 +29,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "engine/checkpoint_lock.h"
 #include "engine/core/tensor.h"
 #include "kernels/error.h"
 
@@ -47,6 +51,10 @@ struct CheckpointContents {
 };
 
 enum class CheckpointStart { fresh, resume };
+// hold: the directory's writer (a run's rank 0) takes its lock for the
+// object's life; none: a reader (the other ranks), or a test that makes
+// several at once (Note [checkpoint lock]).
+enum class CheckpointLock { none, hold };
 
 // Thrown by a fresh CheckpointDirectory over a directory that already holds
 // checkpoints; newest() is the newest of them.
@@ -62,13 +70,17 @@ class CheckpointDirectoryInUse : public InvalidArgument {
 
 class CheckpointDirectory {
  public:
-  // keep_last >= 1 (Note [checkpoint retention]). Creates `dir` if needed.
-  CheckpointDirectory(std::filesystem::path dir, int keep_last, CheckpointStart start);
+  // keep_last >= 1 (Note [checkpoint retention]). Creates `dir` if needed;
+  // with CheckpointLock::hold, takes its lock before looking into it
+  // (CheckpointDirectoryLocked naming the holder when another run has it).
+  CheckpointDirectory(std::filesystem::path dir, int keep_last, CheckpointStart start,
+                      CheckpointLock lock = CheckpointLock::none);
 
   // Writes ckpt-<step>.h5 (Note [checkpoint commit]), prunes older ones
   // (Note [checkpoint retention]) and returns its path. On any failure (a
   // full disk included) throws IoError and leaves no temporary behind and
-  // every earlier checkpoint as it was.
+  // every earlier checkpoint as it was. Leftover temporaries of an earlier
+  // save are removed only under the lock; without it they make the save fail.
   std::filesystem::path save(std::int64_t step, const CheckpointContents& contents) const;
   // Checkpoints present, oldest first (good or not).
   std::vector<std::filesystem::path> list() const;
@@ -80,6 +92,7 @@ class CheckpointDirectory {
  private:
   std::filesystem::path dir_;
   int keep_last_;
+  std::unique_ptr<DirectoryLock> lock_;  // with CheckpointLock::hold
 };
 
 // Throws IoError naming the file when its checksum file is missing or does

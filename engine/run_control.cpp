@@ -4,11 +4,14 @@
 #include <fmt/core.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "comm/step_agreement.h"
+#include "engine/core/log.h"
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -73,10 +76,12 @@ std::string format_bytes(std::size_t bytes) {
   return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) {
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   if (path.empty()) return;
   file_ = std::fopen(path.c_str(), "a");
-  if (!file_) throw IoError("cannot open the metrics file " + path + " for appending");
+  if (!file_)
+    throw IoError("cannot open the metrics file " + path +
+                  " for appending: " + std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -84,9 +89,25 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const std::string& fields) {
-  if (!file_) return;
-  fmt::print(file_, "{{{}}}\n", fields);
-  std::fflush(file_);
+  if (!file_ || failed_) return;
+  errno = 0;
+  bool written = true;
+  try {
+    fmt::print(file_, "{{{}}}\n", fields);
+  } catch (const std::exception&) {
+    written = false;
+  }
+  // A full disk shows at the flush: the record sat in stdio's buffer until then.
+  if (std::fflush(file_) != 0 || std::ferror(file_)) written = false;
+  if (written) return;
+  failed_ = true;  // Note [write failures]: the rule for metrics
+  const int error = errno;
+  core::report_write_failure(
+      "the metrics file " + path_,
+      fmt::format("{} (this record and every later one are lost: the run stops at the next step "
+                  "boundary, after saving)",
+                  error != 0 ? std::strerror(error) : "a write failed"));
+  comm::request_stop();
 }
 
 void EtaClock::start(std::int64_t first_step) {

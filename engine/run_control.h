@@ -41,7 +41,11 @@ std::string format_duration(double seconds);
 std::string format_bytes(std::size_t bytes);
 
 // Appends one JSON object per line to a file (the --metrics file): appending
-// means a resumed run continues the file instead of overwriting it.
+// means a resumed run continues the file instead of overwriting it. A record
+// that cannot be written (a full disk) is reported once (Note [write
+// failures]), later records are dropped, and the run is asked to stop as a
+// stop signal would (Note [stop requests]): at the next step boundary, after
+// saving. failed() says so.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path);  // "" writes nothing
@@ -50,9 +54,12 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   // `fields` is the inside of the object: "\"step\": 3, \"loss\": 0.5".
   void write(const std::string& fields);
+  bool failed() const { return failed_; }
 
  private:
+  std::string path_;
   std::FILE* file_ = nullptr;
+  bool failed_ = false;
 };
 
 // Seconds left at the rate seen since `start`: a running estimate of the

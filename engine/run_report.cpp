@@ -12,6 +12,7 @@
 
 #include "engine/core/device.h"
 #include "engine/core/json.h"
+#include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "kernels/conv.h"
 
@@ -292,6 +293,8 @@ void RunReport::finish() {
   if (world_.rank() != 0) return;
   const Summary s = summary();
   for (const std::string& line : format_summary(s)) fmt::print("{}\n", line);
+  for (const std::string& failure : core::write_failures())  // Note [write failures]
+    fmt::print("  not written  {}\n", failure);
   fmt::print("{}\n", format_peak_memory(peaks));
   std::fflush(stdout);
   auto number = [](const std::optional<double>& v) {

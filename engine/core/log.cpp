@@ -2,8 +2,10 @@
 // lines from different threads whole.
 #include "engine/core/log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include "kernels/error.h"
@@ -12,6 +14,15 @@ namespace lockstep::core {
 namespace {
 std::atomic<LogLevel> g_level{LogLevel::warn};
 std::atomic<int> g_rank{-1};
+
+struct WriteFailures {
+  std::mutex mutex;
+  std::vector<std::string> files, lines;
+};
+WriteFailures& write_failure_record() {
+  static WriteFailures record;
+  return record;
+}
 }  // namespace
 
 void set_log_level(LogLevel level) { g_level = level; }
@@ -36,6 +47,25 @@ void log_message(LogLevel level, std::string_view message) {
     fmt::print(stderr, "[rank {}] {}{}\n", rank, tag, message);
   else
     fmt::print(stderr, "[lockstep] {}{}\n", tag, message);
+}
+
+bool report_write_failure(const std::string& file, const std::string& reason) {
+  WriteFailures& record = write_failure_record();
+  {
+    std::lock_guard lock(record.mutex);
+    if (std::find(record.files.begin(), record.files.end(), file) != record.files.end())
+      return false;
+    record.files.push_back(file);
+    record.lines.push_back(file + ": " + reason);
+  }
+  log_message(LogLevel::warn, "cannot write " + file + ": " + reason);
+  return true;
+}
+
+std::vector<std::string> write_failures() {
+  WriteFailures& record = write_failure_record();
+  std::lock_guard lock(record.mutex);
+  return record.lines;
 }
 
 }  // namespace lockstep::core

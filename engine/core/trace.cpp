@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include "engine/core/detail/trace_gpu.h"
 #include "engine/core/json.h"
+#include "engine/core/log.h"
 #include "kernels/error.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -368,13 +370,18 @@ std::filesystem::path finish() {
       "\"dropped_events\": {}, \"dropped_gpu_spans\": {}, \"gpu_anchor_uncertainty_us\": {}}}}}\n",
       s.rank, us(ns(s.sync)), dropped, gpu.dropped, us(gpu.anchor_uncertainty_ns));
   const std::filesystem::path file = s.directory / fmt::format("rank-{}.json", s.rank);
+  errno = 0;
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
   f << out;
   f.close();
-  if (!f)
-    throw InvalidArgument(
-        fmt::format("trace::finish: cannot write the trace file {}", file.string()));
   for (const auto& b : s.buffers) b->size.store(0, std::memory_order_relaxed);
+  if (!f) {
+    const int error = errno;
+    report_write_failure("the trace file " + file.string(),
+                         fmt::format("{} (the trace is lost; the run goes on)",
+                                     error != 0 ? std::strerror(error) : "a write failed"));
+    return {};
+  }
   return file;
 }
 

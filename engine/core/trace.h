@@ -105,6 +105,8 @@ void set_thread_name(std::string_view name);
 void set_stream_name(const Stream& stream, std::string_view name);
 // Writes DIR/rank-<r>.json and stops tracing; returns the file. Call it when
 // no other thread emits spans (after the last step). A no-op when not enabled.
+// A file that cannot be written is reported (Note [write failures] in
+// engine/core/log.h) and an empty path returned: the run goes on.
 std::filesystem::path finish();
 
 // A moment, on this thread ("bucket 2 ready").

@@ -20,6 +20,7 @@
 #include "kernels/error.h"
 #include "kernels/half.h"
 #include "kernels/philox.h"
+#include "progress.h"
 #include "text.h"
 
 using namespace lockstep;
@@ -27,68 +28,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::int64_t kPieceBytes = 64 << 20;  // samples converted per append, in bytes
+constexpr std::int64_t kPieceBytes = 64 << 20;  // samples generated per append, in bytes
 // The largest sample --shape may describe: the converter holds whole samples
 // in memory, and a bigger one is a mistyped shape rather than a dataset.
 constexpr std::int64_t kMaxSampleBytes = std::int64_t{1} << 31;
 
-// Prints "<what>: 1234/60000 samples (2%)" at most once a second, and at the end.
-class Progress {
- public:
-  Progress(std::string what, std::int64_t total) : what_(std::move(what)), total_(total) {}
-  void update(std::int64_t done) {
-    const auto now = std::chrono::steady_clock::now();
-    if (done < total_ && now - last_ < std::chrono::seconds(1)) return;
-    last_ = now;
-    const double seconds = std::chrono::duration<double>(now - start_).count();
-    fmt::print("{}: {}/{} samples ({:.0f}%, {:.1f} s)\n", what_, done, total_,
-               total_ ? 100.0 * done / total_ : 100.0, seconds);
-    std::fflush(stdout);
-  }
-
- private:
-  std::string what_;
-  std::int64_t total_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
-};
-
-void convert_idx(const fs::path& images_path, const fs::path& labels_path, const fs::path& out,
-                 int shards, const std::string& split) {
-  examples::IdxFile images(images_path), labels(labels_path);
-  const std::int64_t count = images.dims()[0];
-  if (labels.dims().size() != 1 || labels.dims()[0] != count)
-    throw IoError(fmt::format("'{}' holds {} images but '{}' holds {} labels", images_path.string(),
-                              count, labels_path.string(), labels.dims()[0]));
-  if (shards > count)
-    throw InvalidArgument(fmt::format("--shards {} is more than the {} samples of '{}'", shards,
-                                      count, images_path.string()));
-  io::ShardFormat format{DType::u8, {1}, DType::i64};
-  for (std::size_t i = 1; i < images.dims().size(); ++i)
-    format.sample_shape.push_back(images.dims()[i]);
-  io::DatasetWriter writer(out, format, count, shards, split);
-  Progress progress(split, count);
-  const std::int64_t piece = std::max<std::int64_t>(1, kPieceBytes / images.item_bytes());
-  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(piece * images.item_bytes()));
-  std::vector<std::uint8_t> raw_labels(static_cast<std::size_t>(piece));
-  std::vector<std::int64_t> wide_labels(static_cast<std::size_t>(piece));
-  for (std::int64_t done = 0; done < count;) {
-    const std::int64_t n = std::min(piece, count - done);
-    images.read(n, pixels.data());
-    labels.read(n, raw_labels.data());
-    for (std::int64_t i = 0; i < n; ++i) wide_labels[i] = raw_labels[i];
-    writer.append(pixels.data(), wide_labels.data(), n);
-    done += n;
-    progress.update(done);
-  }
-  writer.close();
-}
-
 int fashion_mnist(const fs::path& src, const fs::path& out, int shards) {
-  convert_idx(src / "train-images-idx3-ubyte.gz", src / "train-labels-idx1-ubyte.gz", out / "train",
-              shards, "train");
+  examples::convert_idx(src / "train-images-idx3-ubyte.gz", src / "train-labels-idx1-ubyte.gz",
+                        out / "train", shards, "train");
   // Fashion-MNIST's test set (t10k) is the val set of a lockstep run (--val-data).
-  convert_idx(src / "t10k-images-idx3-ubyte.gz", src / "t10k-labels-idx1-ubyte.gz", out / "val",
-              shards, "val");
+  examples::convert_idx(src / "t10k-images-idx3-ubyte.gz", src / "t10k-labels-idx1-ubyte.gz",
+                        out / "val", shards, "val");
   fmt::print("wrote {} and {}\n", (out / "train").string(), (out / "val").string());
   return 0;
 }
@@ -135,7 +85,7 @@ int synthetic(const SyntheticOptions& o) {
   std::vector<std::uint32_t> label_words(static_cast<std::size_t>(piece));
   std::vector<std::int64_t> labels(static_cast<std::size_t>(piece));
   io::DatasetWriter writer(o.out, format, o.count, o.shards);
-  Progress progress("synthetic", o.count);
+  examples::Progress progress("synthetic", o.count);
   for (std::int64_t done = 0; done < o.count;) {
     const std::int64_t n = std::min(piece, o.count - done);
     for (std::int64_t i = 0; i < n; ++i) {

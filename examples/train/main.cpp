@@ -18,6 +18,7 @@
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
+#include "engine/heartbeat.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
@@ -37,7 +38,8 @@ namespace {
 struct Flags {
   std::string data, val_data, model = "mlp", optimizer = "sgd", schedule = "constant";
   std::string precision = "fp32", device, shuffle = "on", checkpoint_dir, resume, init_from;
-  std::string metrics, log_level = "info", trace, trace_steps = "1:", loss = "cross-entropy";
+  std::string metrics, log_level = "info", trace, trace_steps = "1:", heartbeat,
+                       loss = "cross-entropy";
   std::int64_t epochs = 0, steps = 0, batch_size = 64, warmup = 0, checkpoint_every = 0;
   std::int64_t log_every = 50;
   int accum = 1, keep = 3, threads = 1, zero = 0,
@@ -80,12 +82,17 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
       {"precision", f.precision},
       {"seed", std::to_string(f.seed)},
       {"shuffle", f.shuffle},
-      {"dataset", fmt::format("{} samples", data.size())}};
-  if (f.dropout != 0.0) fields["dropout"] = fmt::format("{}", f.dropout);
-  if (f.loss != "cross-entropy" || f.label_smoothing != 0.0)
-    fields["loss"] = fmt::format("{} label_smoothing={}", f.loss, f.label_smoothing);
+      {"dataset", fmt::format("{} samples", data.size())},
+      {"dropout", fmt::format("{}", f.dropout)},
+      {"loss", fmt::format("{} label_smoothing={}", f.loss, f.label_smoothing)}};
   return fields;
 }
+
+// What a field of fingerprint() is in a checkpoint that lacks it: one made
+// before the field was written always (Note [resume fingerprint]).
+const std::map<std::string, std::string> kFingerprintDefaults{
+    {"dropout", fmt::format("{}", Flags{}.dropout)},
+    {"loss", fmt::format("{} label_smoothing={}", Flags{}.loss, Flags{}.label_smoothing)}};
 
 // A language-model preset needs token shards whose windows fit its context;
 // an image preset needs labels for cross-entropy and float targets of its
@@ -242,7 +249,13 @@ int run(const Flags& f, comm::World& world) {
   if (!f.checkpoint_dir.empty()) {
     try {
       checkpoints.emplace(f.checkpoint_dir, f.keep,
-                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume);
+                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume,
+                          lead ? CheckpointLock::hold : CheckpointLock::none);
+    } catch (const CheckpointDirectoryLocked& e) {
+      throw IoError(fmt::format(
+          "--checkpoint-dir {} is another run's: {} holds its lock (wait for that run to end or "
+          "stop it, or pass another --checkpoint-dir)",
+          f.checkpoint_dir, e.holder().empty() ? "a process starting up" : e.holder()));
     } catch (const CheckpointDirectoryInUse& e) {
       throw InvalidArgument(fmt::format(
           "--checkpoint-dir {} already holds checkpoints of a run (the newest {}): pass "
@@ -277,8 +290,9 @@ int run(const Flags& f, comm::World& world) {
   std::int64_t epoch = 0, position = 0;  // epoch counts from 0 here, from 1 in what is shown
   std::string resume_note;
   if (resume_file) {
-    const TrainingState s = restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(),
-                                               *model, *optimizer, config, stream);
+    const TrainingState s =
+        restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(), *model, *optimizer,
+                           config, kFingerprintDefaults, stream);
     trainer.set_steps(s.step);
     scaler.set_state(s.scaler);
     epoch = s.epoch;
@@ -289,6 +303,8 @@ int run(const Flags& f, comm::World& world) {
     resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
   }
   MetricsWriter metrics(lead ? f.metrics : "");
+  Heartbeat heartbeat(lead ? f.heartbeat : "");  // Note [heartbeat]
+  heartbeat.beat(trainer.steps(), "starting");
   std::optional<RunReport> report;
   std::int64_t last_saved = -1;
   auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
@@ -309,6 +325,7 @@ int run(const Flags& f, comm::World& world) {
                     config};
     const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
     if (!lead) return;  // rank 0 writes: every rank holds the same state
+    const Heartbeat::Busy beating(heartbeat, trainer.steps(), "saving");
     // A test hook (tests/multihost, docs/faults.md): a slower disk.
     if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
       std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
@@ -370,6 +387,7 @@ int run(const Flags& f, comm::World& world) {
       const std::int64_t samples = r->samples / tokens_per_window;
       const double samples_per_s = static_cast<double>(samples) / r->seconds;
       report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
+      heartbeat.beat(r->step, "training");
       // Rank 0's breakdown and device memory; the summary gives every rank's peak.
       const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
       if (lead && !f.metrics.empty())  // formatted only when written
@@ -388,7 +406,9 @@ int run(const Flags& f, comm::World& world) {
       if (r->stop) {
         if (lead) {
           // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
-          fmt::print("stopped at step {} on request (a signal): {}\n", r->step,
+          fmt::print("stopped at step {} {}: {}\n", r->step,
+                     metrics.failed() ? "as the --metrics file cannot be written (see above)"
+                                      : "on request (a signal)",
                      checkpoints ? "to continue, run the same command with --resume auto"
                                  : "nothing saved (no --checkpoint-dir)");
           std::fflush(stdout);
@@ -411,7 +431,8 @@ int run(const Flags& f, comm::World& world) {
   }
   save(next_epoch, next_position);
   if (lead && f.sample_tokens > 0) {
-    const std::vector<std::int32_t> prompt(f.prompt.begin(), f.prompt.end());
+    std::vector<std::int32_t> prompt;  // bytes as tokens 0-255: char is signed on x86
+    for (const unsigned char byte : f.prompt) prompt.push_back(byte);
     const std::vector<std::int32_t> text =
         generate_greedy(static_cast<GPT&>(*model), prompt, f.sample_tokens, device, stream);
     std::string bytes;
@@ -426,7 +447,8 @@ int run(const Flags& f, comm::World& world) {
         "also counts in the spans around it)\n{}",
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
   report->finish();
-  return 0;
+  heartbeat.beat(trainer.steps(), "done");
+  return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error
 }
 
 }  // namespace
@@ -503,6 +525,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", f.init_from, "start from the /model weights of this HDF5 file");
   app.add_option("--metrics", f.metrics, "append JSON lines (one per step and evaluation) here");
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
+  app.add_option("--heartbeat", f.heartbeat,
+                 "rewrite this file (rank 0's) at every step boundary and every second of a save "
+                 "with the step, phase and time, for liveness checks (docs/container.md)");
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
   auto* trace = app.add_option("--trace", f.trace,
@@ -546,6 +571,7 @@ int main(int argc, char** argv) {
   app.get_option("--resume")->check(non_empty());
   app.get_option("--init-from")->check(non_empty());
   app.get_option("--metrics")->check(non_empty());
+  app.get_option("--heartbeat")->check(non_empty());
   app.get_option("--log-every")->check(within(1, kMaxSteps));
   app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
   app.get_option("--threads")->check(threads_per_rank());

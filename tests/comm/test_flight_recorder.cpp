@@ -1,10 +1,12 @@
 // The flight recorder (comm/flight_recorder.h): the ring's wraparound and
 // fields, state changes on overwritten records, the JSON dump (parsed by
 // python3's json module, independent of the writer), and a watchdog's dump on
-// SIGUSR2 and on a timeout. Waits for the watchdog thread allow 10 s.
+// SIGUSR2 and on a timeout, and a dump that cannot be written (reported, no
+// partial file left). Waits for the watchdog thread allow 10 s.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "comm/watchdog.h"
+#include "engine/core/log.h"
 
 using namespace lockstep;
 using comm::FlightRecorder;
@@ -187,4 +190,22 @@ TEST_CASE("a watchdog records its collectives and dumps them on SIGUSR2 and on a
                        "d['collectives'][2]['state'] == 'started'"));
   CHECK_THAT(message, Catch::Contains("python3 tools/flight.py " + dir.path.string()));
   comm::set_flight_directory({});
+}
+
+TEST_CASE("a flight dump that cannot be written is reported with the reason, and no partial file") {
+  TempDir dir;
+  const auto not_a_directory = dir.path / "a-file";
+  std::ofstream(not_a_directory) << "x";
+  comm::set_flight_directory(not_a_directory);
+  comm::Watchdog watchdog(comm::Seconds(60), [](const std::string&) {});
+  CHECK(watchdog.dump_flight("test").empty());
+  watchdog.stop();
+  comm::set_flight_directory({});
+  const auto failures = core::write_failures();
+  const std::string expected =
+      "the flight dump " + (not_a_directory / "flight-rank-0.json").string() + ": Not a directory";
+  CHECK(std::any_of(failures.begin(), failures.end(),
+                    [&](const std::string& line) { return line.rfind(expected, 0) == 0; }));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path),
+                      std::filesystem::directory_iterator()) == 1);
 }

@@ -1,10 +1,14 @@
-// Checkpoint saving under faults (Note [checkpoint retention], Note
-// [checkpoint commit]): a fresh run refuses a directory that holds
-// checkpoints, retention never deletes the checkpoint just written or a newer
-// one, a full disk (a small tmpfs, mounted here as root) leaves earlier
-// checkpoints and no temporaries, and temporaries are never written through
-// a symlink planted at their name.
+// Checkpoint saving under faults (Notes [checkpoint retention], [checkpoint
+// commit], [checkpoint image], [checkpoint lock]): a fresh run refuses a used
+// directory, retention keeps the newest, a full tmpfs (mounted here as root)
+// leaves earlier checkpoints, no temporaries and no HDF5 identifier open at
+// any free space or inode count, symlinks at temporary names are never written
+// through, and a directory's lock has one holder at a time.
+#include <fmt/core.h>
+#include <hdf5.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -134,8 +138,8 @@ TEST_CASE("a symlink planted at a temporary name is never written through",
   CHECK(test::file_text(victim) == "precious");
 
   // save() removes whatever is at its temporary names (the links, not their
-  // targets) before creating them exclusively.
-  CheckpointDirectory ckpts(dir.path(), 3, CheckpointStart::fresh);
+  // targets) before creating them exclusively, under the lock.
+  CheckpointDirectory ckpts(dir.path(), 3, CheckpointStart::fresh, CheckpointLock::hold);
   fs::create_symlink(victim, dir / ".ckpt-7.h5.tmp");
   fs::create_symlink(victim, dir / ".ckpt-7.h5.crc32.tmp");
   const fs::path file = ckpts.save(7, contents_of(8, 7));
@@ -180,4 +184,136 @@ TEST_CASE("a full disk fails the save and keeps earlier checkpoints, with no tem
   }
   // Nothing holds a file open on the full disk: HDF5 closed the failed file.
   CHECK(disk.unmount());
+}
+
+TEST_CASE("a directory's lock refuses a second holder by name until the first lets go",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  const std::string me = fmt::format("host {} pid {} started ", host, ::getpid());
+  {
+    CheckpointDirectory first(dir.path(), 3, CheckpointStart::fresh, CheckpointLock::hold);
+    CHECK_THAT(test::file_text(dir / kLockFileName), Catch::StartsWith(me));
+    try {
+      CheckpointDirectory second(dir.path(), 3, CheckpointStart::resume, CheckpointLock::hold);
+      FAIL("a second holder took the lock");
+    } catch (const CheckpointDirectoryLocked& e) {
+      CHECK_THAT(e.holder(), Catch::StartsWith(me));
+      CHECK_THAT(e.what(), Catch::Contains(dir.path().string()) && Catch::Contains(me) &&
+                               Catch::Contains("another directory"));
+    }
+    // A reader takes no lock; its save leaves a temporary it finds alone
+    // (it may be the holder's) and fails.
+    std::ofstream(dir / ".ckpt-5.h5.tmp") << "the holder's";
+    CHECK_THROWS_WITH(
+        CheckpointDirectory(dir.path(), 3, CheckpointStart::resume).save(5, contents_of(4, 5)),
+        Catch::Contains(".ckpt-5.h5.tmp") && Catch::Contains("already there"));
+    CHECK(test::file_text(dir / ".ckpt-5.h5.tmp") == "the holder's");
+    // The holder removes it as a leftover.
+    CHECK_NOTHROW(first.save(5, contents_of(4, 5)));
+    CHECK(names_in(dir.path()) ==
+          std::vector<std::string>{"ckpt-5.h5", "ckpt-5.h5.crc32", kLockFileName});
+  }
+  // Released with its holder; the lock file stays and the next holder rewrites it.
+  CheckpointDirectory again(dir.path(), 3, CheckpointStart::resume, CheckpointLock::hold);
+  CHECK_THAT(test::file_text(dir / kLockFileName), Catch::StartsWith(me));
+}
+
+TEST_CASE("a save that runs out of space in any phase leaves HDF5 no identifier open",
+          "[engine][checkpoint]") {
+  SmallTmpfs disk("4m");
+  if (!disk.mounted()) {
+    WARN("cannot mount a tmpfs (" << disk.reason()
+                                  << "; needs root): the full-disk sweep did not run");
+    return;
+  }
+  // Many small datasets and attributes (HDF5 keeps them in its caches until
+  // the flush on close) and a large one (written through at H5Dwrite).
+  CheckpointContents big = contents_of(32 * 1024, 2.5f);
+  for (int i = 0; i < 40; ++i) {
+    big.tensors["/optimizer/p" + std::to_string(i) + "/exp_avg"] =
+        core::Tensor::zeros({300}, DType::f32);
+    big.attributes["config.field" + std::to_string(i)] = std::string(200, 'a' + i % 26);
+  }
+  const fs::path dir = disk.path() / "ckpts";
+  CheckpointDirectory ckpts(dir, 3, CheckpointStart::fresh, CheckpointLock::hold);
+  const fs::path good = ckpts.save(1, contents_of(1024, 1.5f));
+  const auto before = names_in(dir);
+  auto free_bytes = [&] {
+    struct statvfs s {};
+    REQUIRE(::statvfs(disk.path().c_str(), &s) == 0);
+    return static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
+  };
+  const std::uint64_t page = 4096;
+  int failed = 0;
+  bool saved = false;
+  // Free space from 0 up, a page at a time, until the save fits: every
+  // phase of the save (create, datasets, attributes, the flush on close,
+  // fsync, the checksum file) meets the full disk at some size.
+  for (std::uint64_t pages = 0; pages < 1000 && !saved; ++pages) {
+    INFO("free pages: " << pages);
+    {
+      std::ofstream filler(disk.path() / "filler", std::ios::binary | std::ios::trunc);
+      const std::uint64_t fill = free_bytes() - pages * page;
+      const std::string block(page, 'x');
+      for (std::uint64_t written = 0; written < fill; written += page)
+        filler.write(block.data(), static_cast<std::streamsize>(std::min(page, fill - written)));
+    }
+    try {
+      ckpts.save(2, big);
+      saved = true;
+    } catch (const IoError& e) {
+      ++failed;
+      CHECK_THAT(e.what(), Catch::Contains("ckpt-2.h5") && Catch::Contains("earlier checkpoints"));
+      CHECK(names_in(dir) == before);
+    }
+    {
+      io::Hdf5Lock lock;
+      CHECK(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) == 0);
+    }
+    fs::remove(disk.path() / "filler");
+  }
+  CHECK(failed > 10);  // the image and then the checksum file met the full disk
+  REQUIRE(saved);
+  CHECK(read_checkpoint(good).tensors.at("/model/w").to_vector<float>() ==
+        std::vector<float>(1024, 1.5f));
+  CHECK(read_checkpoint(dir / "ckpt-2.h5").tensors.at("/model/w").to_vector<float>() ==
+        std::vector<float>(32 * 1024, 2.5f));
+}
+
+TEST_CASE("a save that runs out of inodes fails cleanly at either file's creation",
+          "[engine][checkpoint]") {
+  for (const int free_inodes : {0, 1}) {  // the image's temporary; the checksum file's
+    INFO("free inodes: " << free_inodes);
+    SmallTmpfs disk("4m,nr_inodes=64");
+    if (!disk.mounted()) {
+      WARN("cannot mount a tmpfs (" << disk.reason()
+                                    << "; needs root): the inode test did not run");
+      return;
+    }
+    const fs::path dir = disk.path() / "ckpts";
+    CheckpointDirectory ckpts(dir, 3, CheckpointStart::fresh, CheckpointLock::hold);
+    const fs::path good = ckpts.save(1, contents_of(1024, 1.5f));
+    const auto before = names_in(dir);
+    auto inodes_left = [&] {
+      struct statvfs s {};
+      REQUIRE(::statvfs(disk.path().c_str(), &s) == 0);
+      return static_cast<int>(s.f_favail);
+    };
+    for (int i = 0; inodes_left() > free_inodes; ++i)
+      std::ofstream(disk.path() / ("filler-" + std::to_string(i)));
+    CHECK_THROWS_WITH(
+        ckpts.save(2, contents_of(64, 2.5f)),
+        Catch::Contains(free_inodes == 0 ? ".ckpt-2.h5.tmp" : ".ckpt-2.h5.crc32.tmp") &&
+            Catch::Contains("earlier checkpoints are untouched") &&
+            Catch::Contains("No space left on device"));
+    CHECK(names_in(dir) == before);
+    {
+      io::Hdf5Lock lock;
+      CHECK(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) == 0);
+    }
+    CHECK(read_checkpoint(good).tensors.at("/model/w").to_vector<float>() ==
+          std::vector<float>(1024, 1.5f));
+  }
 }

@@ -205,7 +205,7 @@ TEST_CASE("a run restored from its checkpoint continues bit for bit", "[engine][
 
   Run resumed(true, true, DType::f16, 2);
   const TrainingState s =
-      restore_checkpoint(contents, "in-memory", *resumed.model, *resumed.optimizer, config, {});
+      restore_checkpoint(contents, "in-memory", *resumed.model, *resumed.optimizer, config, {}, {});
   resumed.trainer->set_steps(s.step);
   resumed.scaler.set_state(s.scaler);
   io::TensorDataset l3 = source(16);
@@ -216,8 +216,43 @@ TEST_CASE("a run restored from its checkpoint continues bit for bit", "[engine][
         straight.optimizer->state_tensors()[0].value.to_vector<float>());
   const auto other = std::map<std::string, std::string>{{"model", "other"}};
   CHECK_THROWS_WITH(
-      restore_checkpoint(contents, "ckpt.h5", *resumed.model, *resumed.optimizer, other, {}),
+      restore_checkpoint(contents, "ckpt.h5", *resumed.model, *resumed.optimizer, other, {}, {}),
       Catch::Contains("model was 'test' and is now 'other'"));
+}
+
+TEST_CASE("a resume compares the fields of both fingerprints, a missing one at its default",
+          "[engine][trainer][checkpoint]") {
+  using Config = std::map<std::string, std::string>;
+  const Config defaults{{"dropout", "0"}};
+  auto saved_with = [](const Config& config) {
+    Run run(false, false, {}, 1);
+    const TrainingState s{0, 0, 0, run.scaler.state(), 9, 1, 16, config};
+    return capture_checkpoint(*run.model, *run.optimizer, s, {});
+  };
+  auto resume = [&](const CheckpointContents& c, const Config& config) {
+    Run run(false, false, {}, 1);
+    restore_checkpoint(c, "ckpt-3.h5", *run.model, *run.optimizer, config, defaults, {});
+  };
+  // A run that leaves dropout out (at its default) is compared with a
+  // checkpoint that recorded it, and the other way round.
+  const CheckpointContents with_dropout = saved_with({{"model", "gpt"}, {"dropout", "0.1"}});
+  CHECK_THROWS_WITH(resume(with_dropout, {{"model", "gpt"}}),
+                    Catch::Contains("dropout was '0.1' and is now '0' (the default)"));
+  CHECK_THROWS_WITH(resume(with_dropout, {{"model", "gpt"}, {"dropout", "0"}}),
+                    Catch::Contains("dropout was '0.1' and is now '0'"));
+  CHECK_NOTHROW(resume(with_dropout, {{"model", "gpt"}, {"dropout", "0.1"}}));
+  // A checkpoint made before dropout was always recorded: its dropout is the default.
+  const CheckpointContents older = saved_with({{"model", "gpt"}});
+  CHECK_THROWS_WITH(resume(older, {{"model", "gpt"}, {"dropout", "0.1"}}),
+                    Catch::Contains("dropout was '0' (the default: the checkpoint does not record "
+                                    "it) and is now '0.1'"));
+  CHECK_NOTHROW(resume(older, {{"model", "gpt"}, {"dropout", "0"}}));
+  // A field this program neither sets nor knows a default for.
+  CHECK_THROWS_WITH(resume(saved_with({{"model", "gpt"}, {"loss", "mse"}}), {{"model", "gpt"}}),
+                    Catch::Contains("made with loss 'mse', which this program does not set"));
+  // A field the run has and the checkpoint lacks, without a default.
+  CHECK_THROWS_WITH(resume(older, {{"model", "gpt"}, {"precision", "fp16"}}),
+                    Catch::Contains("lacks attribute 'config.precision'"));
 }
 
 TEST_CASE("a non-finite gradient skips the step in fp32, bf16 and f16, on every parameter",

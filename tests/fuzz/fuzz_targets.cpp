@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "engine/checkpoint_file.h"
+#include "examples/shard/idx_file.h"
+#include "examples/shard/text.h"
 #include "io/dataset.h"
 
 namespace lockstep::fuzz {
@@ -92,6 +94,47 @@ int checkpoint_input(const std::uint8_t* data, std::size_t size) {
   }
   try {
     engine::read_group(file, "/model", false);
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+int convert_input(const std::uint8_t* data, std::size_t size) {
+  const fs::path images = scratch_dir() / "images.idx", labels = scratch_dir() / "labels.idx";
+  const fs::path out = scratch_dir() / "shards";
+  write_file(images, data, size);
+  // An IDX header of labels: magic 0x00000801, then the count bytes 4-7 of
+  // the images (gunzipped when gzipped) declare; as many labels as that, up
+  // to 64 Ki (more is a labels file too short for its header: an error).
+  std::vector<std::uint8_t> label_file = {0, 0, 8, 1, 0, 0, 0, 0};
+  std::uint8_t head[8] = {};
+  if (gzFile gz = gzopen(images.c_str(), "rb")) {
+    if (gzread(gz, head, sizeof head) < 0) head[4] = head[5] = head[6] = head[7] = 0;
+    gzclose(gz);
+  }
+  std::uint32_t count = 0;
+  for (std::size_t i = 4; i < 8; ++i) {
+    label_file[i] = head[i];
+    count = count << 8 | head[i];
+  }
+  label_file.resize(8 + std::min<std::uint32_t>(count, 1 << 16), 3);
+  write_file(labels, label_file.data(), label_file.size());
+  std::error_code ignored;
+  fs::remove_all(out, ignored);
+  try {
+    examples::convert_idx(images, labels, out, 1, "train");
+  } catch (const Error&) {
+  }
+  if (size < 3) return 0;
+  TextOptions text_options;
+  text_options.sources = {images};
+  text_options.out = out / "text";
+  text_options.seq = 1 + data[0] % 64;
+  text_options.shards = 1 + data[1] % 4;
+  text_options.val_fraction = 0.1 * (data[2] % 5);
+  fs::remove_all(out, ignored);
+  try {
+    text(text_options);
   } catch (const Error&) {
   }
   return 0;

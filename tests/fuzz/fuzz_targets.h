@@ -1,8 +1,9 @@
 // The fuzzing entry points: one input (the bytes of a file) through the shard
-// reader or the checkpoint reader, with lockstep::Error as the only accepted
-// outcome besides success. libFuzzer drives them (fuzz_shard.cpp,
-// fuzz_checkpoint.cpp, built with clang under LOCKSTEP_FUZZ) and the unit
-// tests replay the seed corpus and every past crash through them (replay.cpp).
+// reader, the checkpoint reader or lockstep-shard's converters, with
+// lockstep::Error as the only accepted outcome besides success. libFuzzer
+// drives them (fuzz_shard.cpp, fuzz_checkpoint.cpp, fuzz_convert.cpp, built
+// with clang under LOCKSTEP_FUZZ) and the unit tests replay the seed corpus
+// and every past crash through them (replay.cpp).
 #pragma once
 
 #include <cstddef>
@@ -24,5 +25,11 @@ int shard_input(const std::uint8_t* data, std::size_t size);
 // Writes `data` to a checkpoint file with a matching checksum file (so that
 // the input reaches HDF5), reads it as a checkpoint and as a weights file.
 int checkpoint_input(const std::uint8_t* data, std::size_t size);
+// lockstep-shard's readers (examples/shard): `data` as an IDX images file,
+// with a labels file whose count is the images' (bytes 4-7, where an images
+// header holds it), converted to shards; then `data` as the source of
+// lockstep-shard text, --seq, --shards and --val-fraction taken from its
+// first three bytes.
+int convert_input(const std::uint8_t* data, std::size_t size);
 
 }  // namespace lockstep::fuzz

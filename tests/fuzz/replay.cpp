@@ -1,6 +1,6 @@
 // Replays files through a fuzzing entry point without libFuzzer: the seed
 // corpus and every input that once crashed (tests/fuzz/regressions/), run by
-// the unit tests. Usage: lockstep_fuzz_replay shard|checkpoint DIR...
+// the unit tests. Usage: lockstep_fuzz_replay shard|checkpoint|convert DIR...
 // Exits non-zero when a directory is empty or an input escapes with anything
 // but a lockstep::Error (a signal ends it the usual way).
 #include <cstdio>
@@ -16,11 +16,16 @@
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
-  if (argc < 3 || (std::strcmp(argv[1], "shard") != 0 && std::strcmp(argv[1], "checkpoint") != 0)) {
-    std::fprintf(stderr, "usage: %s shard|checkpoint DIR...\n", argv[0]);
+  using Target = int (*)(const std::uint8_t*, std::size_t);
+  Target target = nullptr;
+  if (argc >= 3 && std::strcmp(argv[1], "shard") == 0) target = lockstep::fuzz::shard_input;
+  if (argc >= 3 && std::strcmp(argv[1], "checkpoint") == 0)
+    target = lockstep::fuzz::checkpoint_input;
+  if (argc >= 3 && std::strcmp(argv[1], "convert") == 0) target = lockstep::fuzz::convert_input;
+  if (target == nullptr) {
+    std::fprintf(stderr, "usage: %s shard|checkpoint|convert DIR...\n", argv[0]);
     return 2;
   }
-  const bool shard = std::strcmp(argv[1], "shard") == 0;
   for (int i = 2; i < argc; ++i) {
     std::vector<fs::path> inputs;
     for (const auto& entry : fs::directory_iterator(argv[i]))
@@ -35,8 +40,7 @@ int main(int argc, char** argv) {
                               std::istreambuf_iterator<char>());
       const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
       try {
-        shard ? lockstep::fuzz::shard_input(data, bytes.size())
-              : lockstep::fuzz::checkpoint_input(data, bytes.size());
+        target(data, bytes.size());
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: escaped with %s\n", path.c_str(), e.what());
         return 1;

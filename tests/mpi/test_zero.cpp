@@ -129,7 +129,7 @@ Result train(const Config& c, int save_at = -1, const CheckpointContents* resume
   std::int64_t position = 0;
   if (resume) {
     const TrainingState state =
-        restore_checkpoint(*resume, "(in memory)", *model, *optimizer, {}, core::Stream());
+        restore_checkpoint(*resume, "(in memory)", *model, *optimizer, {}, {}, core::Stream());
     trainer.set_steps(state.step);
     scaler.set_state(state.scaler);
     position = state.position;
@@ -170,7 +170,7 @@ std::vector<float> continue_alone(const Config& c, const CheckpointContents& sav
   DataParallelStep alone(*model, store, *optimizer, make_scheduler("constant", s), scaler, nullptr,
                          StepOptions{}, core::Stream());
   const TrainingState state =
-      restore_checkpoint(saved, "(in memory)", *model, *optimizer, {}, core::Stream());
+      restore_checkpoint(saved, "(in memory)", *model, *optimizer, {}, {}, core::Stream());
   alone.set_steps(state.step);
   io::TensorDataset source = rows(n * kMicroBatch, 1, 0);
   source.start_epoch(0, state.position);

@@ -71,7 +71,7 @@ refuses "$ts" --loss mse  # the shards hold labels, not float targets
 for flag in --model --optimizer --schedule --precision --device --shuffle --log-level --loss; do
   refuses "$ts" "$flag" EMPTY nonsense
 done
-for flag in --val-data --checkpoint-dir --resume --init-from --metrics; do
+for flag in --val-data --checkpoint-dir --resume --init-from --metrics --heartbeat; do
   refuses "$ts" "$flag" EMPTY
 done
 refuses "$train --device cpu --steps 1" --data EMPTY

@@ -4,8 +4,9 @@
 # 70) within LOCKSTEP_COMM_TIMEOUT (5 s, so that a slow step on a loaded
 # machine is not taken for the hang), its message names the rank that did not
 # answer, the dump directory and the tools/flight.py command; the dumps are
-# there and tools/flight.py names the stuck collective and rank 1. Usage:
-# hang.sh BUILD_DIR SOURCE_DIR
+# there and tools/flight.py names the stuck collective and rank 1; rank 0's
+# --heartbeat stops advancing once rank 1 is stopped (Note [heartbeat]).
+# Usage: hang.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 src=$2
@@ -26,7 +27,7 @@ synthetic_shards "$build" "$work" 512
 
 LOCKSTEP_COMM_TIMEOUT=5 LOCKSTEP_FLIGHT_DIR="$work/fl" timeout 120 mpirun -np 2 --oversubscribe \
   "$train" --data "$work/train" --model mlp --device cpu --batch-size 32 --steps 1000000 \
-  --log-every 1000000 --metrics "$work/m.jsonl" >"$work/out" 2>&1 &
+  --log-every 1000000 --metrics "$work/m.jsonl" --heartbeat "$work/hb.json" >"$work/out" 2>&1 &
 mpirun_pid=$!
 for _ in $(seq 600); do  # up to 60 s for 20 steps
   [ -f "$work/m.jsonl" ] && [ "$(grep -c '"loss"' "$work/m.jsonl")" -ge 20 ] && break
@@ -43,6 +44,11 @@ for proc in /proc/[0-9]*; do
 done
 [ -n "$stopped" ] || { cat "$work/out" >&2; fail "found no rank 1 to stop"; }
 kill -STOP "$stopped" || { cat "$work/out" >&2; fail "rank 1 ended before it could be stopped"; }
+heartbeat_step() { /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$work/hb.json"; }
+sleep 1  # the step in flight when rank 1 stopped may still end on rank 0
+beat_after_stop=$(heartbeat_step)
+sleep 2
+beat_later=$(heartbeat_step)
 status=0
 wait "$mpirun_pid" || status=$?
 mpirun_pid=""
@@ -57,4 +63,6 @@ expect "$work/report" "^STUCK at (gradients|world)#[0-9]+: "
 # Rank 1 stopped between collectives, or inside one its partner completed: named as the rank
 # that never reached the next; stopped inside one both are still in, it is one of its issuers.
 expect "$work/report" "^  rank 1 never reached |issued by ranks 0, 1 \(started"
+[ "$beat_after_stop" -ge 20 ] && [ "$beat_after_stop" = "$beat_later" ] ||
+  fail "the heartbeat went from step $beat_after_stop to $beat_later while rank 1 was stopped"
 echo "hang.sh: ok"

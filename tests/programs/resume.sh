@@ -13,6 +13,13 @@
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
+#   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
+#                resume that leaves --dropout at its default (0), and resumes
+#                with --dropout 0.1 (Note [resume fingerprint])
+#   lock         while one run trains into a directory, a second one, fresh or
+#                --resume auto, is refused naming the first's host, pid and
+#                start time; once the first is killed (SIGKILL), a resume
+#                takes the directory (Note [checkpoint lock])
 #   ownership    a fresh run refuses a --checkpoint-dir that holds checkpoints;
 #                a run resumed from an early checkpoint into a directory with
 #                a later one keeps the checkpoint it writes (--keep 1)
@@ -120,6 +127,52 @@ case $mode in
     done
     [ "$checked" -ge 15 ] || { echo "only $checked of 20 kills left a checkpoint to resume"; exit 1; }
     echo "crash safety: 20 kills, $checked resumes, each from a good checkpoint"
+    ;;
+  fingerprint)
+    "$shard" text --src "$(dirname "$0")"/../../docs/*.md --out "$work/text" --seq 32 >/dev/null
+    gpt=(--data "$work/text/train" --model gpt-tiny --seed 7 --log-every 1000 --device cpu
+      --batch-size 4 --checkpoint-dir "$work/a")
+    "$train" "${gpt[@]}" --dropout 0.1 --steps 2 >/dev/null
+    if "$train" "${gpt[@]}" --steps 4 --resume auto >"$work/default.log" 2>&1; then
+      echo "a checkpoint made with --dropout 0.1 resumed with the default dropout 0:"
+      cat "$work/default.log"; exit 1
+    fi
+    grep -q "dropout was '0.1' and is now '0'" "$work/default.log" ||
+      { echo "the dropout is not named:"; cat "$work/default.log"; exit 1; }
+    "$train" "${gpt[@]}" --dropout 0.1 --steps 4 --resume auto >"$work/same.log" 2>&1 ||
+      { echo "the same dropout did not resume:"; cat "$work/same.log"; exit 1; }
+    grep -q "resumed from" "$work/same.log" || { echo "nothing resumed:"; cat "$work/same.log"; exit 1; }
+    echo "fingerprint: a default left out is compared; the same dropout resumes"
+    ;;
+  lock)
+    "$train" "${common[@]}" --batch-size 32 --steps 100000 --checkpoint-every 20 \
+      --checkpoint-dir "$work/c" >"$work/first.log" 2>&1 &
+    first=$!
+    for _ in $(seq 1 300); do
+      grep -qs "pid $first " "$work/c/lockstep.lock" && break
+      sleep 0.1
+    done
+    grep -qs "pid $first " "$work/c/lockstep.lock" ||
+      { echo "the first run wrote no lock file:"; cat "$work/first.log"; kill -9 "$first"; exit 1; }
+    for second in fresh resume; do
+      extra=()
+      [ "$second" = resume ] && extra=(--resume auto)
+      rc=0
+      timeout 60 "$train" "${common[@]}" --batch-size 32 --steps 4 --checkpoint-dir "$work/c" \
+        "${extra[@]}" >"$work/second.log" 2>&1 || rc=$?
+      if [ "$rc" -ne 1 ] || ! grep -q "host $(hostname) pid $first started 20" "$work/second.log"; then
+        echo "a $second second run: exit $rc, not 1 naming the first run (pid $first):"
+        cat "$work/second.log"
+        kill -9 "$first"
+        exit 1
+      fi
+    done
+    kill -0 "$first" || { echo "the first run ended early:"; cat "$work/first.log"; exit 1; }
+    kill -9 "$first"
+    wait "$first" 2>/dev/null || true
+    "$train" "${common[@]}" --batch-size 32 --steps 2 --checkpoint-dir "$work/c" --resume auto \
+      >"$work/third.log" 2>&1 || { echo "after the kill, the directory stayed locked:"; cat "$work/third.log"; exit 1; }
+    echo "lock: second runs refused naming the first; released by the kernel at its death"
     ;;
   ownership)
     launch 1 "${common[@]}" --batch-size 32 --steps 4 --checkpoint-every 2 --keep 5 --checkpoint-dir "$work/a" >/dev/null
