@@ -45,6 +45,8 @@ class Trainer {
   // Continues a resumed run at `steps` (the checkpoint's step).
   void set_steps(std::int64_t steps) { step_.set_steps(steps); }
   const core::Stream& stream() const { return step_.stream(); }
+  // The step it runs (RunCheckpoints saves and restores its count).
+  DataParallelStep& data_parallel_step() { return step_; }
 
  private:
   Module& model_;

@@ -7,14 +7,11 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
-#include "engine/checkpoint_choice.h"
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
@@ -22,6 +19,7 @@
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
+#include "engine/run_checkpoints.h"
 #include "engine/run_control.h"
 #include "engine/run_report.h"
 #include "engine/trainer.h"
@@ -57,16 +55,6 @@ std::optional<DType> autocast_for(const std::string& precision) {
   if (precision == "fp16") return DType::f16;
   if (precision == "bf16") return DType::bf16;
   throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
-}
-
-// LOCKSTEP_TEST_SAVE_DELAY: seconds added to each save of rank 0.
-double parse_save_delay(const std::string& text) {
-  char* end = nullptr;
-  const double seconds = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(seconds >= 0 && seconds <= 3600))
-    throw InvalidArgument("LOCKSTEP_TEST_SAVE_DELAY='" + text +
-                          "' is not a number of seconds from 0 to 3600");
-  return seconds;
 }
 
 // The fields a resume may not change (Note [resume fingerprint]).
@@ -245,33 +233,34 @@ int run(const Flags& f, comm::World& world) {
   trainer_options.sync.zero_stage = f.zero;
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
-  std::optional<CheckpointDirectory> checkpoints;
-  if (!f.checkpoint_dir.empty()) {
-    try {
-      checkpoints.emplace(f.checkpoint_dir, f.keep,
-                          f.resume.empty() ? CheckpointStart::fresh : CheckpointStart::resume,
-                          lead ? CheckpointLock::hold : CheckpointLock::none);
-    } catch (const CheckpointDirectoryLocked& e) {
-      throw IoError(fmt::format(
-          "--checkpoint-dir {} is another run's: {} holds its lock (wait for that run to end or "
-          "stop it, or pass another --checkpoint-dir)",
-          f.checkpoint_dir, e.holder().empty() ? "a process starting up" : e.holder()));
-    } catch (const CheckpointDirectoryInUse& e) {
-      throw InvalidArgument(fmt::format(
-          "--checkpoint-dir {} already holds checkpoints of a run (the newest {}): pass "
-          "--resume auto to continue it, another --checkpoint-dir to start a new one, or remove "
-          "them",
-          f.checkpoint_dir, e.newest().filename().string()));
-    }
-    comm::set_flight_directory(f.checkpoint_dir);  // where flight-rank-<r>.json dumps go
-  }
-  if (f.resume == "auto" && !checkpoints)
+  if (f.resume == "auto" && f.checkpoint_dir.empty())
     throw InvalidArgument("--resume auto needs --checkpoint-dir");
-  const std::string newest = newest_checkpoint_name_of_rank0(
-      world.host(), f.resume == "auto" ? &*checkpoints : nullptr);  // Note [checkpoint choice]
-  std::optional<std::filesystem::path> resume_file;
-  if (f.resume == "auto" && !newest.empty()) resume_file = checkpoints->directory() / newest;
-  if (!f.resume.empty() && f.resume != "auto") resume_file = f.resume;
+  Heartbeat heartbeat(lead ? f.heartbeat : "");  // Note [heartbeat]
+  RunCheckpointOptions checkpoint_options{
+      .directory = f.checkpoint_dir,
+      .keep_last = f.keep,
+      .start = f.resume.empty()     ? RunCheckpointOptions::Start::fresh
+               : f.resume == "auto" ? RunCheckpointOptions::Start::latest
+                                    : RunCheckpointOptions::Start::file,
+      .file = f.resume == "auto" ? std::string() : f.resume,
+      .config = config,
+      .config_defaults = kFingerprintDefaults,
+      .heartbeat = &heartbeat};
+  std::optional<RunCheckpoints> checkpoints;
+  try {
+    checkpoints.emplace(world, std::move(checkpoint_options));
+  } catch (const CheckpointDirectoryLocked& e) {
+    throw IoError(fmt::format(
+        "--checkpoint-dir {} is another run's: {} holds its lock (wait for that run to end or "
+        "stop it, or pass another --checkpoint-dir)",
+        f.checkpoint_dir, e.holder().empty() ? "a process starting up" : e.holder()));
+  } catch (const CheckpointDirectoryInUse& e) {
+    throw InvalidArgument(fmt::format(
+        "--checkpoint-dir {} already holds checkpoints of a run (the newest {}): pass "
+        "--resume auto to continue it, another --checkpoint-dir to start a new one, or remove "
+        "them",
+        f.checkpoint_dir, e.newest().filename().string()));
+  }
   // Every rank checks the others' configuration, data and checkpoint in the
   // Trainer's constructor, before anything trains (comm::check_agreement).
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
@@ -283,55 +272,29 @@ int run(const Flags& f, comm::World& world) {
   }
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);
-  trainer_options.agreement.push_back(checkpoint_agreement_field(resume_file));
+  trainer_options.agreement.push_back(checkpoints->agreement_field());
   Trainer trainer(*model, store, *optimizer, make_scheduler(f.schedule, schedule), scaler, world,
                   trainer_options, stream);
 
-  std::int64_t epoch = 0, position = 0;  // epoch counts from 0 here, from 1 in what is shown
+  // The epoch counts from 0 here, from 1 in what is shown.
+  const RunPosition start =
+      checkpoints->restore(*model, *optimizer, trainer.data_parallel_step(), scaler, stream);
+  std::int64_t epoch = start.data.epoch, position = start.data.position;
   std::string resume_note;
-  if (resume_file) {
-    const TrainingState s =
-        restore_checkpoint(read_checkpoint(*resume_file), resume_file->string(), *model, *optimizer,
-                           config, kFingerprintDefaults, stream);
-    trainer.set_steps(s.step);
-    scaler.set_state(s.scaler);
-    epoch = s.epoch;
-    position = s.position;
-    resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})",
-                              resume_file->string(), s.step, epoch + 1, position);
-  } else if (f.resume == "auto") {
+  if (const auto& file = checkpoints->resume_file())
+    resume_note = fmt::format("resumed from {} at step {} (epoch {}, sample {})", file->string(),
+                              start.step, epoch + 1, position);
+  else if (f.resume == "auto")
     resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
-  }
   MetricsWriter metrics(lead ? f.metrics : "");
-  Heartbeat heartbeat(lead ? f.heartbeat : "");  // Note [heartbeat]
   heartbeat.beat(trainer.steps(), "starting");
   std::optional<RunReport> report;
-  std::int64_t last_saved = -1;
-  auto save = [&](std::int64_t at_epoch, std::int64_t at_position) {
-    if (!checkpoints || last_saved == trainer.steps()) return;
-    last_saved = trainer.steps();
-    core::trace::Span span("checkpoint save", "checkpoint");
-    // Rank 0 writes while the others wait for it in the next step, past
-    // their timeout if need be; every rank copies the state first.
-    comm::Watchdog::Busy saving(&world.watchdog(),
-                                fmt::format("saving the checkpoint of step {}", trainer.steps()));
-    TrainingState s{trainer.steps(),
-                    at_epoch,
-                    at_position,
-                    scaler.state(),
-                    f.seed,
-                    world.size(),
-                    f.batch_size * world.size(),
-                    config};
-    const CheckpointContents contents = capture_checkpoint(*model, *optimizer, s, stream);
-    if (!lead) return;  // rank 0 writes: every rank holds the same state
-    const Heartbeat::Busy beating(heartbeat, trainer.steps(), "saving");
-    // A test hook (tests/multihost, docs/faults.md): a slower disk.
-    if (const char* delay = std::getenv("LOCKSTEP_TEST_SAVE_DELAY"))
-      std::this_thread::sleep_for(comm::Seconds(parse_save_delay(delay)));
-    const std::string path = checkpoints->save(trainer.steps(), contents).string();
-    report->set_last_checkpoint(path);
-    fmt::print("saved {}\n", path);
+  auto save = [&] {
+    const std::filesystem::path path =
+        checkpoints->save(*model, *optimizer, trainer.data_parallel_step(), scaler, loader, stream);
+    if (path.empty()) return;
+    report->set_last_checkpoint(path.string());
+    fmt::print("saved {}\n", path.string());
     std::fflush(stdout);
   };
 
@@ -373,16 +336,12 @@ int run(const Flags& f, comm::World& world) {
   const std::int64_t first_step = trainer.steps() + 1;
   if (f.profile) core::trace::enable_profile();  // from the first step on
 
-  // Where the next step would start: saved with every checkpoint.
-  std::int64_t next_epoch = epoch, next_position = position;
   bool stopped = false;
   for (; trainer.steps() < total_steps && !stopped; ++epoch, position = 0) {
     loader.start_epoch(epoch, position);
     while (trainer.steps() < total_steps) {
       const std::optional<StepResult> r = trainer.step(loader);
       if (!r) break;
-      next_epoch = epoch;
-      next_position = loader.position().position;
       // Samples (windows for a language model) per second, as the summary counts them.
       const std::int64_t samples = r->samples / tokens_per_window;
       const double samples_per_s = static_cast<double>(samples) / r->seconds;
@@ -401,16 +360,15 @@ int run(const Flags& f, comm::World& world) {
                    progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
                                  eta.eta_s(r->step, total_steps)),
                    step_detail(r->breakdown, 1e3 * r->seconds, peak_bytes, device.str()));
-      if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0))
-        save(next_epoch, next_position);
+      if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0)) save();
       if (r->stop) {
         if (lead) {
           // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
           fmt::print("stopped at step {} {}: {}\n", r->step,
                      metrics.failed() ? "as the --metrics file cannot be written (see above)"
                                       : "on request (a signal)",
-                     checkpoints ? "to continue, run the same command with --resume auto"
-                                 : "nothing saved (no --checkpoint-dir)");
+                     checkpoints->saves() ? "to continue, run the same command with --resume auto"
+                                          : "nothing saved (no --checkpoint-dir)");
           std::fflush(stdout);
         }
         stopped = true;
@@ -418,18 +376,16 @@ int run(const Flags& f, comm::World& world) {
       }
     }
     if (stopped) break;
-    if (trainer.steps() < total_steps || next_position >= loader.sampler().epoch_positions()) {
-      next_epoch = epoch + 1;  // the epoch ran out
-      next_position = 0;
-      report->end_epoch();
-    }
+    if (trainer.steps() < total_steps ||
+        loader.position().position >= loader.sampler().epoch_positions())
+      report->end_epoch();  // the epoch ran out
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
       if (lead) print_eval(metrics, e, trainer.steps(), epoch + 1, preset.language_model);
     }
   }
-  save(next_epoch, next_position);
+  save();
   if (lead && f.sample_tokens > 0) {
     std::vector<std::int32_t> prompt;  // bytes as tokens 0-255: char is signed on x86
     for (const unsigned char byte : f.prompt) prompt.push_back(byte);

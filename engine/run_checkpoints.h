@@ -1,0 +1,99 @@
+// RunCheckpoints: a training run's checkpoints in one object, for
+// lockstep-train and for any loop of the user's own: the directory (whose
+// lock rank 0 holds), the choice of the checkpoint to resume from (Note
+// [checkpoint choice]), putting the whole run back from it (weights, buffers,
+// optimizer state, the step count that drives the schedule and dropout keys,
+// the loss scaler, the data position), and saves of that state with the
+// atomic files and retention of engine/checkpoint_file.h.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "comm/world.h"
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_file.h"
+#include "engine/data_parallel_step.h"
+#include "engine/heartbeat.h"
+#include "io/batch_source.h"
+
+namespace lockstep::engine {
+
+struct RunCheckpointOptions {
+  // Where checkpoints are saved; empty: none are (`file` may still be resumed).
+  std::filesystem::path directory;
+  int keep_last = 3;  // Note [checkpoint retention]
+  // fresh: `directory` must hold no checkpoints; latest: the newest good one
+  // in `directory`, or a fresh start when there is none; file: `file`.
+  enum class Start { fresh, latest, file };
+  Start start = Start::fresh;
+  std::filesystem::path file;
+  // Note [resume fingerprint]: what a resume may not change, and the value
+  // of a field in a checkpoint written before the field was.
+  std::map<std::string, std::string> config, config_defaults;
+  // Rewritten with phase "saving" every second while rank 0 writes; may be null.
+  Heartbeat* heartbeat = nullptr;
+};
+
+// Where a run continues: the steps taken and the data position of the next.
+struct RunPosition {
+  std::int64_t step = 0;
+  io::LoaderPosition data;
+};
+
+class RunCheckpoints {
+ public:
+  // Collective over world.host(). Rank 0 takes the directory and its lock
+  // (CheckpointDirectoryLocked naming the holder when another run has it;
+  // CheckpointDirectoryInUse for a fresh start into a directory that holds
+  // checkpoints), then every rank learns which file it resumes from.
+  RunCheckpoints(comm::World& world, RunCheckpointOptions options);
+
+  // The file this rank resumes from, if any.
+  const std::optional<std::filesystem::path>& resume_file() const { return resume_file_; }
+  // ("checkpoint", what this rank resumes from): put it in StepOptions::
+  // agreement, so that a rank whose copy differs stops every rank before the
+  // first step (Note [checkpoint choice]).
+  std::pair<std::string, std::string> agreement_field() const;
+
+  // Puts the run back from resume_file(): weights, buffers, the optimizer
+  // state, step.steps() and the loss scaler. Returns where to continue
+  // (step 0, epoch 0, position 0 without a file). Throws naming the file and
+  // the field for a checkpoint of another model or configuration.
+  RunPosition restore(Module& model, Optimizer& optimizer, DataParallelStep& step,
+                      LossScaler& scaler, const core::Stream& stream);
+
+  // Collective (a sharded optimizer gathers its state): the run's state after
+  // step.steps(), continuing where `source` stands (next_position()). Rank 0
+  // writes it and returns its path; other ranks, and a run without a
+  // directory, return an empty path. A second save of the same step writes
+  // nothing. Throws IoError (a full disk) leaving every earlier checkpoint as
+  // it was. LOCKSTEP_TEST_SAVE_DELAY (seconds, for tests: a slower disk) is
+  // added to rank 0's write.
+  std::filesystem::path save(Module& model, const Optimizer& optimizer,
+                             const DataParallelStep& step, const LossScaler& scaler,
+                             const io::BatchSource& source, const core::Stream& stream);
+
+  // The data position after the step just taken from `source`: where it
+  // stands, or the start of the next epoch when the epoch has no whole step
+  // of `accumulation` micro-batches left (Trainer::step would return none).
+  static io::LoaderPosition next_position(const io::BatchSource& source, int accumulation);
+
+  // Without a directory there is nothing to save to.
+  bool saves() const { return directory_.has_value(); }
+  const std::filesystem::path& directory() const { return options_.directory; }
+
+ private:
+  comm::World& world_;
+  RunCheckpointOptions options_;
+  std::optional<CheckpointDirectory> directory_;
+  std::optional<std::filesystem::path> resume_file_;
+  std::int64_t last_saved_ = -1;
+};
+
+}  // namespace lockstep::engine
