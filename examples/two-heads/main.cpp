@@ -60,8 +60,7 @@ io::TensorDataset make_data(std::int64_t n, unsigned seed, io::TensorDatasetOpti
   std::vector<float> x(2 * n), value(n);
   std::vector<std::int64_t> label(n);
   for (std::int64_t i = 0; i < n; ++i) {
-    const float a = uniform(rng), b = uniform(rng);
-    x[2 * i] = a, x[2 * i + 1] = b;
+    const float a = x[2 * i] = uniform(rng), b = x[2 * i + 1] = uniform(rng);
     label[i] = (a > 0) + 2 * (b > 0);
     value[i] = std::sin(3 * a) + b * b;
   }
