@@ -5,7 +5,7 @@
 // dropout, under mpiexec with 1, 2 and 3 ranks, for cross-entropy on class
 // indices, for the elementwise losses on float targets, and for a two-head
 // model (tests/support/two_heads.h) on cross-entropy plus MSE over a named
-// second target (Note [loss of several terms]).
+// second target (Note [loss of several terms]), also with ZeRO-1.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -112,12 +112,18 @@ TEST_CASE("the Trainer on an in-memory source at N ranks equals one process with
   comm::World& world = test::mpi_world();
   const std::int64_t b = 4;
   constexpr int kSteps = 5;
-  for (const std::string loss : {"cross-entropy", "mse", "l1", "huber", "bce", "two-heads"})
+  // "two-heads zero-1": the two-head model with ZeRO-1 on the ranks' side.
+  for (const std::string run :
+       {"cross-entropy", "mse", "l1", "huber", "bce", "two-heads", "two-heads zero-1"})
     for (int k : {1, 2}) {
-      INFO(world.size() << " ranks, K " << k << ", " << loss);
+      INFO(world.size() << " ranks, K " << k << ", " << run);
+      const bool zero1 = run.ends_with(" zero-1");
+      const std::string loss = zero1 ? run.substr(0, run.size() - 7) : run;
       Replica ranks(loss);
+      StepOptions sharded = options(loss, k);
+      sharded.sync.zero_stage = zero1 ? 1 : 0;
       Trainer trainer(*ranks.model, *ranks.store, *ranks.sgd, make_scheduler("constant", {}),
-                      ranks.scaler, world, options(loss, k), core::Stream());
+                      ranks.scaler, world, sharded, core::Stream());
       io::TensorDataset shard = task(loss, b, world.size(), world.rank());
       shard.start_epoch(0);
 
