@@ -9,10 +9,11 @@
 //
 // Note [step protocol]: every rank runs, in this order, collectives included:
 //   zero the gradients; sync.begin_step (rank 0's buffers to every rank);
-//   K x { forward and loss (Module::forward_named, Loss::forward_named,
-//         for every model: Note [several inputs and outputs]); backward, with no_sync for the first
-//         K-1, each parameter reported to the synchroniser as its gradient is complete; the root
-//         module's own parameters reported last };
+//   K x { forward and loss (Module::forward_named, Loss::forward_named, for
+//         every model: Note [several inputs and outputs]); backward, with
+//         no_sync for the first K-1, each parameter reported to the
+//         synchroniser as its gradient is complete; the root module's own
+//         parameters reported last };
 //   sync.finish (the gradients hold the mean over every rank's rows);
 //   unscale and the scaler's update (f16), the global norm or clipping, the
 //   schedule's lr; comm::StepAgreement (the loss, the rows, stop requests);
