@@ -38,6 +38,18 @@ comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store)
   return m;
 }
 
+core::NamedTensors MicroBatch::tensors() const {
+  core::NamedTensors all{{"inputs", inputs}};
+  if (targets.defined()) all.set("targets", targets);
+  for (const auto& [name, tensor] : named) {
+    if (all.contains(name))
+      throw InvalidArgument("MicroBatch: a named tensor is called '" + name +
+                            "', the name of the batch's own inputs or targets (rename it)");
+    all.set(name, tensor);
+  }
+  return all;
+}
+
 RankMean rank_mean(int world_size, core::Device device) {
   if (device.is_cuda()) return {1, true};
   return {world_size, false};
@@ -166,15 +178,16 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     {
       core::trace::Span forward("forward", core::trace::Part::compute);
-      const core::Tensor output = model_.forward(batch.inputs, ctx);
-      const core::Tensor loss = loss_->forward(output, batch.targets, ctx);
+      const core::NamedTensors tensors = batch.tensors();
+      const core::NamedTensors outputs = model_.forward_named(tensors, ctx);
+      const core::Tensor loss = loss_->forward_named(outputs, tensors, ctx);
       // Note [loss rows]: the mean weighed by the rows it is of.
       core::ops::mul(loss, loss_->counted_rows(), weighted_loss_, stream_);
       core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
       core::ops::add(rows_total, loss_->counted_rows(), rows_total, stream_);
     }
     core::trace::Span backward("backward", core::trace::Part::compute);
-    model_.backward(loss_->backward(dloss, ctx), ctx);
+    model_.backward_named(loss_->backward_named(dloss, ctx), ctx);
     model_.report_ready(ctx);
   }
   if (sync_) {

@@ -9,9 +9,11 @@
 //
 // Note [step protocol]: every rank runs, in this order, collectives included:
 //   zero the gradients; sync.begin_step (rank 0's buffers to every rank);
-//   K x { forward and loss; backward, with no_sync for the first K-1, each
-//         parameter reported to the synchroniser as its gradient is
-//         complete; the root module's own parameters reported last };
+//   K x { forward and loss (Module::forward_named, Loss::forward_named, for
+//         every model: Note [several inputs and outputs]); backward, with
+//         no_sync for the first K-1, each parameter reported to the
+//         synchroniser as its gradient is complete; the root module's own
+//         parameters reported last };
 //   sync.finish (the gradients hold the mean over every rank's rows);
 //   unscale and the scaler's update (f16), the global norm or clipping, the
 //   schedule's lr; comm::StepAgreement (the loss, the rows, stop requests);
@@ -114,10 +116,16 @@ struct StepResult {
 // One micro-batch of this rank, on the model's device: inputs [B, ...] and
 // the targets the loss takes: class indices [B] i64 (or [B, T] for token
 // batches) for cross-entropy, float targets of the output's shape for the
-// elementwise losses, whatever the caller's own loss reads.
+// elementwise losses, whatever the caller's own loss reads; and any other
+// tensors of B rows the model or the loss reads by name (a second input, a
+// second target, a mask: Note [several inputs and outputs]).
 struct MicroBatch {
   core::Tensor inputs;
   core::Tensor targets;
+  core::NamedTensors named{};
+  // What the model and the loss see: "inputs", "targets" (when defined) and
+  // the named ones; throws InvalidArgument when a named one reuses those names.
+  core::NamedTensors tensors() const;
 };
 
 // The model as the GradientSynchronizer sees it: the store's flat buffers,

@@ -28,7 +28,7 @@ std::optional<StepResult> Trainer::step(io::BatchSource& source) {
     core::trace::Span wait("data wait", core::trace::Part::data);
     std::optional<io::Batch> b = source.next();
     if (!b) return std::nullopt;
-    micro_batches.push_back({b->inputs, b->labels});
+    micro_batches.push_back({b->inputs, b->labels, b->named});
     batches.push_back(std::move(*b));
   }
   StepResult r = step_.run(micro_batches);
@@ -56,15 +56,17 @@ EvalResult Trainer::evaluate(io::BatchSource& source) {
   while (std::optional<io::Batch> batch = source.next()) {
     if (batch->valid == 0) continue;
     // Rows [0, valid) are real; the rest is padding (Note [padding], io/sampler.h).
-    const core::Tensor inputs = real_rows(batch->inputs, batch->valid);
-    const core::Tensor targets = real_rows(batch->labels, batch->valid);
-    const core::Tensor output = model_.forward(inputs, ctx);
-    const double mean = loss.forward(output, targets, ctx).to_vector<float>(stream)[0];
+    MicroBatch real{real_rows(batch->inputs, batch->valid), real_rows(batch->labels, batch->valid)};
+    for (const auto& [name, tensor] : batch->named)
+      real.named.set(name, real_rows(tensor, batch->valid));
+    const core::NamedTensors tensors = real.tensors();
+    const core::NamedTensors outputs = model_.forward_named(tensors, ctx);
+    const double mean = loss.forward_named(outputs, tensors, ctx).to_vector<float>(stream)[0];
     const double rows = loss.counted_rows().to_vector<float>(stream)[0];
     sums[0] += mean * rows;
     sums[2] += rows;
     sums[3] += static_cast<double>(batch->valid);
-    const core::Tensor correct = loss.count_correct(output, targets, stream);
+    const core::Tensor correct = loss.count_correct_named(outputs, tensors, stream);
     if (correct.defined())
       sums[1] += correct.to_vector<float>(stream)[0];
     else

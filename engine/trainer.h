@@ -1,9 +1,10 @@
 // Trainer: the training loop's two calls over any batch source (the HDF5
 // DataLoader, an in-memory TensorDataset): step() takes this rank's K
-// micro-batches and runs one DataParallelStep (engine/data_parallel_step.h,
-// where the step's protocol and its Notes live); evaluate() measures the
-// step's loss (StepOptions::loss) and, where the loss has one, its accuracy
-// over a whole evaluation set, every rank its share.
+// micro-batches (with their named tensors, io::Batch::named) and runs one
+// DataParallelStep (engine/data_parallel_step.h, where the step's protocol
+// and its Notes live); evaluate() measures the step's loss
+// (StepOptions::loss) and, where the loss has one, its accuracy over a whole
+// evaluation set, every rank its share.
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/core/named_tensors.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 #include "io/sampler.h"
@@ -22,6 +23,9 @@ struct Batch {
   // What the loss trains towards: [B] i64 class indices, or for a target
   // shard (ShardFormat::has_targets) f32 [B, ...target_shape].
   core::Tensor labels;
+  // Further tensors of B rows by name (a second input, a second target, a
+  // mask: a TensorDataset's named tensors); the HDF5 DataLoader hands out none.
+  core::NamedTensors named{};
   std::vector<std::int64_t> indices;  // global sample index of each row
   std::int64_t valid = 0;             // rows [0, valid) are real (Note [padding])
   std::int64_t epoch = 0, index = 0;  // global batch `index` of `epoch`

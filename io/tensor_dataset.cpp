@@ -48,6 +48,10 @@ core::Tensor widened_targets(core::Tensor targets) {
 
 TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor targets,
                              TensorDatasetOptions options)
+    : TensorDataset(std::move(inputs), std::move(targets), {}, std::move(options)) {}
+
+TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor targets, core::NamedTensors named,
+                             TensorDatasetOptions options)
     : inputs_(std::move(inputs)),
       labels_(widened_targets(std::move(targets))),
       options_(std::move(options)),
@@ -57,6 +61,17 @@ TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor targets,
     throw InvalidArgument(fmt::format(
         "TensorDataset: inputs have {} rows {} but targets {} {} (one target row per input row)",
         inputs_.dim(0), core::shape_str(inputs_.shape()), rows, core::shape_str(labels_.shape())));
+  for (const auto& [name, tensor] : named) {
+    const std::string what = "named tensor '" + name + "'";
+    if (name == "inputs" || name == "targets")
+      throw InvalidArgument("TensorDataset: a named tensor is called '" + name +
+                            "', the name of the dataset's own inputs or targets (rename it)");
+    if (rows_of(tensor, what.c_str()) != rows)
+      throw InvalidArgument(
+          fmt::format("TensorDataset: {} has {} rows {}, the inputs {} (one row per input row)",
+                      what, tensor.dim(0), core::shape_str(tensor.shape()), rows));
+    named_.set(name, widened_targets(tensor));
+  }
   if (options_.num_classes > 0 && labels_.dtype() == DType::i64) {
     const auto* y = labels_.data_as<std::int64_t>();
     const std::int64_t per_row = rows > 0 ? labels_.numel() / rows : 0;
@@ -98,9 +113,14 @@ std::optional<Batch> TensorDataset::next() {
   Batch b;
   b.inputs = gather(inputs_, rows.indices);
   b.labels = gather(labels_, rows.indices);
+  for (const auto& [name, tensor] : named_) b.named.set(name, gather(tensor, rows.indices));
   if (options_.device.is_cuda()) {
     b.inputs = b.inputs.to(options_.device, options_.stream);
     b.labels = b.labels.to(options_.device, options_.stream);
+    core::NamedTensors moved;
+    for (const auto& [name, tensor] : b.named)
+      moved.set(name, tensor.to(options_.device, options_.stream));
+    b.named = std::move(moved);
   }
   b.indices = std::move(rows.indices);
   b.valid = rows.valid;
@@ -114,13 +134,20 @@ LoaderPosition TensorDataset::position() const {
 }
 
 std::vector<std::pair<std::string, std::string>> TensorDataset::agreement_fields() const {
-  const std::uint64_t digest = fnv1a(labels_, fnv1a(inputs_, 0xcbf29ce484222325ULL));
-  return {{"tensor_dataset.rows", std::to_string(size())},
-          {"tensor_dataset.inputs",
-           fmt::format("{} {}", dtype_name(inputs_.dtype()), core::shape_str(inputs_.shape()))},
-          {"tensor_dataset.targets",
-           fmt::format("{} {}", dtype_name(labels_.dtype()), core::shape_str(labels_.shape()))},
-          {"tensor_dataset.digest", fmt::format("{:016x}", digest)}};
+  std::uint64_t digest = fnv1a(labels_, fnv1a(inputs_, 0xcbf29ce484222325ULL));
+  for (const auto& [name, tensor] : named_) digest = fnv1a(tensor, digest);
+  std::vector<std::pair<std::string, std::string>> fields{
+      {"tensor_dataset.rows", std::to_string(size())},
+      {"tensor_dataset.inputs",
+       fmt::format("{} {}", dtype_name(inputs_.dtype()), core::shape_str(inputs_.shape()))},
+      {"tensor_dataset.targets",
+       fmt::format("{} {}", dtype_name(labels_.dtype()), core::shape_str(labels_.shape()))}};
+  for (const auto& [name, tensor] : named_)
+    fields.emplace_back(
+        "tensor_dataset.named." + name,
+        fmt::format("{} {}", dtype_name(tensor.dtype()), core::shape_str(tensor.shape())));
+  fields.emplace_back("tensor_dataset.digest", fmt::format("{:016x}", digest));
+  return fields;
 }
 
 }  // namespace lockstep::io

@@ -1,7 +1,8 @@
 // TensorDataset: a BatchSource over rows already in memory (inputs [N, ...]
 // and targets [N, ...], host tensors: class indices for cross-entropy, float
-// values for regression), for tests and for programs that make their data
-// rather than read it. Each epoch's order and each rank's
+// values for regression, and any further named tensors of N rows: a second
+// input, a second target, a mask), for tests and for programs that make their
+// data rather than read it. Each epoch's order and each rank's
 // share come from the same DistributedSampler as the HDF5 DataLoader's, so
 // the two hand out the same rows for the same data, seed and epoch.
 #pragma once
@@ -39,6 +40,11 @@ class TensorDataset final : public BatchSource {
   // them while batches are being taken. Throws InvalidArgument naming the
   // argument at fault.
   TensorDataset(core::Tensor inputs, core::Tensor targets, TensorDatasetOptions options);
+  // With further host tensors of the same rows, handed out by name in
+  // Batch::named (integer ones widened to i64 as targets are; num_classes
+  // checks the targets only).
+  TensorDataset(core::Tensor inputs, core::Tensor targets, core::NamedTensors named,
+                TensorDatasetOptions options);
 
   std::optional<Batch> next() override;
   LoaderPosition position() const override;
@@ -46,8 +52,8 @@ class TensorDataset final : public BatchSource {
   std::int64_t size() const { return sampler_.dataset_size(); }
 
   // What ranks compare before training (comm::check_agreement): the rows'
-  // count, shapes and dtypes, and a 64-bit FNV-1a digest of their bytes, so
-  // ranks that made different data fail at the start.
+  // count, shapes and dtypes (the named tensors' too), and a 64-bit FNV-1a digest of their bytes,
+  // so ranks that made different data fail at the start.
   std::vector<std::pair<std::string, std::string>> agreement_fields() const;
 
  private:
@@ -56,6 +62,7 @@ class TensorDataset final : public BatchSource {
   static core::Tensor gather(const core::Tensor& all, const std::vector<std::int64_t>& indices);
 
   core::Tensor inputs_, labels_;
+  core::NamedTensors named_;
   TensorDatasetOptions options_;
   DistributedSampler sampler_;
   std::int64_t epoch_ = 0;

@@ -3,6 +3,7 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -206,6 +207,109 @@ core::Tensor ElementwiseLoss::backward(float dloss, Context& ctx) {
       });
   prediction_ = target_ = core::Tensor();
   return prediction_dtype_ == DType::f32 ? grad : grad.cast(prediction_dtype_, ctx.stream);
+}
+
+core::Tensor Loss::forward_named(const core::NamedTensors& outputs, const core::NamedTensors& batch,
+                                 Context& ctx) {
+  const std::string who = "loss '" + describe() + "'";
+  return forward(outputs.at("output", who + " reads the model's output"),
+                 batch.at("targets", who + " reads the batch's targets"), ctx);
+}
+
+core::NamedTensors Loss::backward_named(float dloss, Context& ctx) {
+  return {{"output", backward(dloss, ctx)}};
+}
+
+core::Tensor Loss::count_correct_named(const core::NamedTensors& outputs,
+                                       const core::NamedTensors& batch,
+                                       const core::Stream& stream) {
+  const std::string who = "loss '" + describe() + "'";
+  return count_correct(outputs.at("output", who + " reads the model's output"),
+                       batch.at("targets", who + " reads the batch's targets"), stream);
+}
+
+WeightedLosses::WeightedLosses(std::vector<Term> terms) : terms_(std::move(terms)) {
+  if (terms_.empty())
+    throw InvalidArgument("WeightedLosses: no terms (give at least one {loss, output, target})");
+  for (std::size_t i = 0; i < terms_.size(); ++i) {
+    if (!terms_[i].loss)
+      throw InvalidArgument(fmt::format("WeightedLosses: term {} ('{}' against '{}') has no loss",
+                                        i, terms_[i].output, terms_[i].target));
+    if (!std::isfinite(terms_[i].weight))
+      throw InvalidArgument(
+          fmt::format("WeightedLosses: term {} ({}) has weight {}; give a finite "
+                      "weight",
+                      i, terms_[i].loss->describe(), terms_[i].weight));
+  }
+}
+
+std::string WeightedLosses::describe() const {
+  std::string out;
+  for (const Term& t : terms_)
+    out += fmt::format("{}{}*{}({}, {})", out.empty() ? "" : " + ", t.weight, t.loss->describe(),
+                       t.output, t.target);
+  return out;
+}
+
+core::Tensor WeightedLosses::forward(const core::Tensor&, const core::Tensor&, Context&) {
+  throw InvalidArgument(
+      "WeightedLosses: forward(output, targets) has no names to read; call "
+      "forward_named(outputs, batch, ctx), as the step and the Trainer do");
+}
+
+core::Tensor WeightedLosses::backward(float, Context&) {
+  throw InvalidArgument(
+      "WeightedLosses: backward(dloss) gives one gradient per output; call "
+      "backward_named(dloss, ctx), as the step and the Trainer do");
+}
+
+const core::Tensor& WeightedLosses::counted_rows() const {
+  return terms_.front().loss->counted_rows();
+}
+
+core::Tensor WeightedLosses::forward_named(const core::NamedTensors& outputs,
+                                           const core::NamedTensors& batch, Context& ctx) {
+  term_losses_.clear();
+  core::Tensor total;
+  for (std::size_t i = 0; i < terms_.size(); ++i) {
+    const Term& t = terms_[i];
+    const std::string who = fmt::format("WeightedLosses term {} ({})", i, t.loss->describe());
+    core::Tensor loss = t.loss->forward(outputs.at(t.output, who + " reads the model's output"),
+                                        batch.at(t.target, who + " reads the batch"), ctx);
+    if (!total.defined()) {
+      total = core::Tensor::empty({1}, DType::f32, loss.device(), ctx.stream);
+      core::ops::fill(total, 0.0, ctx.stream);
+    }
+    core::ops::axpy(t.weight, loss, total, ctx.stream);
+    term_losses_.push_back(std::move(loss));
+  }
+  return total;
+}
+
+core::NamedTensors WeightedLosses::backward_named(float dloss, Context& ctx) {
+  core::NamedTensors grads;
+  for (const Term& t : terms_) {
+    core::Tensor g = t.loss->backward(dloss * t.weight, ctx);
+    if (const core::Tensor* earlier = grads.find(t.output)) {
+      core::Tensor sum = core::Tensor::empty(g.shape(), g.dtype(), g.device(), ctx.stream);
+      core::ops::add(*earlier, g, sum, ctx.stream);
+      g = sum;
+    }
+    grads.set(t.output, g);
+  }
+  return grads;
+}
+
+core::Tensor WeightedLosses::count_correct_named(const core::NamedTensors& outputs,
+                                                 const core::NamedTensors& batch,
+                                                 const core::Stream& stream) {
+  for (const Term& t : terms_) {
+    const std::string who = "WeightedLosses term " + t.loss->describe();
+    core::Tensor correct =
+        t.loss->count_correct(outputs.at(t.output, who), batch.at(t.target, who), stream);
+    if (correct.defined()) return correct;
+  }
+  return {};
 }
 
 std::unique_ptr<Loss> make_loss(const std::string& name) {

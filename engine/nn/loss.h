@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/nn/module.h"
 #include "kernels/elementwise_loss.h"
@@ -46,6 +47,63 @@ class Loss {
                                      const core::Stream& /*stream*/) {
     return {};
   }
+
+  // Several outputs and targets (Note [several inputs and outputs]), as the
+  // data-parallel step and the Trainer call a loss: `outputs` are the
+  // model's (Module::forward_named), `batch` the micro-batch's tensors. By
+  // default forward(outputs["output"], batch["targets"]); backward_named
+  // returns the gradient of each output it read, by name.
+  virtual core::Tensor forward_named(const core::NamedTensors& outputs,
+                                     const core::NamedTensors& batch, Context& ctx);
+  virtual core::NamedTensors backward_named(float dloss, Context& ctx);
+  virtual core::Tensor count_correct_named(const core::NamedTensors& outputs,
+                                           const core::NamedTensors& batch,
+                                           const core::Stream& stream);
+};
+
+// Note [loss of several terms]: WeightedLosses is sum_i weight_i * term_i,
+// each term a Loss of one named output against one named tensor of the batch
+// (a two-head model's cross-entropy on "logits" against "targets" plus MSE on
+// "value" against "value_targets"). Each term is its own mean over its own
+// counted rows, so the sum is what the same objective is in PyTorch. Its
+// counted rows are the first term's: the step weighs a micro-batch's sum by
+// them (Note [loss rows]), which is the mean over the global batch when
+// every term counts the same rows (put first a term that counts every row,
+// or the one whose rows you mean). Its metric (count_correct) is the first
+// term's that has one, over that term's rows: evaluation's accuracy is then
+// of the rows the first term counts, so put the classification term first.
+// Two terms may read the same output: their gradients are summed.
+class WeightedLosses final : public Loss {
+ public:
+  struct Term {
+    std::shared_ptr<Loss> loss;
+    std::string output;  // the model's output it reads
+    std::string target;  // the batch's tensor it reads
+    float weight = 1.0f;
+  };
+  // Throws InvalidArgument for no terms, a null loss or a non-finite weight.
+  explicit WeightedLosses(std::vector<Term> terms);
+  // "1*cross-entropy ...(logits, targets) + 0.5*mse(value, value_targets)".
+  std::string describe() const override;
+  // The one-tensor forms throw: the terms read named outputs (forward_named).
+  core::Tensor forward(const core::Tensor& output, const core::Tensor& targets,
+                       Context& ctx) override;
+  core::Tensor backward(float dloss, Context& ctx) override;
+  const core::Tensor& counted_rows() const override;
+  core::Tensor forward_named(const core::NamedTensors& outputs, const core::NamedTensors& batch,
+                             Context& ctx) override;
+  core::NamedTensors backward_named(float dloss, Context& ctx) override;
+  core::Tensor count_correct_named(const core::NamedTensors& outputs,
+                                   const core::NamedTensors& batch,
+                                   const core::Stream& stream) override;
+  const std::vector<Term>& terms() const { return terms_; }
+  // Each term's mean loss in the last forward, unweighted (one-element f32
+  // tensors on the output's device): what each head has learnt.
+  const std::vector<core::Tensor>& term_losses() const { return term_losses_; }
+
+ private:
+  std::vector<Term> terms_;
+  std::vector<core::Tensor> term_losses_;
 };
 
 // Softmax cross-entropy over logits [rows, classes] and integer labels [rows]

@@ -15,6 +15,27 @@ std::string Module::describe() const {
   return type_name_ + " '" + (path_.empty() ? "<root>" : path_) + "'";
 }
 
+core::Tensor Module::forward(const core::Tensor&, Context&) {
+  throw InvalidArgument(describe() +
+                        ": takes named inputs and gives named outputs; call forward_named (as "
+                        "the data-parallel step does), or put it where one tensor goes in and "
+                        "one comes out");
+}
+
+core::Tensor Module::backward(const core::Tensor&, Context&) {
+  throw InvalidArgument(describe() +
+                        ": takes named output gradients; call backward_named (as the "
+                        "data-parallel step does)");
+}
+
+core::NamedTensors Module::forward_named(const core::NamedTensors& inputs, Context& ctx) {
+  return {{"output", forward(inputs.at("inputs", describe()), ctx)}};
+}
+
+core::NamedTensors Module::backward_named(const core::NamedTensors& output_grads, Context& ctx) {
+  return {{"inputs", backward(output_grads.at("output", describe() + " backward"), ctx)}};
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (Child& c : children_) c.module->train(on);

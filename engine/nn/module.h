@@ -10,6 +10,17 @@
 // parameters in registration order, Sequential reports its children last to
 // first, Residual its inner branch and then its shortcut. ParameterStore lays
 // the flat buffers out in this order, so gradient buckets are contiguous.
+//
+// Note [several inputs and outputs]: forward_named takes the micro-batch's
+// tensors by name ("inputs", "targets" and any others the batch carries) and
+// returns the model's outputs by name; backward_named takes the gradient of
+// each output it returned (an output no loss term read gets none) and
+// returns the gradients of the inputs. The defaults run the one-tensor
+// forward on "inputs" and name the result "output", so every module and
+// container works unchanged; the data-parallel step calls these for every
+// model. A model that overrides them reports each child's parameters ready
+// (report_ready) right after that child's backward, in its ready order
+// (append_ready_order: by default children last to first), as the containers do.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/named_tensors.h"
 #include "engine/core/random.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
@@ -92,8 +104,16 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual core::Tensor forward(const core::Tensor& x, Context& ctx) = 0;
-  virtual core::Tensor backward(const core::Tensor& dy, Context& ctx) = 0;
+  // One input, one output: every layer and container overrides these. A
+  // model of several inputs or outputs overrides forward_named and
+  // backward_named instead; calling these on it throws InvalidArgument.
+  virtual core::Tensor forward(const core::Tensor& x, Context& ctx);
+  virtual core::Tensor backward(const core::Tensor& dy, Context& ctx);
+  // Several inputs and outputs (Note [several inputs and outputs]): by
+  // default {"output": forward(inputs["inputs"])} and {"inputs":
+  // backward(grads["output"])} (an undefined dx when none is needed).
+  virtual core::NamedTensors forward_named(const core::NamedTensors& inputs, Context& ctx);
+  virtual core::NamedTensors backward_named(const core::NamedTensors& output_grads, Context& ctx);
   // PyTorch's default initialisation of this module's own parameters.
   virtual void reset_parameters(core::Generator& /*rng*/) {}
   // True when reset_parameters initialises this whole subtree (a model with

@@ -164,3 +164,43 @@ TEST_CASE("a TensorDataset widens integer targets to i64 and hands out float tar
   CHECK(f->labels.shape() == core::Shape{4, 2});
   CHECK(f->labels.to_vector<float>() == values);
 }
+
+TEST_CASE("a TensorDataset hands out its named tensors' rows beside the inputs'",
+          "[io][tensor_dataset]") {
+  std::vector<float> x(2 * kRows), value(kRows);
+  std::vector<std::int64_t> y(kRows);
+  std::vector<std::int32_t> second(kRows);
+  for (std::int64_t i = 0; i < kRows; ++i) {
+    x[2 * i] = static_cast<float>(i), x[2 * i + 1] = -static_cast<float>(i);
+    y[i] = i % 5, value[i] = 0.5f * static_cast<float>(i), second[i] = static_cast<int>(i % 7);
+  }
+  TensorDatasetOptions o;
+  o.sampler = {.micro_batch = 4, .world_size = 2, .rank = 1, .seed = 5};
+  TensorDataset d(core::Tensor::from_vector(x, {kRows, 2}, DType::f32),
+                  core::Tensor::from_vector(y, {kRows}, DType::i64),
+                  {{"value", core::Tensor::from_vector(value, {kRows, 1}, DType::f32)},
+                   {"second", core::Tensor::from_vector(second, {kRows}, DType::i32)}},
+                  o);
+  d.start_epoch(1);
+  std::int64_t batches = 0;
+  while (const std::optional<Batch> b = d.next()) {
+    ++batches;
+    const auto xs = b->inputs.to_vector<float>();
+    const auto vs = b->named.at("value", "test").to_vector<float>();
+    const core::Tensor& s = b->named.at("second", "test");
+    REQUIRE(s.dtype() == DType::i64);  // widened as integer targets are
+    const auto ss = s.to_vector<std::int64_t>();
+    for (std::size_t r = 0; r < b->indices.size(); ++r) {
+      const std::int64_t i = b->indices[r];
+      // Row i's own values, whatever the order: the inputs' first column is i.
+      CHECK(xs[2 * r] == static_cast<float>(i));
+      CHECK(vs[r] == 0.5f * static_cast<float>(i));
+      CHECK(ss[r] == i % 7);
+    }
+  }
+  CHECK(batches == d.batches_per_epoch());
+  CHECK_THROWS_WITH(TensorDataset(core::Tensor::from_vector(x, {kRows, 2}, DType::f32),
+                                  core::Tensor::from_vector(y, {kRows}, DType::i64),
+                                  {{"mask", core::Tensor::zeros({kRows - 1}, DType::f32)}}, o),
+                    Catch::Contains("named tensor 'mask' has 59 rows"));
+}

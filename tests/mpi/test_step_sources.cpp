@@ -3,7 +3,9 @@
 // batch of K*N*B rows through a DataParallelStep of its own (no world, no
 // communication): the same losses and parameters after several steps, with
 // dropout, under mpiexec with 1, 2 and 3 ranks, for cross-entropy on class
-// indices and for the elementwise losses on float targets.
+// indices, for the elementwise losses on float targets, and for a two-head
+// model (tests/support/two_heads.h) on cross-entropy plus MSE over a named
+// second target (Note [loss of several terms]), also with ZeRO-1.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "engine/trainer.h"
 #include "io/tensor_dataset.h"
 #include "mpi/mpi_world.h"
+#include "support/two_heads.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -30,6 +33,7 @@ constexpr std::int64_t kSamples = 144;  // a multiple of K*N*B for K = 1, 2, N =
 // per row ({0, 1} for binary cross-entropy), functions of the inputs.
 io::TensorDataset task(const std::string& loss, std::int64_t micro_batch, int world_size,
                        int rank) {
+  // "two-heads": class targets and a named "value" target of one float a row.
   std::mt19937 rng(8);
   std::normal_distribution<float> normal;
   std::vector<float> x(kSamples * 5), t(kSamples * 4);
@@ -48,28 +52,40 @@ io::TensorDataset task(const std::string& loss, std::int64_t micro_batch, int wo
                .rank = rank,
                .shuffle = true,
                .seed = 12};
+  std::vector<float> value(kSamples);
+  for (std::int64_t i = 0; i < kSamples; ++i) value[i] = t[i * 4 + 1];
+  core::NamedTensors named;
+  if (loss == "two-heads")
+    named.set("value", core::Tensor::from_vector(value, {kSamples, 1}, DType::f32));
   return io::TensorDataset(core::Tensor::from_vector(x, {kSamples, 5}, DType::f32),
-                           loss == "cross-entropy"
+                           loss == "cross-entropy" || loss == "two-heads"
                                ? core::Tensor::from_vector(y, {kSamples}, DType::i64)
                                : core::Tensor::from_vector(t, {kSamples, 4}, DType::f32),
-                           o);
+                           std::move(named), o);
 }
 
-// A model, its store and optimizer, built alike on every call.
+// A model, its store and optimizer, built alike on every call: a chain with
+// dropout, or for "two-heads" the two-head model.
 struct Replica {
-  Sequential model;
+  std::unique_ptr<Module> model;
   std::unique_ptr<ParameterStore> store;
   std::unique_ptr<SGD> sgd;
   LossScaler scaler{LossScalerOptions{.enabled = false}};
 
-  Replica() {
-    model.emplace<Linear>("fc1", 5, 12);
-    model.emplace<GELU>("act");
-    model.emplace<Dropout>("drop", 0.2f);
-    model.emplace<Linear>("fc2", 12, 4);
-    model.set_input_grad(false);
-    initialize(model, 31);
-    store = std::make_unique<ParameterStore>(model, core::Device::cpu());
+  explicit Replica(const std::string& loss) {
+    if (loss == "two-heads") {
+      model = std::make_unique<test::TwoHeads>(5, 12, 4);
+    } else {
+      auto chain = std::make_unique<Sequential>();
+      chain->emplace<Linear>("fc1", 5, 12);
+      chain->emplace<GELU>("act");
+      chain->emplace<Dropout>("drop", 0.2f);
+      chain->emplace<Linear>("fc2", 12, 4);
+      model = std::move(chain);
+    }
+    model->set_input_grad(false);
+    initialize(*model, 31);
+    store = std::make_unique<ParameterStore>(*model, core::Device::cpu());
     sgd =
         std::make_unique<SGD>(*store, single_group(*store, 0.2, 0.0), SgdOptions{.momentum = 0.9});
   }
@@ -77,7 +93,12 @@ struct Replica {
 
 StepOptions options(const std::string& loss, int accumulation) {
   StepOptions o;
-  o.loss = make_loss(loss);
+  if (loss == "two-heads")
+    o.loss = std::make_shared<WeightedLosses>(std::vector<WeightedLosses::Term>{
+        {std::make_shared<CrossEntropyLoss>(), "logits", "targets", 1.0f},
+        {std::make_shared<MSELoss>(), "value", "value", 0.5f}});
+  else
+    o.loss = make_loss(loss);
   o.accumulation = accumulation;
   o.seed = 3;
   o.max_grad_norm = 1.0;  // clipping uses the global norm: it must match too
@@ -91,17 +112,23 @@ TEST_CASE("the Trainer on an in-memory source at N ranks equals one process with
   comm::World& world = test::mpi_world();
   const std::int64_t b = 4;
   constexpr int kSteps = 5;
-  for (const std::string loss : {"cross-entropy", "mse", "l1", "huber", "bce"})
+  // "two-heads zero-1": the two-head model with ZeRO-1 on the ranks' side.
+  for (const std::string run :
+       {"cross-entropy", "mse", "l1", "huber", "bce", "two-heads", "two-heads zero-1"})
     for (int k : {1, 2}) {
-      INFO(world.size() << " ranks, K " << k << ", " << loss);
-      Replica ranks;
-      Trainer trainer(ranks.model, *ranks.store, *ranks.sgd, make_scheduler("constant", {}),
-                      ranks.scaler, world, options(loss, k), core::Stream());
+      INFO(world.size() << " ranks, K " << k << ", " << run);
+      const bool zero1 = run.ends_with(" zero-1");
+      const std::string loss = zero1 ? run.substr(0, run.size() - 7) : run;
+      Replica ranks(loss);
+      StepOptions sharded = options(loss, k);
+      sharded.sync.zero_stage = zero1 ? 1 : 0;
+      Trainer trainer(*ranks.model, *ranks.store, *ranks.sgd, make_scheduler("constant", {}),
+                      ranks.scaler, world, sharded, core::Stream());
       io::TensorDataset shard = task(loss, b, world.size(), world.rank());
       shard.start_epoch(0);
 
-      Replica one;
-      DataParallelStep alone(one.model, *one.store, *one.sgd, make_scheduler("constant", {}),
+      Replica one(loss);
+      DataParallelStep alone(*one.model, *one.store, *one.sgd, make_scheduler("constant", {}),
                              one.scaler, nullptr, options(loss, 1), core::Stream());
       io::TensorDataset whole = task(loss, k * world.size() * b, 1, 0);
       whole.start_epoch(0);
@@ -111,7 +138,7 @@ TEST_CASE("the Trainer on an in-memory source at N ranks equals one process with
         const std::optional<io::Batch> batch = whole.next();
         REQUIRE(ours);
         REQUIRE(batch);
-        const MicroBatch rows{batch->inputs, batch->labels};
+        const MicroBatch rows{batch->inputs, batch->labels, batch->named};
         const StepResult reference = alone.run({&rows, 1});
         CHECK(ours->samples == reference.samples);
         // The same sums in another order (per-rank partial sums, then the
