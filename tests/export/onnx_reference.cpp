@@ -4,6 +4,7 @@
 // non-trivial), then lockstep's own eval-mode forward at batch 1 and 7 on
 // random inputs, as raw little-endian files the Python side reads.
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -44,6 +45,9 @@ void perturb_batch_norms(Module& m, std::mt19937& rng) {
   }
   for (Module* child : m.children()) perturb_batch_norms(*child, rng);
 }
+
+// "[7,1,28,28]": one word, read as JSON by check_onnx.py.
+std::string dims_json(const core::Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
 
 }  // namespace
 
@@ -94,8 +98,7 @@ int main(int argc, char** argv) {
       write_raw(dir / (stem + "_input.bin"), x.data(), x.nbytes());
       const auto out = y.cast(DType::f32).to_vector<float>();
       write_raw(dir / (stem + "_output.bin"), out.data(), out.size() * sizeof(float));
-      fmt::print("batch {} input {} output {}\n", batch, core::shape_str(x.shape()),
-                 core::shape_str(y.shape()));
+      fmt::print("batch {} input {} output {}\n", batch, dims_json(x.shape()), dims_json(y.shape()));
     }
     return 0;
   } catch (const std::exception& e) {
