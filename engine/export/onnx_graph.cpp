@@ -2,7 +2,7 @@
 // on the protobuf graph, and the registry of mappings keyed by type_name.
 #include "engine/export/onnx_graph.h"
 
-#include <cstring>
+#include <cmath>
 #include <mutex>
 
 #include "engine/export/detail/onnx_impl.h"
@@ -50,7 +50,13 @@ void fill_float(onnx::TensorProto& t, const std::vector<float>& values, DType ty
   t.set_data_type(onnx_type(type));
   if (type == DType::f16) {
     std::vector<std::uint16_t> bits(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) bits[i] = kernels::f32_to_f16_bits(values[i]);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      bits[i] = kernels::f32_to_f16_bits(values[i]);
+      if (std::isfinite(values[i]) && !std::isfinite(kernels::f16_bits_to_f32(bits[i])))
+        throw InvalidArgument("ONNX export: '" + t.name() + "' element " + std::to_string(i) +
+                              " is " + std::to_string(values[i]) +
+                              ", beyond f16's range of 65504 (export with f32 precision)");
+    }
     t.set_raw_data(bits.data(), bits.size() * sizeof(std::uint16_t));
   } else {
     t.set_raw_data(values.data(), values.size() * sizeof(float));

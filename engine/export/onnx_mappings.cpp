@@ -161,8 +161,8 @@ OnnxValue layer_norm(Module& m, const OnnxValue& x, OnnxGraph& g) {
 }
 
 // Note [gelu from primitives]: GELU is built from Mul, Add, Tanh (or Erf) at
-// every opset: the Gelu operator exists only from opset 20, and TensorRT and
-// ONNX Runtime both recognise this pattern and fuse it.
+// every opset: the Gelu operator exists only from opset 20. ONNX Runtime's
+// graph optimizer fuses both patterns back into one kernel (Gelu, FastGelu).
 OnnxValue activation(Module& m, const OnnxValue& x, OnnxGraph& g) {
   require_float(m, x, g);
   const auto kind = static_cast<Activation&>(m).kind();

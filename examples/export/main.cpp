@@ -33,6 +33,14 @@ DType float_type(const std::string& flag, const std::string& value) {
 
 int run(const Flags& f) {
   const ModelPreset& preset = model_preset(f.model);
+  if (f.seq > 0 && !preset.language_model)
+    throw InvalidArgument(
+        fmt::format("--seq {}: --model {} takes no token sequence (only the GPT "
+                    "presets do; leave --seq out)",
+                    f.seq, preset.name));
+  if (f.seq > 0 && f.seq > preset.sample_shape[0])
+    throw InvalidArgument(fmt::format("--seq {} is longer than {}'s context of {} tokens", f.seq,
+                                      preset.name, preset.sample_shape[0]));
   std::unique_ptr<Module> model = make_model(f.model);
   load_weights(f.checkpoint, *model, core::Stream{});
 
@@ -41,16 +49,18 @@ int run(const Flags& f) {
   o.precision = float_type("--precision", f.precision);
   o.io_float_type = f.io_precision.empty() ? o.precision : float_type("--io", f.io_precision);
   o.sample_shape = preset.sample_shape;
-  if (f.batch != "dynamic") o.batch = std::stoll(f.batch);
+  if (f.batch != "dynamic") {
+    std::size_t used = 0;
+    o.batch = std::stoll(f.batch, &used);
+    if (used != f.batch.size())
+      throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
+  }
   o.metadata["lockstep.preset"] = preset.name;
   o.metadata["lockstep.checkpoint"] = std::filesystem::path(f.checkpoint).filename().string();
   if (preset.language_model) {
     o.input_dtype = DType::i64;
     o.input_name = "tokens";
     o.output_name = "logits";
-    if (f.seq > preset.sample_shape[0])
-      throw InvalidArgument(fmt::format("--seq {} is longer than {}'s context of {} tokens", f.seq,
-                                        preset.name, preset.sample_shape[0]));
     if (f.seq > 0)
       o.sample_shape = {f.seq};
     else
@@ -84,7 +94,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", f.checkpoint,
                  "a lockstep checkpoint (or any HDF5 file with /model/<param>)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(non_empty() & CLI::ExistingFile);
   std::string presets;
   for (const ModelPreset& p : model_presets())
     presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
@@ -92,7 +102,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "the preset the checkpoint was trained as: " + presets)
       ->required()
       ->check(model_name());
-  app.add_option("--out", f.out, "the ONNX file to write")->required();
+  app.add_option("--out", f.out, "the ONNX file to write")->required()->check(non_empty());
   app.add_option("--opset", f.opset,
                  fmt::format("ONNX opset, {} to {}", kOnnxMinOpset, kOnnxMaxOpset))
       ->check(within(kOnnxMinOpset, kOnnxMaxOpset))

@@ -113,6 +113,42 @@ def check_preset(build, work, spec):
     return failures, ckpt
 
 
+def check_fixed_shapes(build, work, ckpts):
+    """A fixed batch (mlp, --batch 7), a fixed sequence (gpt-tiny, --seq 16)
+    and the highest opset (21) export, check and run with those shapes."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    export = os.path.join(build, "examples", "export", "lockstep-export")
+    failures = []
+    cases = [("mlp", ["--batch", "7", "--opset", "21"], "input", [7, 1, 28, 28]),
+             ("gpt-tiny", ["--seq", "16"], "tokens", ["batch", 16])]
+    for name, args, input_name, want in cases:
+        if name not in ckpts:
+            continue
+        path = os.path.join(work, "%s-fixed.onnx" % name)
+        run([export, "--checkpoint", ckpts[name], "--model", name, "--out", path, *args])
+        model = onnx.load(path)
+        onnx.checker.check_model(model, full_check=True)
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        (inp,) = session.get_inputs()
+        if inp.name != input_name or inp.shape != want:
+            failures.append("%s %s: input %s %s, expected %s %s" % (name, " ".join(args), inp.name,
+                                                                    inp.shape, input_name, want))
+            continue
+        stem = os.path.join(work, "%s_b7" % name)
+        dtype = np.int64 if inp.type == "tensor(int64)" else np.float32
+        ref = np.fromfile(stem + "_output.bin", dtype=np.float32)
+        x = np.fromfile(stem + "_input.bin", dtype=dtype).reshape([7, *want[1:]])
+        (y,) = session.run(None, {inp.name: x})
+        err = float(np.max(np.abs(y.ravel().astype(np.float64) - ref)) / np.max(np.abs(ref)))
+        print("%-9s %s: normwise relative error %.2e" % (name, " ".join(args), err))
+        if err > F32_TOL:
+            failures.append("%s %s: error %.2e > %.1e" % (name, " ".join(args), err, F32_TOL))
+    return failures
+
+
 def check_refusals(build, work, ckpts):
     """Hostile uses of lockstep-export: each must fail with a clear message."""
     export = os.path.join(build, "examples", "export", "lockstep-export")
@@ -147,6 +183,7 @@ def main():
             f, ckpt = check_preset(build, work, spec)
             failures += f
             ckpts[spec.partition(":")[0]] = ckpt
+        failures += check_fixed_shapes(build, work, ckpts)
         failures += check_refusals(build, work, ckpts)
     if failures:
         sys.exit("FAILED:\n" + "\n".join(failures))

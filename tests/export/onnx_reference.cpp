@@ -47,7 +47,9 @@ void perturb_batch_norms(Module& m, std::mt19937& rng) {
 }
 
 // "[7,1,28,28]": one word, read as JSON by check_onnx.py.
-std::string dims_json(const core::Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+std::string dims_json(const core::Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ","));
+}
 
 }  // namespace
 
@@ -98,7 +100,8 @@ int main(int argc, char** argv) {
       write_raw(dir / (stem + "_input.bin"), x.data(), x.nbytes());
       const auto out = y.cast(DType::f32).to_vector<float>();
       write_raw(dir / (stem + "_output.bin"), out.data(), out.size() * sizeof(float));
-      fmt::print("batch {} input {} output {}\n", batch, dims_json(x.shape()), dims_json(y.shape()));
+      fmt::print("batch {} input {} output {}\n", batch, dims_json(x.shape()),
+                 dims_json(y.shape()));
     }
     return 0;
   } catch (const std::exception& e) {

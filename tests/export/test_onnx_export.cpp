@@ -138,3 +138,17 @@ TEST_CASE("initializers carry the parameter names, the tied head is stored once"
   CHECK(m.opset_import(0).version() == 17);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("an f16 export refuses a weight beyond f16's range, naming it", "[export]") {
+  auto net = mlp_with(std::make_unique<Sequential>());
+  Parameter* weight = net->parameters().front();
+  REQUIRE(weight->name == "fc1.weight");
+  weight->value.data_as<float>()[5] = 1e5f;  // f16's largest finite value is 65504
+  ExportOptions o = features(4);
+  const auto path = temp_file("overflow.onnx");
+  CHECK_NOTHROW(export_onnx(*net, path, o));  // f32 holds it
+  o.precision = DType::f16;
+  CHECK_THROWS_WITH(export_onnx(*net, path, o),
+                    Catch::Contains("'fc1.weight' element 5") && Catch::Contains("65504"));
+  std::filesystem::remove(path);
+}
