@@ -114,20 +114,23 @@ def check_preset(build, work, spec):
 
 
 def check_fixed_shapes(build, work, ckpts):
-    """A fixed batch (mlp, --batch 7), a fixed sequence (gpt-tiny, --seq 16)
-    and the highest opset (21) export, check and run with those shapes."""
+    """A fixed batch, a fixed sequence, the highest opset (21) and f16 inputs
+    and outputs export, check and run with those shapes and types."""
     import numpy as np
     import onnx
     import onnxruntime as ort
 
     export = os.path.join(build, "examples", "export", "lockstep-export")
     failures = []
-    cases = [("mlp", ["--batch", "7", "--opset", "21"], "input", [7, 1, 28, 28]),
-             ("gpt-tiny", ["--seq", "16"], "tokens", ["batch", 16])]
-    for name, args, input_name, want in cases:
+    f16_mlp = 4 * U16 * F16_DEPTH["mlp"]
+    cases = [("mlp", ["--batch", "7", "--opset", "21"], "input", [7, 1, 28, 28], F32_TOL),
+             ("mlp", ["--precision", "fp16", "--io", "fp16"], "input", ["batch", 1, 28, 28],
+              f16_mlp),
+             ("gpt-tiny", ["--seq", "16", "--opset", "21"], "tokens", ["batch", 16], F32_TOL)]
+    for n, (name, args, input_name, want, tol) in enumerate(cases):
         if name not in ckpts:
             continue
-        path = os.path.join(work, "%s-fixed.onnx" % name)
+        path = os.path.join(work, "%s-fixed-%d.onnx" % (name, n))
         run([export, "--checkpoint", ckpts[name], "--model", name, "--out", path, *args])
         model = onnx.load(path)
         onnx.checker.check_model(model, full_check=True)
@@ -141,11 +144,14 @@ def check_fixed_shapes(build, work, ckpts):
         dtype = np.int64 if inp.type == "tensor(int64)" else np.float32
         ref = np.fromfile(stem + "_output.bin", dtype=np.float32)
         x = np.fromfile(stem + "_input.bin", dtype=dtype).reshape([7, *want[1:]])
+        if inp.type == "tensor(float16)":
+            x = x.astype(np.float16)
         (y,) = session.run(None, {inp.name: x})
         err = float(np.max(np.abs(y.ravel().astype(np.float64) - ref)) / np.max(np.abs(ref)))
-        print("%-9s %s: normwise relative error %.2e" % (name, " ".join(args), err))
-        if err > F32_TOL:
-            failures.append("%s %s: error %.2e > %.1e" % (name, " ".join(args), err, F32_TOL))
+        print("%-9s %s: output %s, normwise relative error %.2e (tolerance %.1e)"
+              % (name, " ".join(args), y.dtype, err, tol))
+        if err > tol:
+            failures.append("%s %s: error %.2e > %.1e" % (name, " ".join(args), err, tol))
     return failures
 
 
@@ -165,7 +171,7 @@ def check_refusals(build, work, ckpts):
         message = p.stdout + p.stderr
         ok = 0 < p.returncode < 128 and needle in message  # CLI11's parse errors exit 105
         print("refusal %s: rc %d, %s" % (" ".join(args[2:]), p.returncode,
-                                          message.strip().splitlines()[-1] if message else ""))
+                                          message.strip().splitlines()[0] if message else ""))
         if not ok:
             failures.append("lockstep-export %s: rc %d, message without '%s': %s"
                             % (" ".join(args), p.returncode, needle, message))

@@ -12,10 +12,14 @@
 #include <fstream>
 #include <set>
 
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_file.h"
 #include "engine/export/onnx_export.h"
 #include "engine/models.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
+#include "engine/optim/sgd.h"
+#include "engine/parameter_store.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -151,4 +155,22 @@ TEST_CASE("an f16 export refuses a weight beyond f16's range, naming it", "[expo
   CHECK_THROWS_WITH(export_onnx(*net, path, o),
                     Catch::Contains("'fc1.weight' element 5") && Catch::Contains("65504"));
   std::filesystem::remove(path);
+}
+
+TEST_CASE("a checkpoint of another preset is refused before anything is exported", "[export]") {
+  // What lockstep-export does: load the checkpoint into the named preset.
+  auto mlp = make_model("mlp");
+  initialize(*mlp, 2);
+  ParameterStore store(*mlp, core::Device::cpu());
+  SGD sgd(store, single_group(store, 0.1, 0.0));
+  const auto dir = temp_file("ckpt");
+  const CheckpointDirectory checkpoints(dir, 1, CheckpointStart::fresh);
+  const auto file = checkpoints.save(0, capture_checkpoint(*mlp, sgd, TrainingState{}, {}));
+  auto cnn = make_model("cnn");
+  CHECK_THROWS_WITH(load_weights(file, *cnn, {}), Catch::Contains("conv1.weight"));
+  auto resnet = make_model("resnet");
+  CHECK_THROWS_WITH(load_weights(file, *resnet, {}), Catch::Contains("conv1.weight"));
+  auto same = make_model("mlp");
+  CHECK_NOTHROW(load_weights(file, *same, {}));
+  std::filesystem::remove_all(dir);
 }
