@@ -80,7 +80,8 @@ void export_onnx(Module& model, const std::filesystem::path& path, const ExportO
   onnx::ModelProto proto;
   proto.set_ir_version(ir_version_for(options.opset));
   proto.set_producer_name("lockstep");
-  proto.set_producer_version(options.producer_version.empty() ? "0.1.0" : options.producer_version);
+  proto.set_producer_version(options.producer_version.empty() ? LOCKSTEP_VERSION
+                                                              : options.producer_version);
   onnx::OperatorSetIdProto* opset = proto.add_opset_import();
   opset->set_domain("");
   opset->set_version(options.opset);
@@ -139,17 +140,25 @@ void export_onnx(Module& model, const std::filesystem::path& path, const ExportO
     throw InvalidArgument("ONNX export: the model would be " + std::to_string(bytes) +
                           " bytes, over protobuf's 2 GiB limit (export with f16 precision)");
   const std::filesystem::path tmp = path.string() + ".tmp";
+  // Written to a temporary name and renamed, so that a cut-short export never
+  // leaves a file under the name a server loads.
+  std::error_code ec;
   {
     std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
     if (!file) throw IoError("ONNX export: cannot open '" + tmp.string() + "' for writing");
-    if (!proto.SerializeToOstream(&file) || !file.flush())
+    if (!proto.SerializeToOstream(&file) || !file.flush()) {
+      file.close();
+      std::filesystem::remove(tmp, ec);
       throw IoError("ONNX export: writing '" + tmp.string() + "' failed (disk full?)");
+    }
   }
-  std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec)
+  if (ec) {
+    const std::string reason = ec.message();
+    std::filesystem::remove(tmp, ec);
     throw IoError("ONNX export: cannot rename '" + tmp.string() + "' to '" + path.string() +
-                  "': " + ec.message());
+                  "': " + reason);
+  }
 }
 
 }  // namespace lockstep::engine

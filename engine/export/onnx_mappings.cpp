@@ -3,6 +3,7 @@
 // They use only OnnxGraph's public calls, as a user's mapping would.
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 #include "engine/export/detail/onnx_impl.h"
 #include "engine/nn/activation.h"
@@ -179,7 +180,7 @@ OnnxValue activation(Module& m, const OnnxValue& x, OnnxGraph& g) {
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     const std::string cube = mul(mul(x.name, x.name), x.name);
     const std::string u =
-        mul(add(x.name, mul(cube, scalar(0.044715))), scalar(std::sqrt(2 / M_PI)));
+        mul(add(x.name, mul(cube, scalar(0.044715))), scalar(std::sqrt(2 / std::numbers::pi)));
     inner = g.node("Tanh", {u}).front();
   } else {
     // 0.5 x (1 + erf(x / sqrt 2))
