@@ -21,6 +21,15 @@ SKIP = 77
 PACKAGES = ["onnx", "onnxruntime", "numpy"]
 
 
+def pypi_reachable():
+    import urllib.request
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/onnx/", timeout=20).close()
+        return True
+    except OSError:
+        return False
+
+
 def ensure_venv(venv):
     """Re-executes this script under the cached venv, making it first."""
     python = os.path.join(venv, "bin", "python")
@@ -30,12 +39,16 @@ def ensure_venv(venv):
     if not os.path.exists(marker):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              "--timeout", "30", *PACKAGES],
+                              "--timeout", "30", "--retries", "2", *PACKAGES],
                              capture_output=True, text=True)
         if pip.returncode != 0:
-            print("SKIPPED: cannot install %s from PyPI into %s (is PyPI reachable?):\n%s"
-                  % (" ".join(PACKAGES), venv, pip.stderr[-2000:]))
-            sys.exit(SKIP)
+            if not pypi_reachable():
+                print("SKIPPED: PyPI (https://pypi.org) cannot be reached from here, so %s "
+                      "cannot be installed into %s:\n%s"
+                      % (" ".join(PACKAGES), venv, pip.stderr[-2000:]))
+                sys.exit(SKIP)
+            sys.exit("FAILED: pip could not install %s into %s although PyPI is reachable:\n%s"
+                     % (" ".join(PACKAGES), venv, pip.stderr[-4000:]))
         open(marker, "w").close()
     os.execv(python, [python, *sys.argv])
 
