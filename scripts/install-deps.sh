@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages lockstep needs to build, test and run its demos
-# (dataset-fashion-mnist for demo.sh, fortunes for demo-gpt.sh).
+# (dataset-fashion-mnist for demo.sh, fortunes for demo-gpt.sh; libonnx-dev and
+# libprotobuf-dev for the ONNX export, python3-venv for its ONNX Runtime test).
 # Idempotent: prints nothing and touches nothing when every package is present.
 set -euo pipefail
 
@@ -9,9 +10,10 @@ packages=(
   libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools zlib1g-dev
   catch2 libfmt-dev libopenblas-dev libcli11-dev
+  libonnx-dev libprotobuf-dev
   clang-format
   dataset-fashion-mnist fortunes
-  python3-matplotlib python3-h5py
+  python3-matplotlib python3-h5py python3-venv
 )
 
 missing=()

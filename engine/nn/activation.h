@@ -15,6 +15,8 @@ class Activation : public Module {
  public:
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  kernels::Activation kind() const { return kind_; }
 
  protected:
   Activation(std::string type_name, kernels::Activation kind)

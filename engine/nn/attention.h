@@ -22,6 +22,9 @@ class CausalSelfAttention : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  std::int64_t embed_dim() const { return embed_dim_; }
+  std::int64_t num_heads() const { return num_heads_; }
 
   Linear& c_attn() { return *c_attn_; }
   Linear& c_proj() { return *c_proj_; }

@@ -20,6 +20,9 @@ class BatchNorm2d : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  double eps() const { return eps_; }
+  std::int64_t num_features() const { return num_features_; }
   // Weight 1, bias 0 and fresh running statistics, as PyTorch's reset_parameters.
   void reset_parameters(core::Generator& rng) override;
 

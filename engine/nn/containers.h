@@ -46,6 +46,10 @@ class Residual : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  Sequential& inner() { return *inner_; }
+  Module* shortcut() { return shortcut_; }  // null: identity
+  bool relu_after_add() const { return relu_after_add_; }
   void append_ready_order(std::vector<Parameter*>& out) override;
   void set_input_grad(bool on) override;
 

@@ -27,6 +27,8 @@ class Conv2d : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  const kernels::Conv2dShape& config() const { return config_; }
   void reset_parameters(core::Generator& rng) override;
 
   Parameter& weight() { return *weight_; }

@@ -14,6 +14,10 @@ class Embedding : public Module {
   Embedding(std::int64_t vocab, std::int64_t dim);
   core::Tensor forward(const core::Tensor& indices, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  Parameter& weight() { return *weight_; }
+  std::int64_t vocab() const { return vocab_; }
+  std::int64_t dim() const { return dim_; }
   void reset_parameters(core::Generator& rng) override;
 
  private:

@@ -34,6 +34,12 @@ class GPT : public Module {
 
   core::Tensor forward(const core::Tensor& tokens, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dlogits, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  Embedding& wte() { return *wte_; }
+  Embedding& wpe() { return *wpe_; }
+  Sequential& blocks() { return *blocks_; }
+  LayerNorm& ln_f() { return *ln_f_; }
+  Linear& lm_head() { return *lm_head_; }
   // GPT-2's initialisation of the whole model: weights normal(0, 0.02), the
   // c_proj weights normal(0, 0.02 / sqrt(2L)), biases zero, LayerNorm weights
   // one (initializes_subtree: the blocks keep no defaults of their own).

@@ -24,6 +24,9 @@ class Linear : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  std::int64_t in_features() const { return in_features_; }
+  std::int64_t out_features() const { return out_features_; }
   void reset_parameters(core::Generator& rng) override;
 
   Parameter& weight() { return *weight_; }

@@ -14,6 +14,11 @@ class LayerNorm : public Module {
   explicit LayerNorm(std::int64_t features, float eps = 1e-5f, bool affine = true);
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  std::int64_t features() const { return features_; }
+  float eps() const { return eps_; }
+  Parameter* weight() { return weight_; }  // null without affine
+  Parameter* bias() { return bias_; }
   void reset_parameters(core::Generator& rng) override;
 
  private:

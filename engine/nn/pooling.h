@@ -30,6 +30,8 @@ class MaxPool2d : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  const kernels::Pool2dShape& config() const { return config_; }
 
  private:
   kernels::Pool2dShape config_;
@@ -44,6 +46,9 @@ class AvgPool2d : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // Read by the ONNX exporter (engine/export/).
+  const kernels::Pool2dShape& config() const { return config_; }
+  bool count_include_pad() const { return count_include_pad_; }
 
  private:
   kernels::Pool2dShape config_;

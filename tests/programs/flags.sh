@@ -91,6 +91,23 @@ refuses "$shard fashion-mnist --out $work/f" --shards 0 -1 nan 1e9 EMPTY
 refuses "$shard fashion-mnist --out $work/f" --src EMPTY
 refuses "$shard fashion-mnist" --out EMPTY
 
+# lockstep-export, where the ONNX export is built. Any existing file passes
+# the parse-time checks of --checkpoint, so the flags after it are refused
+# before a checkpoint is read.
+export_program=$build/examples/export/lockstep-export
+if [ -x "$export_program" ]; then
+  e="$export_program --checkpoint $train --model mlp --out $work/m.onnx"
+  refuses "$e" --opset 0 16 22 nan 1e9 EMPTY
+  refuses "$e" --precision bf16 EMPTY
+  refuses "$e" --io bf16 EMPTY
+  refuses "$e" --batch 0 -1 nan 1e12 1.5 abc EMPTY
+  refuses "$e" --seq 0 -1 nan 16 EMPTY  # 16: mlp takes no token sequence
+  refuses "$export_program --checkpoint $train --model gpt-tiny --out $work/m.onnx" --seq 129
+  refuses "$export_program --model mlp --out $work/m.onnx" --checkpoint EMPTY "$work/missing.h5"
+  refuses "$export_program --checkpoint $train --out $work/m.onnx" --model EMPTY nope
+  refuses "$export_program --checkpoint $train --model mlp" --out EMPTY
+fi
+
 if [ "$bench" = with-bench ]; then
   b=$build/bench
   for program in "$b/bench_gemm --trials 1" "$b/bench_allreduce" "$b/bench_loader --data $work/data" \

@@ -1,0 +1,129 @@
+// lockstep-export: writes a trained model preset as an ONNX file for ONNX
+// Runtime and TensorRT (docs/deploy.md). It loads a checkpoint's weights into
+// the preset (as --init-from does), switches it to eval mode and calls
+// engine::export_onnx with the input shape and scaling the preset trains on.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/checkpoint.h"
+#include "engine/export/onnx_export.h"
+#include "engine/models.h"
+#include "examples/common/flags.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+using namespace lockstep::examples;
+
+namespace {
+
+struct Flags {
+  std::string checkpoint, model, out, precision = "fp32", io_precision, batch = "dynamic";
+  int opset = kOnnxDefaultOpset;
+  std::int64_t seq = 0;
+};
+
+DType float_type(const std::string& flag, const std::string& value) {
+  if (value == "fp32") return DType::f32;
+  if (value == "fp16") return DType::f16;
+  throw InvalidArgument(flag + " '" + value + "' is not fp32 or fp16");
+}
+
+int run(const Flags& f) {
+  const ModelPreset& preset = model_preset(f.model);
+  if (f.seq > 0 && !preset.language_model)
+    throw InvalidArgument(
+        fmt::format("--seq {}: --model {} takes no token sequence (only the GPT "
+                    "presets do; leave --seq out)",
+                    f.seq, preset.name));
+  if (f.seq > 0 && f.seq > preset.sample_shape[0])
+    throw InvalidArgument(fmt::format("--seq {} is longer than {}'s context of {} tokens", f.seq,
+                                      preset.name, preset.sample_shape[0]));
+  std::unique_ptr<Module> model = make_model(f.model);
+  load_weights(f.checkpoint, *model, core::Stream{});
+
+  ExportOptions o;
+  o.opset = f.opset;
+  o.precision = float_type("--precision", f.precision);
+  o.io_float_type = f.io_precision.empty() ? o.precision : float_type("--io", f.io_precision);
+  o.sample_shape = preset.sample_shape;
+  if (f.batch != "dynamic") {
+    std::size_t used = 0;
+    o.batch = std::stoll(f.batch, &used);
+    if (used != f.batch.size())
+      throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
+  }
+  o.metadata["lockstep.preset"] = preset.name;
+  o.metadata["lockstep.checkpoint"] = std::filesystem::path(f.checkpoint).filename().string();
+  if (preset.language_model) {
+    o.input_dtype = DType::i64;
+    o.input_name = "tokens";
+    o.output_name = "logits";
+    if (f.seq > 0)
+      o.sample_shape = {f.seq};
+    else
+      o.dynamic_sequence = true;
+    o.metadata["lockstep.input"] =
+        fmt::format("tokens: int64 [batch, seq], 1 <= seq <= {}, token ids below {}",
+                    preset.sample_shape[0], preset.classes);
+    o.metadata["lockstep.output"] = "logits: [batch, seq, vocab] for the next token";
+  } else {
+    o.metadata["lockstep.input"] = fmt::format(
+        "input: float [batch, {}]; lockstep-train divides u8 inputs by 255 and takes f16/f32 "
+        "inputs as stored, so feed u8 images as x / 255 and float data unchanged",
+        core::shape_str(preset.sample_shape));
+    o.metadata["lockstep.output"] = fmt::format("output: [batch, {}] logits", preset.classes);
+  }
+  export_onnx(*model, f.out, o);
+  fmt::print("lockstep-export: wrote {} ({}, opset {}, {}, batch {})\n", f.out, preset.name,
+             f.opset, f.precision, f.batch);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"lockstep-export: writes a model preset with a checkpoint's weights as ONNX"};
+  app.footer(
+      "The model is exported in eval mode (dropout off, BatchNorm with its running\n"
+      "statistics). Image presets take float input scaled as in training (u8 / 255);\n"
+      "GPT presets take int64 tokens. See docs/deploy.md for ONNX Runtime and trtexec.");
+  app.add_option("--checkpoint", f.checkpoint,
+                 "a lockstep checkpoint (or any HDF5 file with /model/<param>)")
+      ->required()
+      ->check(non_empty() & CLI::ExistingFile);
+  std::string presets;
+  for (const ModelPreset& p : model_presets())
+    presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
+                           core::shape_str(p.sample_shape));
+  app.add_option("--model", f.model, "the preset the checkpoint was trained as: " + presets)
+      ->required()
+      ->check(model_name());
+  app.add_option("--out", f.out, "the ONNX file to write")->required()->check(non_empty());
+  app.add_option("--opset", f.opset,
+                 fmt::format("ONNX opset, {} to {}", kOnnxMinOpset, kOnnxMaxOpset))
+      ->check(within(kOnnxMinOpset, kOnnxMaxOpset))
+      ->capture_default_str();
+  app.add_option("--precision", f.precision, "weights and activations: fp32 or fp16")
+      ->check(one_of({"fp32", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--io", f.io_precision,
+                 "float input and output type: fp32 or fp16 (default: --precision)")
+      ->check(one_of({"fp32", "fp16"}));
+  app.add_option("--batch", f.batch, "rows per batch: a number, or 'dynamic' for a batch axis")
+      ->check(CLI::IsMember({"dynamic"}) | within(1, kMaxRows))
+      ->capture_default_str();
+  app.add_option("--seq", f.seq,
+                 "GPT presets: a fixed sequence length (default: a dynamic 'seq' axis)")
+      ->check(within(1, 1 << 20));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(f);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lockstep-export: {}\n", e.what());
+    return 1;
+  }
+}

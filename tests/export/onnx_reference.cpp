@@ -1,0 +1,111 @@
+// lockstep-onnx-reference: the lockstep side of the ONNX Runtime comparison
+// (tests/export/check_onnx.py). For one preset it writes a real checkpoint
+// of a randomly initialised model (BatchNorm statistics and affine made
+// non-trivial), then lockstep's own eval-mode forward at batch 1 and 7 on
+// random inputs, as raw little-endian files the Python side reads.
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_file.h"
+#include "engine/models.h"
+#include "engine/nn/batchnorm.h"
+#include "engine/optim/sgd.h"
+#include "engine/parameter_store.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+
+namespace {
+
+void write_raw(const std::filesystem::path& path, const void* data, std::size_t bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!out) throw IoError("cannot write " + path.string());
+}
+
+// Running statistics away from (0, 1) and an affine away from (1, 0), so that
+// a mapping that dropped or swapped any of them would be seen.
+void perturb_batch_norms(Module& m, std::mt19937& rng) {
+  std::uniform_real_distribution<float> mean(-0.5f, 0.5f), var(0.5f, 2.0f), scale(0.5f, 1.5f);
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) {
+    auto fill = [&](core::Tensor& t, std::uniform_real_distribution<float>& d) {
+      float* p = t.data_as<float>();
+      for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng);
+    };
+    fill(bn->running_mean()->value, mean);
+    fill(bn->running_var()->value, var);
+    fill(bn->weight()->value, scale);
+    fill(bn->bias()->value, mean);
+  }
+  for (Module* child : m.children()) perturb_batch_norms(*child, rng);
+}
+
+// "[7,1,28,28]": one word, read as JSON by check_onnx.py.
+std::string dims_json(const core::Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ","));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr,
+                 "usage: lockstep-onnx-reference PRESET SEED SEQ OUT_DIR (SEQ: GPT only)\n");
+    return 2;
+  }
+  try {
+    const std::string name = argv[1];
+    const std::uint64_t seed = std::stoull(argv[2]);
+    const std::int64_t seq = std::stoll(argv[3]);
+    const std::filesystem::path dir = argv[4];
+    const ModelPreset& preset = model_preset(name);
+    std::unique_ptr<Module> model = make_model(name);
+    initialize(*model, seed);
+    ParameterStore store(*model, core::Device::cpu());
+    SGD sgd(store, single_group(store, 0.1, 0.0));
+    std::mt19937 rng(static_cast<std::uint32_t>(seed));
+    perturb_batch_norms(*model, rng);
+    TrainingState state;
+    state.seed = seed;
+    const CheckpointDirectory checkpoints(dir / (name + "-ckpt"), 1, CheckpointStart::fresh);
+    const auto file = checkpoints.save(0, capture_checkpoint(*model, sgd, state, {}));
+    fmt::print("checkpoint {}\n", file.string());
+
+    model->eval();
+    Context ctx;
+    for (std::int64_t batch : {1, 7}) {
+      core::Shape shape = {batch};
+      core::Tensor x;
+      if (preset.language_model) {
+        shape.push_back(seq);
+        std::uniform_int_distribution<std::int64_t> token(0, preset.classes - 1);
+        std::vector<std::int64_t> tokens(static_cast<std::size_t>(batch * seq));
+        for (auto& t : tokens) t = token(rng);
+        x = core::Tensor::from_vector(tokens, shape, DType::i64);
+      } else {
+        shape.insert(shape.end(), preset.sample_shape.begin(), preset.sample_shape.end());
+        std::uniform_real_distribution<float> value(0.0f, 1.0f);  // u8 / 255's range
+        std::vector<float> values(static_cast<std::size_t>(core::shape_numel(shape)));
+        for (auto& v : values) v = value(rng);
+        x = core::Tensor::from_vector(values, shape, DType::f32);
+      }
+      const core::Tensor y = model->forward(x, ctx);
+      const std::string stem = fmt::format("{}_b{}", name, batch);
+      write_raw(dir / (stem + "_input.bin"), x.data(), x.nbytes());
+      const auto out = y.cast(DType::f32).to_vector<float>();
+      write_raw(dir / (stem + "_output.bin"), out.data(), out.size() * sizeof(float));
+      fmt::print("batch {} input {} output {}\n", batch, dims_json(x.shape()),
+                 dims_json(y.shape()));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lockstep-onnx-reference: %s\n", e.what());
+    return 1;
+  }
+}

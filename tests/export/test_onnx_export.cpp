@@ -1,0 +1,176 @@
+// Unit tests of engine::export_onnx: what it refuses (a module without a
+// mapping, options out of range), a user's mapping through the public
+// interface, and the graph's structure read back with the ONNX schema
+// (initializer names and types, the tied head stored once). The numbers are
+// checked against ONNX Runtime by check_onnx.py.
+#include <onnx/onnx_pb.h>
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "engine/checkpoint.h"
+#include "engine/checkpoint_file.h"
+#include "engine/export/onnx_export.h"
+#include "engine/models.h"
+#include "engine/nn/containers.h"
+#include "engine/nn/linear.h"
+#include "engine/optim/sgd.h"
+#include "engine/parameter_store.h"
+
+using namespace lockstep;
+using namespace lockstep::engine;
+
+namespace {
+
+// A user's layer: y = -x.
+class Negate : public Module {
+ public:
+  explicit Negate(std::string type = "Negate") : Module(std::move(type)) {}
+  core::Tensor forward(const core::Tensor& x, Context&) override { return x; }
+  core::Tensor backward(const core::Tensor& dy, Context&) override { return dy; }
+};
+
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("lockstep-test-onnx-" + std::to_string(::getpid()) + "-" + name);
+}
+
+onnx::ModelProto read_model(const std::filesystem::path& path) {
+  onnx::ModelProto m;
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(m.ParseFromIstream(&in));
+  return m;
+}
+
+std::unique_ptr<Sequential> mlp_with(std::unique_ptr<Module> custom) {
+  auto net = std::make_unique<Sequential>();
+  net->emplace<Linear>("fc1", 4, 3);
+  net->add("custom", std::move(custom));
+  net->emplace<Linear>("fc2", 3, 2);
+  net->assign_names();
+  initialize(*net, 1);
+  return net;
+}
+
+ExportOptions features(std::int64_t n) {
+  ExportOptions o;
+  o.sample_shape = {n};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("export refuses a module without a mapping, naming it", "[export]") {
+  auto net = mlp_with(std::make_unique<Negate>("Unmapped"));
+  const auto path = temp_file("unmapped.onnx");
+  CHECK_THROWS_WITH(export_onnx(*net, path, features(4)),
+                    Catch::Contains("Unmapped 'custom' has no ONNX mapping") &&
+                        Catch::Contains("register_onnx_mapping"));
+  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK_FALSE(std::filesystem::exists(path.string() + ".tmp"));
+}
+
+TEST_CASE("a user's mapping exports through the same interface as the built-ins", "[export]") {
+  register_onnx_mapping("Negate", [](Module&, const OnnxValue& x, OnnxGraph& g) {
+    return g.op("Neg", {x.name}, x.dtype, x.shape);
+  });
+  CHECK(has_onnx_mapping("Negate"));
+  auto net = mlp_with(std::make_unique<Negate>());
+  const auto path = temp_file("negate.onnx");
+  export_onnx(*net, path, features(4));
+  const onnx::ModelProto m = read_model(path);
+  std::vector<std::string> ops, names;
+  for (const auto& n : m.graph().node()) {
+    ops.push_back(n.op_type());
+    names.push_back(n.name());
+  }
+  // The model's forward order: Gemm (fc1), the user's Neg, Gemm (fc2), the output.
+  CHECK(ops == std::vector<std::string>{"Gemm", "Neg", "Gemm", "Identity"});
+  CHECK_THAT(names[1], Catch::Contains("custom/Neg"));
+  CHECK(m.graph().input(0).type().tensor_type().shape().dim(0).dim_param() == "batch");
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("export refuses opsets outside 17..21 and precisions other than f32 and f16",
+          "[export]") {
+  auto net = make_model("mlp");
+  ExportOptions o;
+  o.sample_shape = {1, 28, 28};
+  const auto path = temp_file("opset.onnx");
+  for (int opset : {16, 22}) {
+    o.opset = opset;
+    CHECK_THROWS_WITH(export_onnx(*net, path, o),
+                      Catch::Contains("opset " + std::to_string(opset) + " is outside 17..21"));
+  }
+  o.opset = kOnnxDefaultOpset;
+  o.precision = DType::bf16;
+  CHECK_THROWS_WITH(export_onnx(*net, path, o), Catch::Contains("precision bf16"));
+  o.precision = DType::f32;
+  o.sample_shape = {1, 28, 27};
+  CHECK_THROWS_WITH(export_onnx(*net, path, o),
+                    Catch::Contains("Linear 'fc1'") && Catch::Contains("784"));
+  CHECK_FALSE(std::filesystem::exists(path));
+}
+
+TEST_CASE("initializers carry the parameter names, the tied head is stored once", "[export]") {
+  auto gpt = make_model("gpt-tiny");
+  initialize(*gpt, 3);
+  ExportOptions o;
+  o.sample_shape = {128};
+  o.input_dtype = DType::i64;
+  o.dynamic_sequence = true;
+  o.precision = DType::f16;
+  const auto path = temp_file("gpt.onnx");
+  export_onnx(*gpt, path, o);
+  const onnx::ModelProto m = read_model(path);
+  std::set<std::string> parameter_names;  // independent: the model's own list
+  for (Parameter* p : gpt->parameters()) parameter_names.insert(p->name);
+  std::set<std::string> initializers;
+  for (const auto& t : m.graph().initializer()) {
+    if (parameter_names.count(t.name())) {
+      CHECK(t.data_type() == onnx::TensorProto::FLOAT16);
+      CHECK(initializers.insert(t.name()).second);  // once each
+    }
+  }
+  CHECK(initializers == parameter_names);
+  CHECK(parameter_names.count("transformer.wte.weight") == 1);
+  CHECK(m.graph().input(0).type().tensor_type().shape().dim(1).dim_param() == "seq");
+  CHECK(m.opset_import(0).version() == 17);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("an f16 export refuses a weight beyond f16's range, naming it", "[export]") {
+  auto net = mlp_with(std::make_unique<Sequential>());
+  Parameter* weight = net->parameters().front();
+  REQUIRE(weight->name == "fc1.weight");
+  weight->value.data_as<float>()[5] = 1e5f;  // f16's largest finite value is 65504
+  ExportOptions o = features(4);
+  const auto path = temp_file("overflow.onnx");
+  CHECK_NOTHROW(export_onnx(*net, path, o));  // f32 holds it
+  o.precision = DType::f16;
+  CHECK_THROWS_WITH(export_onnx(*net, path, o),
+                    Catch::Contains("'fc1.weight' element 5") && Catch::Contains("65504"));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a checkpoint of another preset is refused before anything is exported", "[export]") {
+  // What lockstep-export does: load the checkpoint into the named preset.
+  auto mlp = make_model("mlp");
+  initialize(*mlp, 2);
+  ParameterStore store(*mlp, core::Device::cpu());
+  SGD sgd(store, single_group(store, 0.1, 0.0));
+  const auto dir = temp_file("ckpt");
+  const CheckpointDirectory checkpoints(dir, 1, CheckpointStart::fresh);
+  const auto file = checkpoints.save(0, capture_checkpoint(*mlp, sgd, TrainingState{}, {}));
+  auto cnn = make_model("cnn");
+  CHECK_THROWS_WITH(load_weights(file, *cnn, {}), Catch::Contains("conv1.weight"));
+  auto resnet = make_model("resnet");
+  CHECK_THROWS_WITH(load_weights(file, *resnet, {}), Catch::Contains("conv1.weight"));
+  auto same = make_model("mlp");
+  CHECK_NOTHROW(load_weights(file, *same, {}));
+  std::filesystem::remove_all(dir);
+}
