@@ -32,10 +32,6 @@ double test_save_delay_s() {
 RunCheckpoints::RunCheckpoints(comm::World& world, RunCheckpointOptions options)
     : world_(world), options_(std::move(options)) {
   using Start = RunCheckpointOptions::Start;
-  if (options_.start == Start::latest && options_.directory.empty())
-    throw InvalidArgument(
-        "RunCheckpoints: Start::latest resumes from a checkpoint directory, and none is given "
-        "(RunCheckpointOptions::directory)");
   if (!options_.directory.empty()) {
     directory_.emplace(
         options_.directory, options_.keep_last,
@@ -46,7 +42,7 @@ RunCheckpoints::RunCheckpoints(comm::World& world, RunCheckpointOptions options)
   // Collective whatever the start, so that ranks given different starts
   // cannot wait on each other (Note [checkpoint choice]).
   const std::string newest = newest_checkpoint_name_of_rank0(
-      world_.host(), options_.start == Start::latest ? &*directory_ : nullptr);
+      world_.host(), options_.start == Start::latest && directory_ ? &*directory_ : nullptr);
   if (options_.start == Start::latest && !newest.empty())
     resume_file_ = directory_->directory() / newest;
   if (options_.start == Start::file) resume_file_ = options_.file;

@@ -28,10 +28,11 @@ struct RunCheckpointOptions {
   // Where checkpoints are saved; empty: none are (`file` may still be resumed).
   std::filesystem::path directory;
   int keep_last = 3;  // Note [checkpoint retention]
-  // fresh: `directory` must hold no checkpoints; latest: the newest good one
-  // in `directory`, or a fresh start when there is none; file: `file`.
-  enum class Start { fresh, latest, file };
-  Start start = Start::fresh;
+  // latest: the newest good checkpoint in `directory`, or a fresh start when
+  // there is none (or no directory); fresh: `directory` must hold no
+  // checkpoints; file: `file`.
+  enum class Start { latest, fresh, file };
+  Start start = Start::latest;
   std::filesystem::path file;
   // Note [resume fingerprint]: what a resume may not change, and the value
   // of a field in a checkpoint written before the field was.

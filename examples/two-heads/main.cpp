@@ -10,7 +10,7 @@
 #include <random>
 
 #include "comm/world.h"
-#include "engine/core/ops.h"
+#include "engine/core/tensor_ops.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -21,6 +21,8 @@
 using namespace lockstep;
 
 class TwoHeads : public engine::Module {
+  engine::Module *trunk_, *classes_, *value_;
+
  public:
   TwoHeads() : Module("TwoHeads") {
     auto trunk = std::make_unique<engine::Sequential>();
@@ -42,15 +44,10 @@ class TwoHeads : public engine::Module {
     value_->report_ready(ctx);
     const core::Tensor dc = classes_->backward(d.at("logits", describe()), ctx);
     classes_->report_ready(ctx);
-    core::Tensor dh = core::Tensor::empty(dv.shape(), dv.dtype(), dv.device(), ctx.stream);
-    core::ops::add(dv, dc, dh, ctx.stream);
-    trunk_->backward(dh, ctx);
+    trunk_->backward(core::ops::add(dv, dc, ctx.stream), ctx);
     trunk_->report_ready(ctx);
     return {};
   }
-
- private:
-  engine::Module *trunk_, *classes_, *value_;
 };
 
 // Class: the quadrant of x; value: sin(3 x0) + x1^2. Every rank makes the same rows.
@@ -61,8 +58,7 @@ io::TensorDataset make_data(std::int64_t n, unsigned seed, io::TensorDatasetOpti
   std::vector<std::int64_t> label(n);
   for (std::int64_t i = 0; i < n; ++i) {
     const float a = x[2 * i] = uniform(rng), b = x[2 * i + 1] = uniform(rng);
-    label[i] = (a > 0) + 2 * (b > 0);
-    value[i] = std::sin(3 * a) + b * b;
+    label[i] = (a > 0) + 2 * (b > 0), value[i] = std::sin(3 * a) + b * b;
   }
   return io::TensorDataset(core::Tensor::from_vector(x, {n, 2}, DType::f32),
                            core::Tensor::from_vector(label, {n}, DType::i64),
@@ -94,9 +90,7 @@ int fit(comm::World& world) {
   engine::Trainer trainer(model, store, optimizer, schedule, scaler, world, options, {});
   for (int epoch = 0; epoch < epochs; ++epoch) {
     train.start_epoch(epoch);
-    while (const auto r = trainer.step(train))
-      if (world.rank() == 0 && r->step % 100 == 0)
-        fmt::print("step {}: loss {:.4f}\n", r->step, r->loss);
+    while (trainer.step(train)) continue;
   }
   const engine::EvalResult e = trainer.evaluate(held_out);
   if (world.rank() == 0)
