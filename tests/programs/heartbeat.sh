@@ -22,12 +22,16 @@ field() {  # field NAME: the value of NAME in the heartbeat (the file is read on
   /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$hb" "$1" 2>/dev/null ||
     echo "unreadable"
 }
-# A slow save at step 40: the heartbeat goes on during it.
+# A slow save at step 1500: the heartbeat goes on during it. 3000 steps take
+# a few seconds (about 1 ms a step), so that the polling below, a few Python
+# starts per look, sees the step advance before and after the save (a CI run
+# of 60 steps saw only the save's step and the last).
 LOCKSTEP_TEST_SAVE_DELAY=4 "$train" --data "$work/data" --model mlp --batch-size 16 --device cpu \
-  --steps 60 --checkpoint-every 40 --checkpoint-dir "$work/c" --heartbeat "$hb" >"$work/log" 2>&1 &
+  --steps 3000 --checkpoint-every 1500 --checkpoint-dir "$work/c" --heartbeat "$hb" --log-every 1000 \
+  >"$work/log" 2>&1 &
 run=$!
 steps=() saving_times=()
-for _ in $(seq 1 200); do
+for _ in $(seq 1 600); do
   kill -0 "$run" 2>/dev/null || break
   if [ -f "$hb" ]; then
     line=$(cat "$hb")
@@ -44,7 +48,7 @@ for _ in $(seq 1 200); do
 done
 wait "$run" || fail "the run failed"
 [ "$(field phase)" = done ] || fail "the last heartbeat is '$(cat "$hb")', not phase done"
-[ "$(field step)" = 60 ] || fail "the last heartbeat is '$(cat "$hb")', not step 60"
+[ "$(field step)" = 3000 ] || fail "the last heartbeat is '$(cat "$hb")', not step 3000"
 distinct=$(printf '%s\n' "${steps[@]}" | sort -un | wc -l)
 [ "$distinct" -ge 3 ] || fail "the step seen in the heartbeat took only $distinct values: ${steps[*]}"
 printf '%s\n' "${steps[@]}" | sort -nc || fail "the step went backwards: ${steps[*]}"
@@ -52,4 +56,4 @@ printf '%s\n' "${steps[@]}" | sort -nc || fail "the step went backwards: ${steps
 first=${saving_times[0]} last=${saving_times[-1]}
 /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[2]) - float(sys.argv[1]) >= 2 else 1)' \
   "$first" "$last" || fail "during the 4 s save the heartbeat's time moved only from $first to $last"
-echo "heartbeat: $distinct steps seen advancing, rewritten during the save ($first .. $last), done at step 60"
+echo "heartbeat: $distinct steps seen advancing, rewritten during the save ($first .. $last), done at step 3000"
