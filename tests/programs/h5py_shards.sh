@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # lockstep-train on shards a user writes with h5py (docs/data-format.md), in
-# fresh processes on 2 ranks: f32 images with h5py's uint8 labels trained with
-# --loss cross-entropy (and label smoothing) to a val accuracy well above
-# chance; f32 inputs with float 'targets' trained with --loss mse until the
-# loss falls; and what is refused, in h5py's words: f64 inputs, labels for an
-# elementwise loss, targets of the wrong shape. Usage: h5py_shards.sh BUILD_DIR
+# fresh processes on 2 ranks: f32 images with h5py's uint8 labels trained by
+# the cnn preset with --loss cross-entropy (and label smoothing) to a val
+# accuracy well above chance; f32 inputs with float 'targets' trained by the
+# mlp with --loss mse until the loss falls; and what is refused, in h5py's
+# words: f64 inputs, labels for an elementwise loss, targets for
+# cross-entropy, smoothing for mse. Usage: h5py_shards.sh BUILD_DIR
 set -euo pipefail
 build=$1
 train=$build/examples/train/lockstep-train
@@ -17,7 +18,7 @@ expect() {  # expect FILE TEXT: FILE has a line containing TEXT
 }
 
 # Class k lights the k-th 2x28 band of the image; the regression target is
-# the mean of each band, so both tasks are learnable by the mlp preset.
+# the mean of each band, so both tasks are learnable.
 /usr/bin/python3 - "$work" <<'PY'
 import os, sys
 import h5py, numpy as np
@@ -45,9 +46,8 @@ for split, n in (("train", 1024), ("val", 256)):
         f.create_dataset("labels", data=y.astype("int64"))
 PY
 
-common=(--model mlp --device cpu --batch-size 32 --epochs 3 --optimizer adamw --lr 0.002
-        --log-every 1000)
-mpirun -np 2 --oversubscribe "$train" "${common[@]}" --data "$work/images/train" \
+common=(--device cpu --batch-size 32 --epochs 3 --optimizer adamw --lr 0.002 --log-every 1000)
+mpirun -np 2 --oversubscribe "$train" "${common[@]}" --model cnn --data "$work/images/train" \
   --val-data "$work/images/val" --label-smoothing 0.05 >"$work/ce" 2>&1 || { cat "$work/ce"; fail "cross-entropy run failed"; }
 expect "$work/ce" "inputs f32 [1, 28, 28], labels u8"
 expect "$work/ce" "lockstep-train: done at step 48"
@@ -56,7 +56,7 @@ accuracy=$(grep -oP 'epoch 3: val_loss [0-9.]+  val_accuracy \K[0-9.]+' "$work/c
 # Chance is 10%; the bands separate the classes.
 awk -v a="$accuracy" 'BEGIN { exit !(a > 80) }' || fail "val accuracy $accuracy% after 3 epochs"
 
-mpirun -np 2 --oversubscribe "$train" "${common[@]}" --data "$work/regress/train" \
+mpirun -np 2 --oversubscribe "$train" "${common[@]}" --model mlp --data "$work/regress/train" \
   --val-data "$work/regress/val" --loss mse --metrics "$work/mse.jsonl" >"$work/mse" 2>&1 ||
   { cat "$work/mse"; fail "mse run failed"; }
 expect "$work/mse" "targets f32 [10]"
