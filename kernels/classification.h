@@ -30,7 +30,8 @@ namespace cpu {
 // probs: softmax of the logits, kept for backward. loss and count: f32[1].
 void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
                           float* probs, float* loss, float* count);
-// dlogits = (probs - target) * dloss / count on counted rows, 0 elsewhere.
+// dlogits = (probs - target) * dloss / count on counted rows, 0 elsewhere;
+// dlogits may be probs (each element is read, then written, by one thread).
 void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,
                            const float* count, float dloss, float* dlogits);
 // correct: f32[1], rows whose largest logit (first on ties) is the label.
