@@ -41,20 +41,21 @@ int run(const Flags& f) {
   if (f.seq > 0 && f.seq > preset.sample_shape[0])
     throw InvalidArgument(fmt::format("--seq {} is longer than {}'s context of {} tokens", f.seq,
                                       preset.name, preset.sample_shape[0]));
-  std::unique_ptr<Module> model = make_model(f.model);
-  load_weights(f.checkpoint, *model, core::Stream{});
-
+  // Every flag is checked before the checkpoint is read.
   ExportOptions o;
-  o.opset = f.opset;
-  o.precision = float_type("--precision", f.precision);
-  o.io_float_type = f.io_precision.empty() ? o.precision : float_type("--io", f.io_precision);
-  o.sample_shape = preset.sample_shape;
   if (f.batch != "dynamic") {
     std::size_t used = 0;
     o.batch = std::stoll(f.batch, &used);
     if (used != f.batch.size())
       throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
   }
+  std::unique_ptr<Module> model = make_model(f.model);
+  load_weights(f.checkpoint, *model, core::Stream{});
+
+  o.opset = f.opset;
+  o.precision = float_type("--precision", f.precision);
+  o.io_float_type = f.io_precision.empty() ? o.precision : float_type("--io", f.io_precision);
+  o.sample_shape = preset.sample_shape;
   o.metadata["lockstep.preset"] = preset.name;
   o.metadata["lockstep.checkpoint"] = std::filesystem::path(f.checkpoint).filename().string();
   if (preset.language_model) {
