@@ -64,6 +64,22 @@ void decode_jpeg(std::span<const std::uint8_t> bytes, DecodedImage& out) {
     throw DecodeError(std::string("a damaged or truncated JPEG: ") + tjGetErrorStr2(tj));
 }
 
+// Picks the 8-bit format libpng converts to (the image's channels, alpha
+// kept for now) and sizes the buffer: all channels are read, and with alpha
+// the colour ones are then moved down over them in place (each pixel's
+// destination lies at or before its source).
+void prepare_png(png_image& image, DecodedImage& out) {
+  const bool color = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
+  const bool alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  image.format = color ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB)
+                       : (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY);
+  out.channels = color ? 3 : 1;
+  out.height = image.height;
+  out.width = image.width;
+  out.pixels.resize(static_cast<std::size_t>(image.width) * image.height *
+                    (out.channels + (alpha ? 1 : 0)));
+}
+
 void decode_png(std::span<const std::uint8_t> bytes, DecodedImage& out) {
   png_image image;
   std::memset(&image, 0, sizeof image);
@@ -75,19 +91,18 @@ void decode_png(std::span<const std::uint8_t> bytes, DecodedImage& out) {
   };
   if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()))
     fail("not a readable PNG");
-  check_size("PNG", image.width, image.height);
-  const bool color = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
+  // From here until png_image_finish_read, libpng holds memory that only
+  // png_image_free releases (the fuzzer found the leak of a too-large image).
+  try {
+    check_size("PNG", image.width, image.height);
+    prepare_png(image, out);
+  } catch (...) {
+    png_image_free(&image);
+    throw;
+  }
   const bool alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
-  const int stored = (color ? 3 : 1) + (alpha ? 1 : 0);
-  image.format = color ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB)
-                       : (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY);
-  out.channels = color ? 3 : 1;
-  out.height = image.height;
-  out.width = image.width;
+  const int stored = static_cast<int>(out.channels) + (alpha ? 1 : 0);
   const std::size_t pixels = static_cast<std::size_t>(image.width) * image.height;
-  // With alpha, all channels are read and the colour ones moved down over
-  // them in place (each pixel's destination lies at or before its source).
-  out.pixels.resize(pixels * stored);
   if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr))
     fail("a damaged or truncated PNG");
   if (alpha) {
