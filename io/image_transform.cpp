@@ -188,17 +188,29 @@ CropBox choose_crop(const ImageOptions& o, std::int64_t source_height, std::int6
   return box;
 }
 
-void crop_resize_normalize(const PixelView& s, const CropBox& box, const ImageOptions& o,
-                           float* out) {
+kernels::ChannelAffine channel_affine(const ImageOptions& o) {
+  kernels::ChannelAffine affine;
+  affine.channels = static_cast<int>(o.channels);
+  for (int c = 0; c < affine.channels; ++c) {
+    const float mean = o.mean.empty() ? 0.0f : o.mean[o.mean.size() == 1 ? 0 : c];
+    const float std = o.std.empty() ? 1.0f : o.std[o.std.size() == 1 ? 0 : c];
+    affine.scale[c] = 1.0f / (255.0f * std);
+    affine.bias[c] = -mean / std;
+  }
+  return affine;
+}
+
+namespace {
+
+// The bilinear value of every output pixel (0 outside the source), handed to
+// store(channel, index in the channel's plane, value).
+template <typename Store>
+void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, Store store) {
   const Taps xs = taps(box.x, box.w, o.width, s.width);
   const Taps ys = taps(box.y, box.h, o.height, s.height);
   for (std::int64_t c = 0; c < o.channels; ++c) {
-    const float mean = o.mean.empty() ? 0.0f : o.mean[o.mean.size() == 1 ? 0 : c];
-    const float std = o.std.empty() ? 1.0f : o.std[o.std.size() == 1 ? 0 : c];
-    const float scale = 1.0f / (255.0f * std), bias = -mean / std;
     const std::uint8_t* plane = s.data + c * s.channel_stride;
     for (std::int64_t oy = 0; oy < o.height; ++oy) {
-      float* row = out + (c * o.height + oy) * o.width;
       const std::uint8_t* top = plane + ys.first[oy] * s.row_stride;
       const std::uint8_t* bottom = plane + ys.second[oy] * s.row_stride;
       const float wy = ys.weight[oy];
@@ -214,10 +226,30 @@ void crop_resize_normalize(const PixelView& s, const CropBox& box, const ImageOp
               static_cast<float>(bottom[x0]) + wx * (static_cast<float>(bottom[x1]) - bottom[x0]);
           value = upper + wy * (lower - upper);
         }
-        row[box.flip ? o.width - 1 - ox : ox] = value * scale + bias;
+        store(c, oy * o.width + (box.flip ? o.width - 1 - ox : ox), value);
       }
     }
   }
+}
+
+}  // namespace
+
+void crop_resize_normalize(const PixelView& s, const CropBox& box, const ImageOptions& o,
+                           float* out) {
+  const kernels::ChannelAffine affine = channel_affine(o);
+  const std::int64_t plane = o.height * o.width;
+  resample(s, box, o, [&](std::int64_t c, std::int64_t at, float value) {
+    out[c * plane + at] = value * affine.scale[c] + affine.bias[c];
+  });
+}
+
+void crop_resize_u8(const PixelView& s, const CropBox& box, const ImageOptions& o,
+                    std::uint8_t* out) {
+  const std::int64_t plane = o.height * o.width;
+  resample(s, box, o, [&](std::int64_t c, std::int64_t at, float value) {
+    // A convex mix of u8 values lies in [0, 255]: rounded half up.
+    out[c * plane + at] = static_cast<std::uint8_t>(value + 0.5f);
+  });
 }
 
 }  // namespace lockstep::io

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/image.h"
+
 namespace lockstep::io {
 
 enum class CropKind {
@@ -66,5 +68,12 @@ struct PixelView {
 // mirrored when box.flip, normalised. `source` has options.channels channels.
 void crop_resize_normalize(const PixelView& source, const CropBox& box, const ImageOptions& options,
                            float* out);
+// The same crop as u8 (each value rounded half up), for the CUDA loader,
+// which copies u8 batches and normalises them on the device
+// (kernels::cuda::normalize_u8 with channel_affine(options)).
+void crop_resize_u8(const PixelView& source, const CropBox& box, const ImageOptions& options,
+                    std::uint8_t* out);
+// Options' mean and std as the per-channel map x * scale + bias of u8 pixels.
+kernels::ChannelAffine channel_affine(const ImageOptions& options);
 
 }  // namespace lockstep::io

@@ -19,6 +19,7 @@
 #include "engine/core/trace.h"
 #include "io/image_decode.h"
 #include "kernels/error.h"
+#include "kernels/image.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "kernels/cuda/check.h"
@@ -67,6 +68,8 @@ struct DataLoader::State {
   core::Shape label_shape;         // [B], [B, ...target_shape] or [B, T] for token shards
   DType label_dtype = DType::i64;  // f32 for target shards
   DType out_dtype;
+  DType host_dtype =
+      DType::u8;  // what workers write: the dataset's, f32 images (cpu), u8 images (cuda)
   std::vector<Slot> slots;
 
   // Shared with the workers, under `mutex`.
@@ -177,7 +180,7 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
   if (options.transform) {
     HostBatch host{
         slot.host_inputs,
-        options.images.enabled() ? DType::f32 : dataset.format().input_dtype,
+        host_dtype,
         batch_shape,
         dataset.format().has_targets ? nullptr : static_cast<std::int64_t*>(slot.host_labels),
         slot.rows.indices,
@@ -194,7 +197,10 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
 // row), its crop chosen from (seed, epoch, global sample index) alone (Note
 // [keyed augmentation] in image_transform.cpp), and resampled, flipped and
 // normalised straight into the f32 batch: no intermediate image. The labels
-// come from memory as for any shard. A damaged image, or one whose channels
+// come from memory as for any shard. For a cuda loader the crop is rounded
+// to u8 instead, copied (a quarter of the bytes over PCIe) and normalised on
+// the device (kernels/image.h): its values differ from the cpu loader's by
+// that rounding (at most 0.5 / (255 std)). A damaged image, or one whose channels
 // are not the model's, fails its batch naming the shard and the row.
 void DataLoader::State::assemble_images(Slot& slot) const {
   const ImageOptions& o = options.images;
@@ -202,6 +208,7 @@ void DataLoader::State::assemble_images(Slot& slot) const {
   const std::vector<std::int64_t>& labels = dataset.labels();
   auto* out_labels = static_cast<std::int64_t*>(slot.host_labels);
   auto* out = static_cast<float*>(slot.host_inputs);
+  auto* out_u8 = static_cast<std::uint8_t*>(slot.host_inputs);
   const std::int64_t per_image = o.channels * o.height * o.width;
   for (std::size_t i = 0; i < slot.rows.indices.size(); ++i) {
     const std::int64_t row = slot.rows.indices[i];
@@ -234,7 +241,11 @@ void DataLoader::State::assemble_images(Slot& slot) const {
           view.channels == 1 ? "grayscale" : "colour", o.channels, view.channels,
           view.channels == 1 ? "" : "s"));
     const CropBox box = choose_crop(o, view.height, view.width, epoch, row);
-    crop_resize_normalize(view, box, o, out + static_cast<std::int64_t>(i) * per_image);
+    const auto at = static_cast<std::int64_t>(i) * per_image;
+    if (host_dtype == DType::u8)
+      crop_resize_u8(view, box, o, out_u8 + at);
+    else
+      crop_resize_normalize(view, box, o, out + at);
   }
 }
 
@@ -345,7 +356,6 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   core::trace::Span copy;  // on the host and, traced, on the copy stream's track
   copy.open("host-to-device copy", {}, "data", &copy_stream);
   const cudaStream_t stream = copy_stream.handle();
-  const DType host_dtype = options.images.enabled() ? DType::f32 : dataset.format().input_dtype;
   const std::size_t input_bytes =
       static_cast<std::size_t>(core::shape_numel(batch_shape)) * dtype_size(host_dtype);
   if (out_dtype == host_dtype) {
@@ -355,8 +365,14 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
     core::Tensor staging = core::Tensor::empty(batch_shape, DType::u8, device, copy_stream);
     LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(staging.data(), slot.host_inputs, input_bytes,
                                         cudaMemcpyHostToDevice, stream));
-    core::ops::cast(staging, inputs, copy_stream);
-    core::ops::scale(inputs, kU8Scale, copy_stream);
+    if (options.images.enabled()) {  // Note [image batches]: normalised here
+      kernels::cuda::normalize_u8(staging.data_as<std::uint8_t>(), inputs.data_as<float>(),
+                                  batch_shape[0], batch_shape[2] * batch_shape[3],
+                                  channel_affine(options.images), stream);
+    } else {
+      core::ops::cast(staging, inputs, copy_stream);
+      core::ops::scale(inputs, kU8Scale, copy_stream);
+    }
   }
   LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(labels.data(), slot.host_labels, labels.nbytes(),
                                       cudaMemcpyHostToDevice, stream));
@@ -496,11 +512,13 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   }
   s.label_dtype = format.has_targets ? DType::f32 : DType::i64;
   s.out_dtype = o.scale_u8 || o.images.enabled() ? DType::f32 : format.input_dtype;
-  const DType host_dtype = o.images.enabled() ? DType::f32 : format.input_dtype;
+  s.host_dtype = !o.images.enabled()  ? format.input_dtype
+                 : o.device.is_cuda() ? DType::u8
+                                      : DType::f32;
   const std::int64_t depth = o.depth > 0 ? o.depth : 2 * std::int64_t{o.threads} + 1 + held;
   s.slots.resize(static_cast<std::size_t>(depth));
   const std::size_t input_bytes =
-      static_cast<std::size_t>(core::shape_numel(s.batch_shape)) * dtype_size(host_dtype);
+      static_cast<std::size_t>(core::shape_numel(s.batch_shape)) * dtype_size(s.host_dtype);
   const std::size_t labels_at =
       (input_bytes + kLabelsAlignment - 1) / kLabelsAlignment * kLabelsAlignment;
   const auto label_count = static_cast<std::size_t>(core::shape_numel(s.label_shape));

@@ -82,8 +82,8 @@ struct LoaderOptions {
   // The image pipeline (Note [image batches] in loader.cpp): when enabled,
   // every row is decoded (encoded-image shards) or taken as u8 [C, H, W],
   // cropped, flipped and normalised by these options, and inputs come out
-  // f32 [B, channels, height, width]. Required for encoded-image shards;
-  // scale_u8 must then be off (the normalisation includes x / 255).
+  // f32 [B, channels, height, width] (on cuda, normalised on the device). Required for
+  // encoded-image shards; scale_u8 must then be off (the normalisation includes x / 255).
   ImageOptions images{};
 };
 

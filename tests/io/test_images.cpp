@@ -318,3 +318,26 @@ TEST_CASE("u8 image shards take random crops with zero padding and flips, pixel 
   CHECK_THROWS_WITH(DataLoader(data, three),
                     Catch::Contains("images have 1 channels") && Catch::Contains("takes 3"));
 }
+
+TEST_CASE("u8 crops normalised by the kernel are the fused crops within their rounding",
+          "[io][images]") {
+  const auto pixels = test::image_pixels(4, 30, 40, 3);
+  const PixelView view{pixels.data(), 3, 30, 40, 1, 120, 3};
+  ImageOptions o{.channels = 3, .height = 10, .width = 14, .mean = {0.5f}, .std = {0.25f}};
+  const CropBox box{2.5, 1, 31, 27, true};
+  std::vector<float> fused(3 * 140), from_u8(3 * 140);
+  std::vector<std::uint8_t> crop(3 * 140);
+  crop_resize_normalize(view, box, o, fused.data());
+  crop_resize_u8(view, box, o, crop.data());
+  kernels::cpu::normalize_u8(crop.data(), from_u8.data(), 1, 140, channel_affine(o));
+  // Rounding to u8 moves a value by at most half a level: 0.5 / (255 * 0.25),
+  // plus 1e-6 for the f32 arithmetic.
+  for (std::size_t i = 0; i < fused.size(); ++i)
+    REQUIRE(std::abs(fused[i] - from_u8[i]) <= 0.5 / (255 * 0.25) + 1e-6);
+  // With the crop at whole pixels and scale 1, the two paths agree exactly.
+  const CropBox exact{3, 4, 14, 10, false};
+  crop_resize_normalize(view, exact, o, fused.data());
+  crop_resize_u8(view, exact, o, crop.data());
+  kernels::cpu::normalize_u8(crop.data(), from_u8.data(), 1, 140, channel_affine(o));
+  CHECK(fused == from_u8);
+}
