@@ -50,14 +50,15 @@ const char* crop_name(CropKind kind) {
   }
 }
 
-// Source positions, clamped neighbours and weights of one output axis.
+// Source positions (times `stride`: element offsets), clamped neighbours and
+// weights of one output axis.
 struct Taps {
   std::vector<std::int64_t> first, second;
-  std::vector<float> weight;  // of `second`
-  std::vector<bool> inside;
+  std::vector<float> weight;         // of `second`
+  std::vector<std::uint8_t> inside;  // 0: the position reads the zero padding
 };
 
-Taps taps(double start, double extent, std::int64_t out, std::int64_t size) {
+Taps taps(double start, double extent, std::int64_t out, std::int64_t size, std::int64_t stride) {
   Taps t;
   t.first.resize(out);
   t.second.resize(out);
@@ -70,8 +71,8 @@ Taps taps(double start, double extent, std::int64_t out, std::int64_t size) {
     const double lower = std::floor(at);
     t.weight[o] = static_cast<float>(at - lower);
     const auto base = static_cast<std::int64_t>(lower);
-    t.first[o] = std::clamp<std::int64_t>(base, 0, size - 1);
-    t.second[o] = std::clamp<std::int64_t>(base + 1, 0, size - 1);
+    t.first[o] = std::clamp<std::int64_t>(base, 0, size - 1) * stride;
+    t.second[o] = std::clamp<std::int64_t>(base + 1, 0, size - 1) * stride;
   }
   return t;
 }
@@ -202,23 +203,26 @@ kernels::ChannelAffine channel_affine(const ImageOptions& o) {
 
 namespace {
 
-// The bilinear value of every output pixel (0 outside the source), handed to
-// store(channel, index in the channel's plane, value).
-template <typename Store>
-void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, Store store) {
-  const Taps xs = taps(box.x, box.w, o.width, s.width);
-  const Taps ys = taps(box.y, box.h, o.height, s.height);
+// The bilinear value of every output pixel (0 outside the source), through
+// finish(channel, value), into out [C, H, W].
+template <typename T, typename Finish>
+void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, T* out,
+              Finish finish) {
+  const Taps xs = taps(box.x, box.w, o.width, s.width, s.column_stride);
+  const Taps ys = taps(box.y, box.h, o.height, s.height, s.row_stride);
+  const std::int64_t width = o.width;
   for (std::int64_t c = 0; c < o.channels; ++c) {
     const std::uint8_t* plane = s.data + c * s.channel_stride;
     for (std::int64_t oy = 0; oy < o.height; ++oy) {
-      const std::uint8_t* top = plane + ys.first[oy] * s.row_stride;
-      const std::uint8_t* bottom = plane + ys.second[oy] * s.row_stride;
+      T* row = out + (c * o.height + oy) * width;
+      const std::uint8_t* top = plane + ys.first[oy];
+      const std::uint8_t* bottom = plane + ys.second[oy];
       const float wy = ys.weight[oy];
-      for (std::int64_t ox = 0; ox < o.width; ++ox) {
+      const bool row_inside = ys.inside[oy] != 0;
+      for (std::int64_t ox = 0; ox < width; ++ox) {
         float value = 0.0f;
-        if (ys.inside[oy] && xs.inside[ox]) {
-          const std::int64_t x0 = xs.first[ox] * s.column_stride,
-                             x1 = xs.second[ox] * s.column_stride;
+        if (row_inside && xs.inside[ox]) {
+          const std::int64_t x0 = xs.first[ox], x1 = xs.second[ox];
           const float wx = xs.weight[ox];
           const float upper =
               static_cast<float>(top[x0]) + wx * (static_cast<float>(top[x1]) - top[x0]);
@@ -226,7 +230,7 @@ void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, Sto
               static_cast<float>(bottom[x0]) + wx * (static_cast<float>(bottom[x1]) - bottom[x0]);
           value = upper + wy * (lower - upper);
         }
-        store(c, oy * o.width + (box.flip ? o.width - 1 - ox : ox), value);
+        row[box.flip ? width - 1 - ox : ox] = finish(c, value);
       }
     }
   }
@@ -237,19 +241,16 @@ void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, Sto
 void crop_resize_normalize(const PixelView& s, const CropBox& box, const ImageOptions& o,
                            float* out) {
   const kernels::ChannelAffine affine = channel_affine(o);
-  const std::int64_t plane = o.height * o.width;
-  resample(s, box, o, [&](std::int64_t c, std::int64_t at, float value) {
-    out[c * plane + at] = value * affine.scale[c] + affine.bias[c];
+  resample(s, box, o, out, [&affine](std::int64_t c, float value) {
+    return value * affine.scale[c] + affine.bias[c];
   });
 }
 
 void crop_resize_u8(const PixelView& s, const CropBox& box, const ImageOptions& o,
                     std::uint8_t* out) {
-  const std::int64_t plane = o.height * o.width;
-  resample(s, box, o, [&](std::int64_t c, std::int64_t at, float value) {
-    // A convex mix of u8 values lies in [0, 255]: rounded half up.
-    out[c * plane + at] = static_cast<std::uint8_t>(value + 0.5f);
-  });
+  // A convex mix of u8 values lies in [0, 255]: rounded half up.
+  resample(s, box, o, out,
+           [](std::int64_t, float value) { return static_cast<std::uint8_t>(value + 0.5f); });
 }
 
 }  // namespace lockstep::io
