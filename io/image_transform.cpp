@@ -50,29 +50,31 @@ const char* crop_name(CropKind kind) {
   }
 }
 
-// Source positions (times `stride`: element offsets), clamped neighbours and
-// weights of one output axis.
+// Source offsets (positions times `stride`) of the two neighbours of each
+// output position along one axis, and their weights: 0 and 0 where the
+// position reads the zero padding, so the inner loop has no branch.
 struct Taps {
   std::vector<std::int64_t> first, second;
-  std::vector<float> weight;         // of `second`
-  std::vector<std::uint8_t> inside;  // 0: the position reads the zero padding
+  std::vector<float> first_weight, second_weight;
 };
 
 Taps taps(double start, double extent, std::int64_t out, std::int64_t size, std::int64_t stride) {
   Taps t;
   t.first.resize(out);
   t.second.resize(out);
-  t.weight.resize(out);
-  t.inside.resize(out);
+  t.first_weight.resize(out);
+  t.second_weight.resize(out);
   for (std::int64_t o = 0; o < out; ++o) {
     const double at =
         start + (static_cast<double>(o) + 0.5) * extent / static_cast<double>(out) - 0.5;
-    t.inside[o] = at >= -0.5 && at <= static_cast<double>(size) - 0.5;
+    const bool inside = at >= -0.5 && at <= static_cast<double>(size) - 0.5;
     const double lower = std::floor(at);
-    t.weight[o] = static_cast<float>(at - lower);
+    const auto weight = static_cast<float>(at - lower);
     const auto base = static_cast<std::int64_t>(lower);
     t.first[o] = std::clamp<std::int64_t>(base, 0, size - 1) * stride;
     t.second[o] = std::clamp<std::int64_t>(base + 1, 0, size - 1) * stride;
+    t.first_weight[o] = inside ? 1.0f - weight : 0.0f;
+    t.second_weight[o] = inside ? weight : 0.0f;
   }
   return t;
 }
@@ -211,26 +213,25 @@ void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, T* 
   const Taps xs = taps(box.x, box.w, o.width, s.width, s.column_stride);
   const Taps ys = taps(box.y, box.h, o.height, s.height, s.row_stride);
   const std::int64_t width = o.width;
+  const std::int64_t* __restrict x0 = xs.first.data();
+  const std::int64_t* __restrict x1 = xs.second.data();
+  const float* __restrict w0 = xs.first_weight.data();
+  const float* __restrict w1 = xs.second_weight.data();
   for (std::int64_t c = 0; c < o.channels; ++c) {
     const std::uint8_t* plane = s.data + c * s.channel_stride;
     for (std::int64_t oy = 0; oy < o.height; ++oy) {
-      T* row = out + (c * o.height + oy) * width;
-      const std::uint8_t* top = plane + ys.first[oy];
-      const std::uint8_t* bottom = plane + ys.second[oy];
-      const float wy = ys.weight[oy];
-      const bool row_inside = ys.inside[oy] != 0;
-      for (std::int64_t ox = 0; ox < width; ++ox) {
-        float value = 0.0f;
-        if (row_inside && xs.inside[ox]) {
-          const std::int64_t x0 = xs.first[ox], x1 = xs.second[ox];
-          const float wx = xs.weight[ox];
-          const float upper =
-              static_cast<float>(top[x0]) + wx * (static_cast<float>(top[x1]) - top[x0]);
-          const float lower =
-              static_cast<float>(bottom[x0]) + wx * (static_cast<float>(bottom[x1]) - bottom[x0]);
-          value = upper + wy * (lower - upper);
-        }
-        row[box.flip ? width - 1 - ox : ox] = finish(c, value);
+      T* __restrict row = out + (c * o.height + oy) * width;
+      const std::uint8_t* __restrict top = plane + ys.first[oy];
+      const std::uint8_t* __restrict bottom = plane + ys.second[oy];
+      const float v0 = ys.first_weight[oy], v1 = ys.second_weight[oy];
+      const std::int64_t step = box.flip ? -1 : 1;
+      T* __restrict dst = box.flip ? row + width - 1 : row;
+      for (std::int64_t ox = 0; ox < width; ++ox, dst += step) {
+        const float upper =
+            w0[ox] * static_cast<float>(top[x0[ox]]) + w1[ox] * static_cast<float>(top[x1[ox]]);
+        const float lower = w0[ox] * static_cast<float>(bottom[x0[ox]]) +
+                            w1[ox] * static_cast<float>(bottom[x1[ox]]);
+        *dst = finish(c, v0 * upper + v1 * lower);
       }
     }
   }
