@@ -5,7 +5,11 @@
 // (bench/bench_loader_h5py.py under Debian's /usr/bin/python3). With
 // --device cuda also the batches delivered to GPU memory against raw preads
 // plus a plain cudaMemcpyAsync, and the loader's pinned host-to-device copy
-// against a plain cudaMemcpyAsync of pinned memory.
+// against a plain cudaMemcpyAsync of pinned memory. On encoded-image shards
+// (lockstep-shard images) it measures images/s decoded and augmented
+// (random-resized-crop, flip, normalisation) by the loader, against
+// TurboJPEG's decode alone on the same threads and, with --torch-python,
+// torchvision's DataLoader with as many worker processes (image_bench).
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <hdf5.h>
@@ -26,6 +30,7 @@
 #include "bench/report.h"
 #include "engine/core/memory.h"
 #include "examples/common/flags.h"
+#include "io/image_decode.h"
 #include "io/loader.h"
 #include "io/shard_writer.h"
 
@@ -220,6 +225,91 @@ Row measure_h2d(const io::Dataset& data, const io::SamplerOptions& sampler, int 
 }
 #endif
 
+// Images per second of `threads` threads decoding every image of `data`
+// (read into memory first: the decode alone, no reads, crops or copies).
+double decode_only(const io::Dataset& data, int threads, int trials) {
+  std::vector<std::vector<std::uint8_t>> files(static_cast<std::size_t>(data.size()));
+  for (std::int64_t i = 0; i < data.size(); ++i) data.read_encoded(i, files[i]);
+  std::vector<double> rates;
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        io::DecodedImage image;
+        for (std::size_t i = t; i < files.size(); i += threads) io::decode_image(files[i], image);
+      });
+    for (std::thread& t : pool) t.join();
+    rates.push_back(static_cast<double>(files.size()) / seconds_since(start));
+  }
+  return median(rates);
+}
+
+// The image mode (encoded-image shards): the loader's decoded and augmented
+// images/s against the decode alone and torchvision's DataLoader.
+int image_bench(const io::Dataset& data, std::int64_t batch, int threads, int trials,
+                std::int64_t size, const std::string& torch_python, const std::string& torch_src,
+                const std::string& json_path) {
+  warm_page_cache(data);
+  std::vector<std::uint8_t> first;
+  data.read_encoded(0, first);
+  io::DecodedImage image;
+  io::decode_image(first, image);
+  io::LoaderOptions options{.sampler = {.micro_batch = batch, .seed = 1}, .threads = threads};
+  options.images = {.channels = image.channels,
+                    .height = size,
+                    .width = size,
+                    .crop = io::CropKind::random_resized,
+                    .flip = true,
+                    .mean = {0.485f, 0.456f, 0.406f},
+                    .std = {0.229f, 0.224f, 0.225f},
+                    .seed = 1};
+  if (image.channels == 1) options.images.mean = {0.5f}, options.images.std = {0.25f};
+  io::DataLoader loader(data, options);
+  const double per_epoch = static_cast<double>(loader.batches_per_epoch() * batch);
+  std::vector<double> rates;
+  for (int t = 0; t <= trials; ++t) {  // the first epoch warms up
+    const auto start = Clock::now();
+    loader.start_epoch(t);
+    while (loader.next()) {
+    }
+    if (t > 0) rates.push_back(per_epoch / seconds_since(start));
+  }
+  const double ours = median(rates), decode = decode_only(data, threads, trials);
+  std::optional<double> torchvision;
+  if (!torch_python.empty() && !torch_src.empty()) {
+    const std::string command =
+        fmt::format("{} {}/bench_loader_torchvision.py {} {} {} {} {}", torch_python,
+                    LOCKSTEP_BENCH_SOURCE_DIR, torch_src, threads, batch, size, trials);
+    if (FILE* pipe = popen(command.c_str(), "r")) {
+      double value = 0;
+      if (std::fscanf(pipe, "images_per_s %lf", &value) == 1) torchvision = value;
+      pclose(pipe);
+    }
+    if (!torchvision) fmt::print(stderr, "bench_loader: `{}` gave no figure\n", command);
+  }
+  fmt::print(
+      "bench_loader (images): {} encoded images ({} x {} x {} first), batch {}, {} threads, "
+      "random-resized-crop to {} x {}, flip, normalise; median of {} epochs\n",
+      data.size(), image.channels, image.height, image.width, batch, threads, size, size, trials);
+  fmt::print("{:<34} {:>10} {:>14} {:>8}\n", "", "images/s", "per thread", "ours/it");
+  fmt::print("{:<34} {:>10.0f} {:>14.0f} {:>8}\n", "lockstep loader (decode+augment)", ours,
+             ours / threads, "");
+  fmt::print("{:<34} {:>10.0f} {:>14.0f} {:>8.2f}\n", "TurboJPEG decode alone", decode,
+             decode / threads, ours / decode);
+  if (torchvision)
+    fmt::print("{:<34} {:>10.0f} {:>14.0f} {:>8.2f}\n", "torchvision DataLoader (workers)",
+               *torchvision, *torchvision / threads, ours / *torchvision);
+  bench::JsonLines json(json_path);
+  json.write({bench::field("bench", "loader_images"), bench::field("threads", (long long)threads),
+              bench::field("batch", static_cast<long long>(batch)),
+              bench::field("size", static_cast<long long>(size)),
+              bench::field("lockstep_images_per_s", ours),
+              bench::field("decode_images_per_s", decode),
+              bench::field("torchvision_images_per_s", torchvision)});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,6 +334,18 @@ int main(int argc, char** argv) {
   app.add_option("--python", python, "python with h5py, or '' to skip h5py")->capture_default_str();
   app.add_option("--h5py-script", script, "the h5py side of the benchmark")->capture_default_str();
   app.add_option("--json", json_path, "write JSON lines here");
+  // The image mode (encoded-image shards).
+  std::int64_t image_size = 224;
+  std::string torch_python, torch_src;
+  app.add_option("--image-size", image_size, "encoded images: the crop's side")
+      ->capture_default_str()
+      ->check(examples::within(1, 4096));
+  app.add_option("--torch-python", torch_python,
+                 "encoded images: a python with torch and torchvision, for their DataLoader")
+      ->check(examples::non_empty());
+  app.add_option("--torch-src", torch_src,
+                 "encoded images: the ImageFolder tree the shards were packed from")
+      ->check(examples::non_empty());
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--data")->check(examples::non_empty());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
@@ -262,6 +364,9 @@ int main(int argc, char** argv) {
     if (batch > data.size())
       throw InvalidArgument(fmt::format("--batch {} is more than the {} samples of --data {}",
                                         batch, data.size(), data_dir));
+    if (data.format().encoded)
+      return image_bench(data, batch, threads, trials, image_size, torch_python, torch_src,
+                         json_path);
     const std::size_t row_bytes = data.sample_bytes();
     const io::SamplerOptions sampler{.micro_batch = batch, .seed = seed};
     const std::vector<std::int64_t> order = io::DistributedSampler(data.size(), sampler).order(0);

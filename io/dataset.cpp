@@ -123,6 +123,10 @@ void Dataset::read_inputs(std::span<const std::int64_t> rows, void* dst) const {
     std::int64_t row;
     std::size_t slot;  // position in `rows`, and so in dst
   };
+  if (format().encoded)
+    throw InvalidArgument("Dataset::read_inputs on encoded images (" + format().str() +
+                          "), whose rows differ in size (read them with read_encoded(), or "
+                          "through a DataLoader with LoaderOptions::images)");
   const std::int64_t total = size();
   std::vector<Want> wants(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -164,6 +168,14 @@ void Dataset::read_inputs(std::span<const std::int64_t> rows, void* dst) const {
   // sorted order, so each source is filled before it is copied on.
   for (const auto& [from, to] : repeats)
     std::memcpy(out + to * row_bytes, out + from * row_bytes, row_bytes);
+}
+
+void Dataset::read_encoded(std::int64_t row, std::vector<std::uint8_t>& bytes) const {
+  if (row < 0 || row >= size())
+    throw InvalidArgument(fmt::format("row {} is outside the dataset's {} samples", row, size()));
+  const std::size_t shard =
+      std::upper_bound(state_->ends.begin(), state_->ends.end(), row) - state_->ends.begin();
+  state_->files[shard]->read_encoded(row - state_->infos[shard].first_row, bytes);
 }
 
 }  // namespace lockstep::io

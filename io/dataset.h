@@ -2,7 +2,8 @@
 // (docs/data-format.md). Opening checks every shard and that all agree on the
 // format, and loads every label (8 bytes a sample) or target (4 bytes a
 // value) into memory, so that checks happen once and batches only read
-// inputs. Reads are thread-safe.
+// inputs (fixed-shape rows, or an encoded-image shard's files). Reads are
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +67,12 @@ class Dataset {
   // Copies the inputs of `rows` (global indices, any order, repeats allowed)
   // to `dst`: row rows[i] at dst + i * sample_bytes(). Reads are sorted and
   // coalesced into runs per shard. Safe to call from many threads at once.
+  // Not for encoded-image shards (ShardFormat::encoded), whose rows differ in
+  // size: read those with read_encoded().
   void read_inputs(std::span<const std::int64_t> rows, void* dst) const;
+  // The encoded bytes (a JPEG or PNG file) of global row `row` of an
+  // encoded-image dataset, replacing `bytes`. Safe to call from many threads.
+  void read_encoded(std::int64_t row, std::vector<std::uint8_t>& bytes) const;
 
  private:
   struct State;

@@ -17,7 +17,9 @@
 #include "engine/core/memory.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
+#include "io/image_decode.h"
 #include "kernels/error.h"
+#include "kernels/image.h"
 
 #if LOCKSTEP_WITH_CUDA
 #include "kernels/cuda/check.h"
@@ -39,6 +41,8 @@ struct Slot {
   void* host_labels = nullptr;        // i64 labels or tokens, or f32 targets (State::label_dtype)
   std::vector<std::int32_t> windows;  // token shards: the rows read, [B, T+1]
   MicroBatch rows;
+  std::vector<std::uint8_t> encoded;  // images: one row's file, then its pixels
+  DecodedImage decoded;
   std::exception_ptr error;
   bool lent = false;  // cpu: handed out and still referenced by the consumer
 };
@@ -64,6 +68,8 @@ struct DataLoader::State {
   core::Shape label_shape;         // [B], [B, ...target_shape] or [B, T] for token shards
   DType label_dtype = DType::i64;  // f32 for target shards
   DType out_dtype;
+  DType host_dtype =
+      DType::u8;  // what workers write: the dataset's, f32 images (cpu), u8 images (cuda)
   std::vector<Slot> slots;
 
   // Shared with the workers, under `mutex`.
@@ -92,6 +98,7 @@ struct DataLoader::State {
   void worker_loop(int worker);
   void assemble(std::int64_t batch, Slot& slot);
   void split_windows(Slot& slot) const;
+  void assemble_images(Slot& slot) const;
   void stop_workers();
   void reclaim_lent();
   int wait_for(std::int64_t batch);
@@ -150,7 +157,9 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
   core::set_current_device(options.device);
   slot.copied.synchronize();
   slot.rows = sampler.micro_batch(batch);
-  if (dataset.format().is_tokens()) {
+  if (options.images.enabled()) {
+    assemble_images(slot);
+  } else if (dataset.format().is_tokens()) {
     dataset.read_inputs(slot.rows.indices, slot.windows.data());
     split_windows(slot);
   } else if (dataset.format().has_targets) {
@@ -171,7 +180,7 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
   if (options.transform) {
     HostBatch host{
         slot.host_inputs,
-        dataset.format().input_dtype,
+        host_dtype,
         batch_shape,
         dataset.format().has_targets ? nullptr : static_cast<std::int64_t*>(slot.host_labels),
         slot.rows.indices,
@@ -181,6 +190,63 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
     options.transform(host);
   }
   if (slot.staging.defined()) scale_u8(slot.staging, slot.inputs);
+}
+
+// Note [image batches]: each row of an image batch is read (an encoded
+// shard's file, decoded in this worker thread; or a u8 shard's [C, H, W]
+// row), its crop chosen from (seed, epoch, global sample index) alone (Note
+// [keyed augmentation] in image_transform.cpp), and resampled, flipped and
+// normalised straight into the f32 batch: no intermediate image. The labels
+// come from memory as for any shard. For a cuda loader the crop is rounded
+// to u8 instead, copied (a quarter of the bytes over PCIe) and normalised on
+// the device (kernels/image.h): its values differ from the cpu loader's by
+// that rounding (at most 0.5 / (255 std)). A damaged image, or one whose channels
+// are not the model's, fails its batch naming the shard and the row.
+void DataLoader::State::assemble_images(Slot& slot) const {
+  const ImageOptions& o = options.images;
+  const ShardFormat& format = dataset.format();
+  const std::vector<std::int64_t>& labels = dataset.labels();
+  auto* out_labels = static_cast<std::int64_t*>(slot.host_labels);
+  auto* out = static_cast<float*>(slot.host_inputs);
+  auto* out_u8 = static_cast<std::uint8_t*>(slot.host_inputs);
+  const std::int64_t per_image = o.channels * o.height * o.width;
+  for (std::size_t i = 0; i < slot.rows.indices.size(); ++i) {
+    const std::int64_t row = slot.rows.indices[i];
+    out_labels[i] = labels[static_cast<std::size_t>(row)];
+    PixelView view;
+    if (format.encoded) {
+      dataset.read_encoded(row, slot.encoded);
+      try {
+        decode_image(slot.encoded, slot.decoded);
+      } catch (const DecodeError& e) {
+        throw IoError(
+            fmt::format("{}, dataset 'inputs': {} (re-encode the image, or leave it "
+                        "out of the shards)",
+                        dataset.describe_row(row), e.what()));
+      }
+      const DecodedImage& d = slot.decoded;
+      view = {d.pixels.data(), d.channels, d.height, d.width, 1, d.width * d.channels, d.channels};
+    } else {
+      slot.encoded.resize(format.sample_bytes());
+      dataset.read_inputs(std::span(&row, 1), slot.encoded.data());
+      const core::Shape& shape = format.sample_shape;
+      view = {slot.encoded.data(), shape[0], shape[1], shape[2], shape[1] * shape[2], shape[2], 1};
+    }
+    if (view.channels != o.channels)
+      throw InvalidArgument(fmt::format(
+          "{}: the image has {} channel{} ({}), but the model takes {} (images decode to 1 "
+          "channel when grayscale and 3 when colour: convert the images, or pick a model of {} "
+          "input channel{})",
+          dataset.describe_row(row), view.channels, view.channels == 1 ? "" : "s",
+          view.channels == 1 ? "grayscale" : "colour", o.channels, view.channels,
+          view.channels == 1 ? "" : "s"));
+    const CropBox box = choose_crop(o, view.height, view.width, epoch, row);
+    const auto at = static_cast<std::int64_t>(i) * per_image;
+    if (host_dtype == DType::u8)
+      crop_resize_u8(view, box, o, out_u8 + at);
+    else
+      crop_resize_normalize(view, box, o, out + at);
+  }
 }
 
 // Token windows [B, T+1] to inputs (the first T) and targets (the last T),
@@ -290,17 +356,23 @@ Batch DataLoader::State::copy_to_device(int index, std::int64_t batch) {
   core::trace::Span copy;  // on the host and, traced, on the copy stream's track
   copy.open("host-to-device copy", {}, "data", &copy_stream);
   const cudaStream_t stream = copy_stream.handle();
-  const std::size_t input_bytes = static_cast<std::size_t>(core::shape_numel(batch_shape)) *
-                                  dtype_size(dataset.format().input_dtype);
-  if (out_dtype == dataset.format().input_dtype) {
+  const std::size_t input_bytes =
+      static_cast<std::size_t>(core::shape_numel(batch_shape)) * dtype_size(host_dtype);
+  if (out_dtype == host_dtype) {
     LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(inputs.data(), slot.host_inputs, input_bytes,
                                         cudaMemcpyHostToDevice, stream));
   } else {
     core::Tensor staging = core::Tensor::empty(batch_shape, DType::u8, device, copy_stream);
     LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(staging.data(), slot.host_inputs, input_bytes,
                                         cudaMemcpyHostToDevice, stream));
-    core::ops::cast(staging, inputs, copy_stream);
-    core::ops::scale(inputs, kU8Scale, copy_stream);
+    if (options.images.enabled()) {  // Note [image batches]: normalised here
+      kernels::cuda::normalize_u8(staging.data_as<std::uint8_t>(), inputs.data_as<float>(),
+                                  batch_shape[0], batch_shape[2] * batch_shape[3],
+                                  channel_affine(options.images), stream);
+    } else {
+      core::ops::cast(staging, inputs, copy_stream);
+      core::ops::scale(inputs, kU8Scale, copy_stream);
+    }
   }
   LOCKSTEP_CHECK_CUDA(cudaMemcpyAsync(labels.data(), slot.host_labels, labels.nbytes(),
                                       cudaMemcpyHostToDevice, stream));
@@ -391,6 +463,28 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
                                       "holds ") +
                           dtype_name(format.input_dtype) +
                           " (turn scale_u8 off, or write the shards with u8 inputs)");
+  if (format.encoded && !o.images.enabled())
+    throw InvalidArgument(
+        "DataLoader: the dataset holds encoded images (" + format.str() +
+        "), which need LoaderOptions::images (the channels and size to decode and crop them to)");
+  if (o.images.enabled()) {
+    o.images.check();
+    if (o.scale_u8)
+      throw InvalidArgument(
+          "DataLoader: scale_u8 with LoaderOptions::images (the images' normalisation already "
+          "divides by 255: turn scale_u8 off)");
+    if (!format.encoded &&
+        (format.input_dtype != DType::u8 || format.sample_shape.size() != 3 || !format.has_labels))
+      throw InvalidArgument(
+          "DataLoader: LoaderOptions::images needs encoded images or u8 images "
+          "[C, H, W] with labels, but the dataset holds " +
+          format.str());
+    if (!format.encoded && format.sample_shape[0] != o.images.channels)
+      throw InvalidArgument(fmt::format(
+          "DataLoader: the shards' images have {} channels ({}), but the model takes {} (pick a "
+          "model of {} input channels, or convert the images)",
+          format.sample_shape[0], format.str(), o.images.channels, format.sample_shape[0]));
+  }
   core::require_usable(o.device);
   // The pinned pool below and the copy events belong to the loader's device,
   // whatever GPU the constructing thread had current.
@@ -405,7 +499,9 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
   const std::int64_t rows = o.sampler.micro_batch;
   s.batch_shape = {rows};
   s.label_shape = {rows};
-  if (!format.is_tokens()) {
+  if (o.images.enabled()) {
+    s.batch_shape.insert(s.batch_shape.end(), {o.images.channels, o.images.height, o.images.width});
+  } else if (!format.is_tokens()) {
     s.batch_shape.insert(s.batch_shape.end(), format.sample_shape.begin(),
                          format.sample_shape.end());
     s.label_shape.insert(s.label_shape.end(), format.target_shape.begin(),
@@ -415,11 +511,14 @@ DataLoader::DataLoader(Dataset dataset, LoaderOptions options)
     s.label_shape = s.batch_shape;
   }
   s.label_dtype = format.has_targets ? DType::f32 : DType::i64;
-  s.out_dtype = o.scale_u8 ? DType::f32 : format.input_dtype;
+  s.out_dtype = o.scale_u8 || o.images.enabled() ? DType::f32 : format.input_dtype;
+  s.host_dtype = !o.images.enabled()  ? format.input_dtype
+                 : o.device.is_cuda() ? DType::u8
+                                      : DType::f32;
   const std::int64_t depth = o.depth > 0 ? o.depth : 2 * std::int64_t{o.threads} + 1 + held;
   s.slots.resize(static_cast<std::size_t>(depth));
   const std::size_t input_bytes =
-      static_cast<std::size_t>(core::shape_numel(s.batch_shape)) * dtype_size(format.input_dtype);
+      static_cast<std::size_t>(core::shape_numel(s.batch_shape)) * dtype_size(s.host_dtype);
   const std::size_t labels_at =
       (input_bytes + kLabelsAlignment - 1) / kLabelsAlignment * kLabelsAlignment;
   const auto label_count = static_cast<std::size_t>(core::shape_numel(s.label_shape));

@@ -22,7 +22,7 @@
 //   fenced by a second event that a worker waits for before refilling it. The
 //   copy of batch k+1 is issued when next() hands out batch k if the batch is
 //   assembled by then, so it overlaps the consumer's step.
-// An exception in a worker (a read error, a throwing transform) is kept with
+// An exception in a worker (a read error, a damaged image, a throwing transform) is kept with
 // its batch and rethrown by next() when the consumer reaches that batch.
 #pragma once
 
@@ -38,6 +38,7 @@
 #include "engine/core/tensor.h"
 #include "io/batch_source.h"
 #include "io/dataset.h"
+#include "io/image_transform.h"
 #include "io/sampler.h"
 
 namespace lockstep::io {
@@ -78,6 +79,12 @@ struct LoaderOptions {
   // every token of a batch, as it is assembled).
   std::int64_t num_classes = 0;
   Transform transform{};
+  // The image pipeline (Note [image batches] in loader.cpp): when enabled,
+  // every row is decoded (encoded-image shards) or taken as u8 [C, H, W],
+  // cropped, flipped and normalised by these options, and inputs come out
+  // f32 [B, channels, height, width] (on cuda, normalised on the device). Required for
+  // encoded-image shards; scale_u8 must then be off (the normalisation includes x / 255).
+  ImageOptions images{};
 };
 
 struct LoaderStats {

@@ -1,7 +1,8 @@
 // ShardFormat: what every shard of a dataset agrees on (docs/data-format.md):
 // the inputs' dtype and per-sample shape, and what the samples are trained
-// towards (integer labels, float targets, or the next tokens); ShardLayout:
-// how a shard's rows are read. Shared by the writer and the reader.
+// towards (integer labels, float targets, or the next tokens), or that the
+// inputs are encoded images; ShardLayout: how a shard's rows are read.
+// Shared by the writers and the reader.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,7 @@ namespace lockstep::io {
 inline constexpr const char* kInputsName = "inputs";
 inline constexpr const char* kLabelsName = "labels";
 inline constexpr const char* kTargetsName = "targets";
+inline constexpr const char* kOffsetsName = "offsets";
 
 struct ShardFormat {
   DType input_dtype = DType::u8;   // u8, f16 or f32; i32 for tokens
@@ -26,6 +28,11 @@ struct ShardFormat {
   // read as f32) in place of 'labels', for regression and multi-label losses.
   bool has_targets = false;
   core::Shape target_shape{};  // one sample's targets, e.g. {4}
+  // An encoded-image shard (docs/data-format.md): 'inputs' u8 [total bytes],
+  // the encoded files (JPEG or PNG) back to back, and 'offsets' i64 [N+1],
+  // row i's bytes being [offsets[i], offsets[i+1]); labels as ever. Its
+  // sample_shape is empty: a row's shape is known only once decoded.
+  bool encoded = false;
 
   // A token shard (docs/data-format.md): neither labels nor targets, inputs
   // i32 [N, T+1] (stored as i32 or u16), each row a window whose first T
@@ -37,9 +44,11 @@ struct ShardFormat {
                                                 static_cast<std::int64_t>(dtype_size(input_dtype)),
                                                 "bytes of one sample"));
   }
-  // "inputs u8 [1, 28, 28], labels i64"
+  // "inputs u8 [1, 28, 28], labels i64"; "encoded images, labels i64"
   std::string str() const {
-    return std::string("inputs ") + dtype_name(input_dtype) + " " + core::shape_str(sample_shape) +
+    return (encoded ? std::string("encoded images")
+                    : std::string("inputs ") + dtype_name(input_dtype) + " " +
+                          core::shape_str(sample_shape)) +
            (has_labels    ? std::string(", labels ") + dtype_name(label_dtype)
             : has_targets ? ", targets f32 " + core::shape_str(target_shape)
                           : ", no labels");

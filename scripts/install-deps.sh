@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages lockstep needs to build, test and run its demos
 # (dataset-fashion-mnist for demo.sh, fortunes for demo-gpt.sh; libonnx-dev and
-# libprotobuf-dev for the ONNX export, python3-venv for its ONNX Runtime test).
+# libprotobuf-dev for the ONNX export, python3-venv for its ONNX Runtime test;
+# libturbojpeg0-dev and libpng-dev for decoding encoded-image shards).
 # Idempotent: prints nothing and touches nothing when every package is present.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools zlib1g-dev
+  libturbojpeg0-dev libpng-dev
   catch2 libfmt-dev libopenblas-dev libcli11-dev
   libonnx-dev libprotobuf-dev
   clang-format

@@ -2,6 +2,7 @@
 //   lockstep-shard fashion-mnist --src DIR --out DIR --shards N
 //   lockstep-shard synthetic --out DIR --count N --shape 3,64,64 --dtype u8 --classes K ...
 //   lockstep-shard text --src FILE... --out DIR --seq T --shards S [--val-fraction F]
+//   lockstep-shard images --src DIR_OR_LIST --out DIR --shards S
 // A program to copy from when converting your own data: read samples in
 // order, hand them to io::DatasetWriter in pieces, close it.
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 
 #include "examples/common/flags.h"
 #include "idx_file.h"
+#include "images.h"
 #include "io/shard_writer.h"
 #include "kernels/error.h"
 #include "kernels/half.h"
@@ -163,6 +165,19 @@ int main(int argc, char** argv) {
                  "fraction of the text, from its end, held out as OUT/val")
       ->capture_default_str();
 
+  ImagesOptions img;
+  CLI::App* im = app.add_subcommand(
+      "images",
+      "JPEG and PNG files packed undecoded as encoded-image shards (classes from folder names, "
+      "as torchvision's ImageFolder), and OUT/classes.txt");
+  im->add_option("--src", img.src, "a directory CLASS/.../FILE, or a list of image paths")
+      ->required();
+  im->add_option("--out", img.out, "output directory")->required();
+  im->add_option("--shards", img.shards, "number of shards")->capture_default_str();
+  im->get_option("--src")->check(examples::non_empty());
+  im->get_option("--out")->check(examples::non_empty());
+  im->get_option("--shards")->check(examples::within(1, 1e6));
+
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   fm->get_option("--src")->check(examples::non_empty());
   fm->get_option("--out")->check(examples::non_empty());
@@ -183,6 +198,7 @@ int main(int argc, char** argv) {
   try {
     if (fm->parsed()) return fashion_mnist(src, fm_out, fm_shards);
     if (tx->parsed()) return text(txt);
+    if (im->parsed()) return images(img);
     return synthetic(syn);
   } catch (const std::exception& e) {
     fmt::print(stderr, "lockstep-shard: {}\n", e.what());

@@ -48,6 +48,11 @@ struct Flags {
   std::string prompt = "\n";
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false, profile = false;
+
+  // The image pipeline and evaluation (docs/data-format.md, "Image pipeline").
+  std::string augment, normalize;
+  std::int64_t val_every = 0;
+  bool eval_only = false;
 };
 
 std::optional<DType> autocast_for(const std::string& precision) {
@@ -72,7 +77,9 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
       {"shuffle", f.shuffle},
       {"dataset", fmt::format("{} samples", data.size())},
       {"dropout", fmt::format("{}", f.dropout)},
-      {"loss", fmt::format("{} label_smoothing={}", f.loss, f.label_smoothing)}};
+      {"loss", fmt::format("{} label_smoothing={}", f.loss, f.label_smoothing)},
+      {"augment", fmt::format("{} normalize={}", f.augment.empty() ? "none" : f.augment,
+                              f.normalize.empty() ? "none" : f.normalize)}};
   return fields;
 }
 
@@ -80,7 +87,8 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
 // before the field was written always (Note [resume fingerprint]).
 const std::map<std::string, std::string> kFingerprintDefaults{
     {"dropout", fmt::format("{}", Flags{}.dropout)},
-    {"loss", fmt::format("{} label_smoothing={}", Flags{}.loss, Flags{}.label_smoothing)}};
+    {"loss", fmt::format("{} label_smoothing={}", Flags{}.loss, Flags{}.label_smoothing)},
+    {"augment", "none normalize=none"}};
 
 // A language-model preset needs token shards whose windows fit its context;
 // an image preset needs labels for cross-entropy and float targets of its
@@ -118,6 +126,79 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
 }
 
+// Note [augment recipes]: --augment names how training images are cropped
+// and flipped in the loader threads (io/image_transform.h), keyed by (seed,
+// epoch, sample): "imagenet" is torchvision's RandomResizedCrop (scale 0.08-1,
+// ratio 3/4-4/3) to the model's input size and a horizontal flip; "crop-flip"
+// a random crop of the input size from the image padded by 4 zero pixels a
+// side and a horizontal flip (the CIFAR and Fashion-MNIST recipe); "preset"
+// picks imagenet for resnet and crop-flip for the 28x28 presets. Evaluation,
+// and training without --augment, takes the centre crop (the whole image when
+// it already has the input size). --normalize MEAN,STD subtracts the mean and
+// divides by the std of pixels in [0, 1]: two numbers for every channel, or
+// one mean and one std a channel (C means, then C stds). Encoded-image shards
+// always go through the pipeline, which also decodes them.
+io::ImageOptions image_options(const Flags& f, const ModelPreset& preset, const io::Dataset& data,
+                               bool training) {
+  const io::ShardFormat& format = data.format();
+  if (f.augment.empty() && f.normalize.empty() && !format.encoded) return {};
+  if (preset.language_model || preset.sample_shape.size() != 3)
+    throw InvalidArgument(fmt::format(
+        "--augment, --normalize and encoded-image shards need an image model, but --model {} "
+        "takes {}",
+        preset.name, core::shape_str(preset.sample_shape)));
+  if (!format.encoded && (format.input_dtype != DType::u8 || format.sample_shape.size() != 3))
+    throw InvalidArgument(fmt::format(
+        "--augment and --normalize work on images of bytes (u8 [C, H, W] or encoded-image "
+        "shards), but the shards hold {} (write u8 images, or leave both flags out)",
+        format.str()));
+  io::ImageOptions o{.channels = preset.sample_shape[0],
+                     .height = preset.sample_shape[1],
+                     .width = preset.sample_shape[2],
+                     .seed = f.seed};
+  const std::string recipe = f.augment != "preset"     ? f.augment
+                             : preset.name == "resnet" ? "imagenet"
+                                                       : "crop-flip";
+  if (training && recipe == "imagenet") {
+    o.crop = io::CropKind::random_resized;
+    o.flip = true;
+  } else if (training && recipe == "crop-flip") {
+    o.crop = io::CropKind::random_padded;
+    o.padding = 4;
+    o.flip = true;
+  }
+  if (!f.normalize.empty()) {
+    std::vector<float> values;
+    for (std::size_t at = 0; at <= f.normalize.size();) {
+      const std::size_t comma = std::min(f.normalize.find(',', at), f.normalize.size());
+      const std::string text = f.normalize.substr(at, comma - at);
+      char* end = nullptr;
+      const float v = std::strtof(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || !std::isfinite(v))
+        throw InvalidArgument(
+            fmt::format("--normalize {}: '{}' is not a number", f.normalize, text));
+      values.push_back(v);
+      at = comma + 1;
+    }
+    const auto channels = static_cast<std::size_t>(o.channels);
+    if (values.size() != 2 && values.size() != 2 * channels)
+      throw InvalidArgument(fmt::format(
+          "--normalize {}: {} numbers, but --model {} takes {} channel{}: give a mean and a std "
+          "(2 numbers) or {} means then {} stds",
+          f.normalize, values.size(), preset.name, channels, channels == 1 ? "" : "s", channels,
+          channels));
+    const std::size_t half = values.size() / 2;
+    o.mean.assign(values.begin(), values.begin() + half);
+    o.std.assign(values.begin() + half, values.end());
+  }
+  try {
+    o.check();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("--normalize {}: {}", f.normalize, e.what()));
+  }
+  return o;
+}
+
 // --loss and --label-smoothing as the loss object.
 std::shared_ptr<Loss> loss_for(const Flags& f) {
   if (f.label_smoothing != 0.0 && f.loss != "cross-entropy")
@@ -130,11 +211,11 @@ std::shared_ptr<Loss> loss_for(const Flags& f) {
 
 // An evaluation's line on the console and its metrics record: bits per
 // token for a language model, the accuracy where the loss has it.
-void print_eval(MetricsWriter& metrics, const EvalResult& e, std::int64_t step, std::int64_t epoch,
-                bool language_model) {
-  std::string console = fmt::format("epoch {}: val_loss {:.4f}", epoch, e.loss);
-  std::string record =
-      fmt::format(R"("step": {}, "epoch": {}, "val_loss": {:.6g})", step, epoch, e.loss);
+// `where` opens the console line ("epoch 2", "step 40"), `fields` the record.
+void print_eval(MetricsWriter& metrics, const EvalResult& e, const std::string& where,
+                const std::string& fields, bool language_model) {
+  std::string console = fmt::format("{}: val_loss {:.4f}", where, e.loss);
+  std::string record = fmt::format(R"({}, "val_loss": {:.6g})", fields, e.loss);
   if (language_model) {  // bits per token: per byte for byte-level tokens (gpt-tiny)
     const double bits = e.loss / std::log(2.0);
     console += fmt::format("  val_bits_per_token {:.4f}", bits);
@@ -147,6 +228,63 @@ void print_eval(MetricsWriter& metrics, const EvalResult& e, std::int64_t step, 
   }
   fmt::print("{}  ({} {})\n", console, e.samples, language_model ? "windows" : "samples");
   metrics.write(record);
+}
+
+// --eval-only: the /model weights of --init-from (a checkpoint or a weights
+// file) evaluated on --val-data on every rank's share, as an epoch's end
+// evaluates; printed by rank 0 and recorded in --metrics.
+int evaluate_only(const Flags& f, comm::World& world) {
+  if (f.val_data.empty() || f.init_from.empty())
+    throw InvalidArgument(
+        "--eval-only evaluates the weights of --init-from FILE (a checkpoint) on --val-data DIR: "
+        "pass both");
+  core::set_log_level(core::parse_log_level(f.log_level));
+  kernels::cpu::set_gemm_threads(f.threads);
+  set_deterministic_run(f.deterministic);
+  const core::Device device = world.device();
+  const ModelPreset& preset = model_preset(f.model);
+  io::Dataset val_data = io::Dataset::open(f.val_data);
+  check_data_fits(preset, f.loss, val_data, "--val-data", f.val_data);
+  std::unique_ptr<Module> model = make_model(f.model, 0.0f);
+  initialize(*model, f.seed);
+  ParameterStore store(*model, device);
+  core::Stream stream = core::Stream::create(device);
+  load_weights(f.init_from, *model, stream);
+  SGD optimizer(store, single_group(store, 0.0, 0.0), SgdOptions{}, stream);  // never steps
+  io::LoaderOptions v;
+  v.sampler = {.micro_batch = f.batch_size,
+               .world_size = world.size(),
+               .rank = world.rank(),
+               .shuffle = false,
+               .drop_last = false};
+  v.threads = 2;
+  v.device = device;
+  v.stream = stream;
+  v.images = image_options(f, preset, val_data, false);
+  v.scale_u8 =
+      val_data.format().input_dtype == DType::u8 && !preset.language_model && !v.images.enabled();
+  v.num_classes = preset.classes;
+  io::DataLoader loader(val_data, v);
+  StepOptions options;
+  options.loss = loss_for(f);
+  options.autocast = autocast_for(f.precision);
+  options.seed = f.seed;
+  options.agreement = {{"model", f.model},
+                       {"init_from", std::filesystem::path(f.init_from).filename().string()}};
+  for (auto& field : val_data.agreement_fields()) options.agreement.push_back(field);
+  LossScaler scaler = LossScaler::for_autocast(options.autocast);
+  ScheduleOptions schedule;
+  schedule.total_steps = 1;
+  Trainer trainer(*model, store, optimizer, make_scheduler("constant", schedule), scaler, world,
+                  options, stream);
+  const EvalResult e = trainer.evaluate(loader);
+  MetricsWriter metrics(world.rank() == 0 ? f.metrics : "");
+  if (world.rank() == 0)
+    print_eval(metrics, e, fmt::format("{} on {}", f.init_from, f.val_data),
+               fmt::format(R"("eval_only": "{}", "val_data": "{}", "ranks": {})", f.init_from,
+                           f.val_data, world.size()),
+               preset.language_model);
+  return metrics.failed() ? 1 : 0;
 }
 
 int run(const Flags& f, comm::World& world) {
@@ -166,6 +304,9 @@ int run(const Flags& f, comm::World& world) {
     throw InvalidArgument(
         fmt::format("--sample-tokens {}: --model {} generates no text (only the GPT presets do)",
                     f.sample_tokens, f.model));
+  if (f.val_every > 0 && f.val_data.empty())
+    throw InvalidArgument(
+        fmt::format("--val-every {} evaluates on --val-data: pass it too", f.val_every));
   std::shared_ptr<Loss> loss = loss_for(f);
   io::Dataset train_data = io::Dataset::open(f.data);
   check_data_fits(preset, f.loss, train_data, "--data", f.data);
@@ -197,7 +338,9 @@ int run(const Flags& f, comm::World& world) {
   loader_options.stream = stream;
   // u8 inputs (images of bytes) are scaled to [0, 1]; f16 and f32 ones are
   // used as stored.
-  loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 && !preset.language_model;
+  loader_options.images = image_options(f, preset, train_data, true);
+  loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 &&
+                            !preset.language_model && !loader_options.images.enabled();
   loader_options.num_classes = preset.classes;
   loader_options.held_batches = f.accum;  // Trainer::step holds a step's micro-batches
   // Checked before the loader sizes its buffers from --batch-size and --accum.
@@ -301,7 +444,9 @@ int run(const Flags& f, comm::World& world) {
   std::optional<io::DataLoader> val_loader;
   if (val_data) {
     io::LoaderOptions v = loader_options;
-    v.scale_u8 = val_data->format().input_dtype == DType::u8 && !preset.language_model;
+    v.images = image_options(f, preset, *val_data, false);
+    v.scale_u8 = val_data->format().input_dtype == DType::u8 && !preset.language_model &&
+                 !v.images.enabled();
     v.sampler.shuffle = false;
     v.sampler.drop_last = false;
     val_loader.emplace(*val_data, v);
@@ -360,6 +505,14 @@ int run(const Flags& f, comm::World& world) {
                    progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
                                  eta.eta_s(r->step, total_steps)),
                    step_detail(r->breakdown, 1e3 * r->seconds, peak_bytes, device.str()));
+      if (val_loader && f.val_every > 0 && r->step % f.val_every == 0 && !r->stop) {
+        const EvalResult e = trainer.evaluate(*val_loader);
+        report->record_eval(r->step, epoch + 1, e.loss, e.accuracy);
+        if (lead)
+          print_eval(metrics, e, fmt::format("step {}", r->step),
+                     fmt::format(R"("step": {}, "epoch": {})", r->step, epoch + 1),
+                     preset.language_model);
+      }
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0)) save();
       if (r->stop) {
         if (lead) {
@@ -382,7 +535,10 @@ int run(const Flags& f, comm::World& world) {
     if (val_loader) {
       const EvalResult e = trainer.evaluate(*val_loader);
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
-      if (lead) print_eval(metrics, e, trainer.steps(), epoch + 1, preset.language_model);
+      if (lead)
+        print_eval(metrics, e, fmt::format("epoch {}", epoch + 1),
+                   fmt::format(R"("step": {}, "epoch": {})", trainer.steps(), epoch + 1),
+                   preset.language_model);
     }
   }
   save();
@@ -419,7 +575,7 @@ int main(int argc, char** argv) {
       "it and exits 0. Ctrl-C or SIGTERM to mpirun aborts the job instead: each rank\n"
       "gets SIGTERM a second later, SIGKILL a second after that, and mpirun exits 1\n"
       "(docs/communication.md). Continue with the same command and --resume auto.");
-  app.add_option("--data", f.data, "training shards (a directory of *.h5)")->required();
+  app.add_option("--data", f.data, "training shards (a directory of *.h5); not with --eval-only");
   app.add_option("--val-data", f.val_data, "evaluation shards, evaluated after every epoch");
   std::string presets;
   for (const ModelPreset& p : model_presets())
@@ -497,6 +653,22 @@ int main(int argc, char** argv) {
   app.add_flag("--deterministic", f.deterministic,
                "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
                "CPU is deterministic anyway)");
+  // The image pipeline and evaluation (Note [augment recipes]).
+  app.add_option("--augment", f.augment,
+                 "crop and flip training images in the loader threads: imagenet "
+                 "(random-resized-crop), crop-flip (random crop, 4 pixels of padding), or "
+                 "preset (imagenet for resnet, crop-flip for the 28x28 presets)")
+      ->check(one_of({"imagenet", "crop-flip", "preset"}));
+  app.add_option("--normalize", f.normalize,
+                 "MEAN,STD of pixels in [0, 1], or C means then C stds (e.g. "
+                 "0.485,0.456,0.406,0.229,0.224,0.225)")
+      ->check(non_empty());
+  app.add_option("--val-every", f.val_every, "also evaluate on --val-data every N steps")
+      ->check(within(1, kMaxSteps));
+  app.add_flag("--eval-only", f.eval_only,
+               "evaluate --init-from FILE on --val-data (any number of ranks), print and record "
+               "the figures, and exit");
+
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--data")->check(non_empty());
   app.get_option("--val-data")->check(non_empty());
@@ -534,6 +706,12 @@ int main(int argc, char** argv) {
   app.get_option("--trace")->check(non_empty());
   app.get_option("--trace-steps")->check(step_window());
   CLI11_PARSE(app, argc, argv);
+  if (f.data.empty() != f.eval_only) {
+    fmt::print(stderr, "lockstep-train: {}\n",
+               f.eval_only ? "--eval-only evaluates --init-from on --val-data: leave --data out"
+                           : "--data is required (the training shards)");
+    return 1;
+  }
   if (app.count("--momentum") > 0 && f.optimizer != "sgd") {
     fmt::print(stderr,
                "lockstep-train: --momentum {} is SGD's: --optimizer {} has none (leave it out)\n",
@@ -545,6 +723,6 @@ int main(int argc, char** argv) {
   return comm::guarded_main("lockstep-train", argc, argv, init, [&](comm::World& world) {
     if (f.device == "cuda" && !world.device().is_cuda())
       throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
-    return run(f, world);
+    return f.eval_only ? evaluate_only(f, world) : run(f, world);
   });
 }

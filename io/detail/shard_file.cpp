@@ -63,6 +63,12 @@ void ShardFile::inspect(bool force_hdf5) {
     format_.has_labels = LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kLabelsName, H5P_DEFAULT)) > 0;
     format_.has_targets =
         LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kTargetsName, H5P_DEFAULT)) > 0;
+    format_.encoded = LOCKSTEP_CHECK_HDF5(H5Lexists(file_.get(), kOffsetsName, H5P_DEFAULT)) > 0;
+    if (format_.encoded && !format_.has_labels)
+      fail(kOffsetsName,
+           "present, so the shard holds encoded images, but it has no 'labels' (an encoded-image "
+           "shard holds 'inputs' u8 [bytes], 'offsets' [N+1] and 'labels' [N]; see "
+           "docs/data-format.md)");
     if (format_.has_labels && format_.has_targets)
       fail(nullptr,
            "holds both 'labels' and 'targets'; a shard trains towards one of them (class "
@@ -124,6 +130,17 @@ void ShardFile::inspect(bool force_hdf5) {
       (is_inputs ? inputs_ : is_targets ? targets : labels) = std::move(dataset);
     }
     current = nullptr;
+    if (format_.encoded) {
+      current = kOffsetsName;
+      inspect_offsets(inputs_extent, labels_extent, labels.get());
+      current = kInputsName;
+      choose_layout(force_hdf5);
+      if (layout_ == ShardLayout::contiguous) {
+        inputs_.reset();
+        file_.reset();
+      }
+      return;
+    }
     if (inputs_extent.empty())
       fail(kInputsName, "is a scalar; inputs are [N, ...] with one row per sample");
     if (format_.is_tokens() && (inputs_extent.size() != 2 || inputs_extent[1] < 2))
@@ -203,6 +220,111 @@ void ShardFile::inspect(bool force_hdf5) {
   if (layout_ == ShardLayout::contiguous) {
     inputs_.reset();
     file_.reset();
+  }
+}
+
+// Note [encoded offsets]: every size of an encoded-image shard comes from
+// the file, so each is checked before it sizes anything: the byte count and
+// the row count against the file's size (kMaxExpansion), offsets[0] == 0,
+// each offset above the one before (an image of no bytes is an error here,
+// not a decoder's puzzle), the last one equal to the byte count, and no
+// image larger than kMaxEncodedImageBytes. read_encoded() then reads only
+// ranges inside 'inputs'.
+void ShardFile::inspect_offsets(const core::Shape& inputs_extent, const core::Shape& labels_extent,
+                                hid_t labels) {
+  if (format_.input_dtype != DType::u8 || inputs_extent.size() != 1)
+    fail(kInputsName, fmt::format("is {} {}; an encoded-image shard's inputs are the files' "
+                                  "bytes, u8 [total bytes] (in h5py: "
+                                  "np.frombuffer(b''.join(files), dtype='uint8'))",
+                                  dtype_name(format_.input_dtype), core::shape_str(inputs_extent)));
+  if (labels_extent.size() != 1)
+    fail(kLabelsName, "has shape " + core::shape_str(labels_extent) + "; labels are [N]");
+  const char* current = kOffsetsName;
+  const Hdf5Id offsets(LOCKSTEP_CHECK_HDF5(H5Dopen2(file_.get(), current, H5P_DEFAULT)));
+  const Hdf5Id type(LOCKSTEP_CHECK_HDF5(H5Dget_type(offsets.get())));
+  if (LOCKSTEP_CHECK_HDF5(H5Tget_class(type.get())) != H5T_INTEGER)
+    fail(current, "stored as " + describe_type(type.get()) +
+                      "; offsets are byte positions of an integer type (in h5py: "
+                      "f.create_dataset('offsets', data=offsets.astype('int64')))");
+  const std::string object = "shard '" + path_.string() + "', dataset '" + current + "'";
+  const core::Shape extent = extent_of(offsets.get(), object);
+  check_storage(offsets.get(), object);
+  rows_ = labels_extent[0];
+  if (extent.size() != 1 || extent[0] != rows_ + 1)
+    fail(current, fmt::format("has shape {}, but 'labels' has {} rows: offsets are [N+1], "
+                              "row i's bytes being [offsets[i], offsets[i+1]) (re-create the "
+                              "shard)",
+                              core::shape_str(extent), rows_));
+  inputs_bytes_ = static_cast<std::uint64_t>(inputs_extent[0]);
+  const std::uint64_t limit = checked_mul(kMaxExpansion, file_bytes_, "shard size bound");
+  if (inputs_bytes_ > limit || static_cast<std::uint64_t>(rows_) > limit / sizeof(std::int64_t))
+    fail(nullptr, fmt::format("inputs of {} bytes and {} rows are more than a file of {} bytes "
+                              "can hold (the shard is damaged: re-create it)",
+                              inputs_bytes_, rows_, file_bytes_));
+  offsets_.resize(static_cast<std::size_t>(rows_) + 1);
+  const Hdf5Id memory = memory_type(DType::i64);
+  LOCKSTEP_CHECK_HDF5(
+      H5Dread(offsets.get(), memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets_.data()));
+  if (offsets_[0] != 0)
+    fail(current,
+         fmt::format("starts at {}; offsets[0] is 0, the first image's first byte", offsets_[0]));
+  for (std::int64_t row = 0; row < rows_; ++row) {
+    const std::int64_t begin = offsets_[row], end = offsets_[row + 1];
+    if (end <= begin || static_cast<std::uint64_t>(end) > inputs_bytes_ ||
+        end - begin > kMaxEncodedImageBytes)
+      fail(current, fmt::format("row {} spans bytes [{}, {}), but a row holds between 1 and {} "
+                                "bytes inside 'inputs' [0, {}) (the offsets are damaged: "
+                                "re-create the shard)",
+                                row, begin, end, kMaxEncodedImageBytes, inputs_bytes_));
+  }
+  if (static_cast<std::uint64_t>(offsets_[rows_]) != inputs_bytes_)
+    fail(current, fmt::format("ends at {}, but 'inputs' holds {} bytes: the last offset is the "
+                              "byte count (re-create the shard)",
+                              offsets_[rows_], inputs_bytes_));
+  labels_values_.resize(static_cast<std::size_t>(rows_));
+  if (rows_ > 0) {
+    const Hdf5Id label_memory = memory_type(DType::i64);
+    LOCKSTEP_CHECK_HDF5(
+        H5Dread(labels, label_memory.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, labels_values_.data()));
+  }
+}
+
+void ShardFile::read_encoded(std::int64_t row, std::vector<std::uint8_t>& bytes) const {
+  if (!format_.encoded || row < 0 || row >= rows_)
+    throw InvalidArgument(fmt::format("shard '{}': read_encoded({}) of a shard {} rows of {}",
+                                      path_.string(), row, rows_, format_.str()));
+  const auto begin = static_cast<std::uint64_t>(offsets_[row]);
+  const auto count = static_cast<std::size_t>(offsets_[row + 1] - offsets_[row]);
+  bytes.resize(count);
+  if (layout_ == ShardLayout::contiguous) {
+    for (std::size_t done = 0; done < count;) {
+      const ssize_t n = ::pread(fd_, bytes.data() + done, count - done,
+                                static_cast<off_t>(inputs_offset_ + begin + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        fail(kInputsName,
+             fmt::format("reading row {} ({} bytes at byte {}): {} (the file changed after it "
+                         "was opened; re-create the shard and restart)",
+                         row, count, inputs_offset_ + begin + done,
+                         n < 0 ? std::strerror(errno) : "the file ends there"));
+      done += static_cast<std::size_t>(n);
+    }
+    return;
+  }
+  Hdf5Lock lock;
+  try {
+    const Hdf5Id file_space(LOCKSTEP_CHECK_HDF5(H5Dget_space(inputs_.get())));
+    const hsize_t start = begin, size = count;
+    LOCKSTEP_CHECK_HDF5(
+        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &size, nullptr));
+    const Hdf5Id memory_space(LOCKSTEP_CHECK_HDF5(H5Screate_simple(1, &size, nullptr)));
+    const Hdf5Id memory = memory_type(DType::u8);
+    LOCKSTEP_CHECK_HDF5(H5Dread(inputs_.get(), memory.get(), memory_space.get(), file_space.get(),
+                                H5P_DEFAULT, bytes.data()));
+  } catch (const LibraryError& e) {
+    fail(kInputsName, fmt::format("reading row {} ({}): {} (the file is corrupt or changed "
+                                  "after it was opened; re-create it)",
+                                  row, layout_reason_, e.what()));
   }
 }
 

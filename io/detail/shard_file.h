@@ -26,6 +26,10 @@
 
 namespace lockstep::io::detail {
 
+// The largest encoded image a shard may hold: ImageNet's largest JPEG is
+// about 15 MB; a row past this is damaged offsets, not a photograph.
+inline constexpr std::int64_t kMaxEncodedImageBytes = std::int64_t{256} << 20;
+
 class ShardFile {
  public:
   // Opens and checks `path`; throws IoError naming the file, the dataset and
@@ -51,10 +55,15 @@ class ShardFile {
   // Reads local rows `rows` (ascending, no repeats) so that row rows[i] lands
   // at dst[i]; thread-safe. Throws IoError when the file has shrunk or fails.
   void read_rows(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
+  // An encoded-image shard's local row `row`: its encoded bytes, replacing
+  // `bytes` (Note [encoded offsets] in shard_file.cpp); thread-safe.
+  void read_encoded(std::int64_t row, std::vector<std::uint8_t>& bytes) const;
 
  private:
   void inspect(bool force_hdf5);
   void choose_layout(bool force_hdf5);
+  void inspect_offsets(const core::Shape& inputs_extent, const core::Shape& labels_extent,
+                       hid_t labels);
   void read_contiguous(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
   void read_through_hdf5(std::span<const std::int64_t> rows, std::span<std::byte* const> dst) const;
   [[noreturn]] void fail(const char* dataset, const std::string& what) const;
@@ -70,6 +79,7 @@ class ShardFile {
   std::uint64_t inputs_bytes_ = 0;           // rows x sample bytes, checked against the file
   std::vector<std::int64_t> labels_values_;  // empty without labels
   std::vector<float> target_values_;         // empty without targets
+  std::vector<std::int64_t> offsets_;        // encoded images: [rows + 1]
   bool widened_u16_ = false;                 // Note [u16 tokens] in shard_file.cpp
   Hdf5Id file_, inputs_;                     // kept open for the hdf5 layout only
 };

@@ -19,6 +19,8 @@
 #include "examples/shard/idx_file.h"
 #include "examples/shard/text.h"
 #include "io/dataset.h"
+#include "io/image_decode.h"
+#include "io/image_transform.h"
 
 namespace lockstep::fuzz {
 namespace {
@@ -58,10 +60,38 @@ void write_file(const fs::path& path, const void* data, std::size_t size) {
   ::close(fd);
 }
 
+// Decodes `bytes` and takes two crops of it, as the loader's workers would.
+void decode_and_crop(std::span<const std::uint8_t> bytes) {
+  io::DecodedImage image;
+  io::decode_image(bytes, image);
+  const io::PixelView view{
+      image.pixels.data(),          image.channels, image.height, image.width, 1,
+      image.width * image.channels, image.channels};
+  std::vector<float> out(static_cast<std::size_t>(image.channels) * 8 * 8);
+  for (const io::CropKind crop : {io::CropKind::random_resized, io::CropKind::center}) {
+    const io::ImageOptions options{
+        .channels = image.channels, .height = 8, .width = 8, .crop = crop, .flip = true};
+    io::crop_resize_normalize(view, io::choose_crop(options, image.height, image.width, 0, 1),
+                              options, out.data());
+  }
+}
+
 void read_some_rows(const io::Dataset& data) {
   const std::int64_t n = data.size();
   if (n == 0) return;
   const std::vector<std::int64_t> rows = {0, n / 2, n - 1, 0};
+  if (data.format().encoded) {
+    std::vector<std::uint8_t> bytes;
+    for (const std::int64_t row : rows) {
+      data.read_encoded(row, bytes);
+      try {
+        decode_and_crop(bytes);
+      } catch (const io::DecodeError&) {
+      }
+    }
+    data.check_labels(10);
+    return;
+  }
   std::vector<std::byte> out(rows.size() * data.sample_bytes());
   data.read_inputs(rows, out.data());
   data.check_labels(10);
@@ -77,6 +107,14 @@ int shard_input(const std::uint8_t* data, std::size_t size) {
       read_some_rows(io::Dataset::open(file, {.force_hdf5 = force_hdf5}));
     } catch (const Error&) {
     }
+  }
+  return 0;
+}
+
+int image_input(const std::uint8_t* data, std::size_t size) {
+  try {
+    decode_and_crop({data, size});
+  } catch (const Error&) {
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 // The fuzzing entry points: one input (the bytes of a file) through the shard
-// reader, the checkpoint reader or lockstep-shard's converters, with
-// lockstep::Error as the only accepted outcome besides success. libFuzzer
-// drives them (fuzz_shard.cpp, fuzz_checkpoint.cpp, fuzz_convert.cpp, built
+// reader, the checkpoint reader, lockstep-shard's converters or the image
+// decoder, with lockstep::Error as the only accepted outcome besides success.
+// libFuzzer drives them (fuzz_shard.cpp, fuzz_checkpoint.cpp,
+// fuzz_convert.cpp, fuzz_image.cpp, built
 // with clang under LOCKSTEP_FUZZ) and the unit tests replay the seed corpus
 // and every past crash through them (replay.cpp).
 #pragma once
@@ -20,7 +21,8 @@
 namespace lockstep::fuzz {
 
 // Writes `data` to a shard file, opens it as a Dataset (both read paths) and
-// reads a few rows; 0 when it is read or refused with a lockstep::Error.
+// reads a few rows (an encoded-image shard's decoded and cropped); 0 when it
+// is read or refused with a lockstep::Error.
 int shard_input(const std::uint8_t* data, std::size_t size);
 // Writes `data` to a checkpoint file with a matching checksum file (so that
 // the input reaches HDF5), reads it as a checkpoint and as a weights file.
@@ -31,5 +33,8 @@ int checkpoint_input(const std::uint8_t* data, std::size_t size);
 // lockstep-shard text, --seq, --shards and --val-fraction taken from its
 // first three bytes.
 int convert_input(const std::uint8_t* data, std::size_t size);
+// `data` as one image file of an encoded-image shard: decoded (JPEG or PNG,
+// io/image_decode.h), then a random-resized crop and a centre crop of it.
+int image_input(const std::uint8_t* data, std::size_t size);
 
 }  // namespace lockstep::fuzz

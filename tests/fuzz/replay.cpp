@@ -1,6 +1,6 @@
 // Replays files through a fuzzing entry point without libFuzzer: the seed
 // corpus and every input that once crashed (tests/fuzz/regressions/), run by
-// the unit tests. Usage: lockstep_fuzz_replay shard|checkpoint|convert DIR...
+// the unit tests. Usage: lockstep_fuzz_replay shard|checkpoint|convert|image DIR...
 // Exits non-zero when a directory is empty or an input escapes with anything
 // but a lockstep::Error (a signal ends it the usual way).
 #include <cstdio>
@@ -22,8 +22,9 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "checkpoint") == 0)
     target = lockstep::fuzz::checkpoint_input;
   if (argc >= 3 && std::strcmp(argv[1], "convert") == 0) target = lockstep::fuzz::convert_input;
+  if (argc >= 3 && std::strcmp(argv[1], "image") == 0) target = lockstep::fuzz::image_input;
   if (target == nullptr) {
-    std::fprintf(stderr, "usage: %s shard|checkpoint|convert DIR...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s shard|checkpoint|convert|image DIR...\n", argv[0]);
     return 2;
   }
   for (int i = 2; i < argc; ++i) {

@@ -103,3 +103,41 @@ TEST_CASE("loader workers run with the loader's GPU current", "[gpu][io][loader]
   }
   CHECK(seen == std::set<int>{device.index});
 }
+
+// Note [image batches]: a cuda loader copies u8 crops and normalises them on
+// the device; its batches are the cpu twin's normalisation of the same u8
+// crops, bit for bit (both round the product and the sum separately).
+TEST_CASE("cuda image batches are u8 crops normalised on the device", "[gpu][io][loader][images]") {
+  Samples s;
+  LoaderOptions options{.sampler = {.micro_batch = 16, .seed = 2}, .threads = 2, .device = kGpu};
+  options.images = {.channels = 3,
+                    .height = 12,
+                    .width = 12,
+                    .crop = CropKind::random_resized,
+                    .flip = true,
+                    .mean = {0.4f, 0.5f, 0.6f},
+                    .std = {0.2f, 0.3f, 0.4f},
+                    .seed = 2};
+  options.stream = core::Stream::create(kGpu);
+  DataLoader gpu(s.data, options);
+  gpu.start_epoch(1);
+  const kernels::ChannelAffine affine = channel_affine(options.images);
+  int batches = 0;
+  while (auto g = gpu.next()) {
+    REQUIRE(g->inputs.dtype() == DType::f32);
+    std::vector<float> got(g->inputs.numel());
+    g->inputs.copy_to_host(got.data(), options.stream);
+    std::vector<std::uint8_t> crops(got.size()), rows(3 * 16 * 16);
+    for (std::size_t r = 0; r < g->indices.size(); ++r) {
+      s.data.read_inputs(std::vector<std::int64_t>{g->indices[r]}, rows.data());
+      const PixelView view{rows.data(), 3, 16, 16, 256, 16, 1};
+      crop_resize_u8(view, choose_crop(options.images, 16, 16, 1, g->indices[r]), options.images,
+                     crops.data() + r * 3 * 144);
+    }
+    std::vector<float> want(got.size());
+    kernels::cpu::normalize_u8(crops.data(), want.data(), 16, 144, affine);
+    REQUIRE(got == want);
+    ++batches;
+  }
+  CHECK(batches == 1200 / 16);
+}

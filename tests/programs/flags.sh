@@ -75,6 +75,9 @@ for flag in --val-data --checkpoint-dir --resume --init-from --metrics --heartbe
   refuses "$ts" "$flag" EMPTY
 done
 refuses "$train --device cpu --steps 1" --data EMPTY
+refuses "$ts" --augment EMPTY nonsense
+refuses "$ts" --normalize EMPTY abc 0.5 1,2,3 0.5,0 0.5,nan 0.5,-1
+refuses "$ts" --val-every 0 -1 nan EMPTY 5  # 5: there is no --val-data to evaluate
 touch "$work/file"
 refuses "$ts" --trace EMPTY "$work/file"
 refuses "$ts --trace $work/t" --trace-steps EMPTY 0:1 5:2 x 3 nan

@@ -1,0 +1,38 @@
+// decode_image: one JPEG (libjpeg-turbo's TurboJPEG API) or PNG (libpng's
+// simplified API) file, sniffed by its signature, to 8-bit pixels: grayscale
+// to one channel, colour to three. Hostile and truncated files are errors
+// (DecodeError), never a crash or a partial image (Note [decoding hostile
+// images] in image_decode.cpp).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/error.h"
+
+namespace lockstep::io {
+
+// The most pixels a decoded image may have (16384 x 16384): a header that
+// declares more is refused before anything is allocated.
+inline constexpr std::int64_t kMaxDecodedPixels = std::int64_t{1} << 28;
+
+// Thrown by decode_image; its message says what is wrong with the bytes, and
+// the caller adds where they came from (the shard and the row).
+class DecodeError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+struct DecodedImage {
+  std::int64_t channels = 0, height = 0, width = 0;
+  std::vector<std::uint8_t> pixels;  // [height, width, channels], row-major
+};
+
+// Decodes `bytes` into `out` (its buffer reused). JPEG: grayscale stays one
+// channel, YCbCr and RGB become RGB, CMYK is refused. PNG: palette and
+// 16-bit images become 8-bit; alpha is dropped (as PIL's convert("RGB")).
+// Thread-safe (each thread keeps its own TurboJPEG handle).
+void decode_image(std::span<const std::uint8_t> bytes, DecodedImage& out);
+
+}  // namespace lockstep::io

@@ -1,0 +1,343 @@
+// The image pipeline: JPEG and PNG decoding (channels, pixels, hostile and
+// truncated files), crops as torchvision draws them and keyed by (seed,
+// epoch, sample), bilinear resampling against a float64 loop, and the
+// DataLoader over encoded-image shards and u8 shards: the same bits for any
+// thread count, rank count and resume, and errors naming the shard and row.
+#include <catch2/catch.hpp>
+
+#include <zlib.h>
+
+#include <cmath>
+#include <map>
+
+#include "io/encoded_shard_writer.h"
+#include "io/image_decode.h"
+#include "io/image_fixtures.h"
+#include "io/loader.h"
+#include "io/shard_fixtures.h"
+
+using namespace lockstep;
+using namespace lockstep::io;
+using test::TempDir;
+
+namespace {
+
+// Writes `images` (encoded files) as one encoded-image shard, labels i % 3.
+void write_images(const std::filesystem::path& path,
+                  const std::vector<std::vector<std::uint8_t>>& images) {
+  std::vector<std::int64_t> sizes;
+  for (const auto& image : images) sizes.push_back(static_cast<std::int64_t>(image.size()));
+  EncodedShardWriter writer(path, sizes);
+  for (std::size_t i = 0; i < images.size(); ++i)
+    writer.append(images[i], static_cast<std::int64_t>(i % 3));
+  writer.close();
+}
+
+// Test image i: PNG (lossless) of 3 channels and a size that depends on i.
+std::vector<std::uint8_t> test_png(int i) {
+  const int height = 20 + i % 7, width = 24 + (i * 5) % 11;
+  return test::encode_png(test::image_pixels(i, height, width, 3), height, width, 3);
+}
+
+// Every batch of one epoch (from `position`), as global sample -> its f32 values.
+std::map<std::int64_t, std::vector<float>> epoch_images(const Dataset& data, LoaderOptions options,
+                                                        std::int64_t epoch,
+                                                        std::int64_t position = 0) {
+  DataLoader loader(data, options);
+  loader.start_epoch(epoch, position);
+  std::map<std::int64_t, std::vector<float>> out;
+  const std::int64_t per_image =
+      core::shape_numel({options.images.channels, options.images.height, options.images.width});
+  while (auto batch = loader.next()) {
+    const float* values = batch->inputs.data_as<float>();
+    for (std::int64_t r = 0; r < batch->valid; ++r)
+      out[batch->indices[r]].assign(values + r * per_image, values + (r + 1) * per_image);
+  }
+  return out;
+}
+
+// Bilinear sample of channel c at (y, x) in float64, edges clamped, as Note
+// [bilinear resampling] states, written independently of the code under test.
+double bilinear(const std::vector<std::uint8_t>& hwc, int height, int width, int channels, int c,
+                double y, double x) {
+  const auto at = [&](long yy, long xx) {
+    yy = std::clamp<long>(yy, 0, height - 1);
+    xx = std::clamp<long>(xx, 0, width - 1);
+    return static_cast<double>(hwc[(yy * width + xx) * channels + c]);
+  };
+  const double y0 = std::floor(y), x0 = std::floor(x), fy = y - y0, fx = x - x0;
+  const long iy = static_cast<long>(y0), ix = static_cast<long>(x0);
+  return (1 - fy) * ((1 - fx) * at(iy, ix) + fx * at(iy, ix + 1)) +
+         fy * ((1 - fx) * at(iy + 1, ix) + fx * at(iy + 1, ix + 1));
+}
+
+}  // namespace
+
+TEST_CASE("PNG and JPEG decode to one channel when grayscale and three when colour",
+          "[io][images]") {
+  DecodedImage out;
+  for (const int channels : {1, 2, 3, 4}) {  // gray, gray+alpha, RGB, RGBA
+    const auto pixels = test::image_pixels(channels, 9, 13, channels);
+    decode_image(test::encode_png(pixels, 9, 13, channels), out);
+    const int colour = channels >= 3 ? 3 : 1;
+    REQUIRE(out.channels == colour);
+    REQUIRE(out.height == 9);
+    REQUIRE(out.width == 13);
+    // PNG is lossless; alpha is dropped, the colour channels kept exactly.
+    for (int p = 0; p < 9 * 13; ++p)
+      for (int c = 0; c < colour; ++c)
+        REQUIRE(out.pixels[p * colour + c] == pixels[p * channels + c]);
+  }
+  for (const int channels : {1, 3}) {
+    const auto pixels = test::image_pixels(7, 16, 24, channels);
+    decode_image(test::encode_jpeg(pixels, 16, 24, channels, 100), out);
+    REQUIRE(out.channels == channels);
+    REQUIRE(out.width == 24);
+    // JPEG at quality 100 without chroma subsampling: a smooth pattern comes
+    // back within the DCT's rounding, a few levels (measured: at most 2;
+    // YCbCr conversion adds one more for colour).
+    for (std::size_t i = 0; i < pixels.size(); ++i)
+      REQUIRE(std::abs(int(out.pixels[i]) - int(pixels[i])) <= 4);
+  }
+}
+
+TEST_CASE("damaged, truncated and oversized images are DecodeErrors, never crashes",
+          "[io][images][errors]") {
+  DecodedImage out;
+  const auto pixels = test::image_pixels(1, 32, 32, 3);
+  const auto jpeg = test::encode_jpeg(pixels, 32, 32, 3);
+  const auto png = test::encode_png(pixels, 32, 32, 3);
+  for (const auto* file : {&jpeg, &png}) {
+    // A PNG cut inside its 12-byte IEND trailer still holds the whole image,
+    // and libpng decodes it: cuts here reach into the image data.
+    for (const std::size_t keep :
+         {file->size() / 2, file->size() - 16, std::size_t{40}, std::size_t{9}}) {
+      INFO((file == &jpeg ? "jpeg" : "png") << " cut to " << keep << " bytes");
+      const std::vector<std::uint8_t> cut(file->begin(), file->begin() + keep);
+      CHECK_THROWS_AS(decode_image(cut, out), DecodeError);
+    }
+    std::vector<std::uint8_t> noisy = *file;
+    for (std::size_t i = 20; i < noisy.size(); i += 7) noisy[i] ^= 0x5A;
+    CHECK_THROWS_AS(decode_image(noisy, out), DecodeError);
+  }
+  // A PNG header that declares 65535 x 65535 pixels (IHDR's CRC fixed up).
+  std::vector<std::uint8_t> huge = png;
+  for (const int at : {16, 20}) {
+    huge[at] = 0;
+    huge[at + 1] = 0;
+    huge[at + 2] = 0xFF;
+    huge[at + 3] = 0xFF;
+  }
+  const std::uint32_t crc = static_cast<std::uint32_t>(crc32(0, huge.data() + 12, 17));
+  for (int b = 0; b < 4; ++b) huge[29 + b] = static_cast<std::uint8_t>(crc >> (24 - 8 * b));
+  CHECK_THROWS_WITH(decode_image(huge, out), Catch::Contains("declares 65535 x 65535 pixels"));
+  const std::vector<std::uint8_t> gif{'G', 'I', 'F', '8', '9', 'a'};
+  CHECK_THROWS_WITH(decode_image(gif, out), Catch::Contains("neither a JPEG"));
+}
+
+TEST_CASE("random-resized-crop draws torchvision's boxes, keyed by seed, epoch and sample",
+          "[io][images]") {
+  ImageOptions o{.channels = 3,
+                 .height = 8,
+                 .width = 8,
+                 .crop = CropKind::random_resized,
+                 .flip = true,
+                 .seed = 5};
+  int flips = 0;
+  for (std::int64_t sample = 0; sample < 2000; ++sample) {
+    const CropBox box = choose_crop(o, 60, 90, 3, sample);
+    const double area = box.w * box.h / (60.0 * 90.0), ratio = box.w / box.h;
+    // Whole pixels inside the image; area and aspect within the ranges, up
+    // to the rounding of w and h to whole pixels (one pixel of each side).
+    REQUIRE(box.x >= 0);
+    REQUIRE(box.x + box.w <= 90);
+    REQUIRE(box.y + box.h <= 60);
+    REQUIRE(box.w == std::round(box.w));
+    REQUIRE(area <= 1.0);
+    REQUIRE(area >= 0.08 * (1 - 2.0 / 7));  // the smallest box: about 19 x 21 pixels
+    REQUIRE(ratio >= 0.75 * 0.85);
+    REQUIRE(ratio <= 4.0 / 3.0 / 0.85);
+    flips += box.flip;
+    const CropBox again = choose_crop(o, 60, 90, 3, sample);
+    REQUIRE((again.x == box.x && again.y == box.y && again.w == box.w && again.flip == box.flip));
+  }
+  // A fair coin: 1000 of 2000 within 4.5 standard deviations (sqrt(500) ~ 22).
+  CHECK(std::abs(flips - 1000) < 100);
+  const CropBox a = choose_crop(o, 60, 90, 3, 17), b = choose_crop(o, 60, 90, 4, 17);
+  CHECK((a.x != b.x || a.w != b.w || a.y != b.y));  // another epoch, another crop
+  // A 2 x 200 strip: no attempt fits in 10, so the fallback takes the whole
+  // height and the widest allowed aspect (4/3 of 2: 3 pixels), centred.
+  const CropBox strip = choose_crop(o, 2, 200, 0, 0);
+  CHECK(strip.h == 2);
+  CHECK(strip.w == 3);
+  CHECK(strip.x == 98);
+}
+
+TEST_CASE("crops are resampled bilinearly and normalised as a float64 loop says", "[io][images]") {
+  const int height = 37, width = 53;
+  const auto pixels = test::image_pixels(3, height, width, 3);
+  const PixelView view{pixels.data(), 3, height, width, 1, width * 3, 3};
+  ImageOptions o{.channels = 3,
+                 .height = 16,
+                 .width = 12,
+                 .mean = {0.4f, 0.5f, 0.6f},
+                 .std = {0.2f, 0.25f, 0.3f}};
+  for (const CropBox box : {CropBox{3, 5, 30.5, 20, false}, CropBox{0, 0, 53, 37, true},
+                            CropBox{10, 2, 6, 8, false}}) {  // shrink, flip, enlarge
+    std::vector<float> out(3 * 16 * 12);
+    crop_resize_normalize(view, box, o, out.data());
+    for (int c = 0; c < 3; ++c)
+      for (int oy = 0; oy < 16; ++oy)
+        for (int ox = 0; ox < 12; ++ox) {
+          const double y = box.y + (oy + 0.5) * box.h / 16 - 0.5;
+          const double x = box.x + (ox + 0.5) * box.w / 12 - 0.5;
+          const double want =
+              (bilinear(pixels, height, width, 3, c, y, x) / 255 - o.mean[c]) / o.std[c];
+          const int column = box.flip ? 11 - ox : ox;
+          // f32 arithmetic on values below 5 in magnitude: 1e-5 is ~40 ulps of slack.
+          REQUIRE(out[(c * 16 + oy) * 12 + column] == Approx(want).margin(1e-5));
+        }
+  }
+}
+
+TEST_CASE(
+    "the loader decodes encoded-image shards with the same bits on any threads, ranks "
+    "and resume",
+    "[io][images][loader]") {
+  TempDir dir;
+  std::vector<std::vector<std::uint8_t>> images;
+  for (int i = 0; i < 30; ++i)
+    images.push_back(i % 2 ? test_png(i)
+                           : test::encode_jpeg(test::image_pixels(i, 22, 30, 3), 22, 30, 3));
+  write_images(dir / "a.h5", {images.begin(), images.begin() + 13});
+  write_images(dir / "b.h5", {images.begin() + 13, images.end()});
+  const Dataset data = Dataset::open(dir.path());
+  LoaderOptions options{.sampler = {.micro_batch = 4, .seed = 11}, .threads = 1};
+  options.images = {.channels = 3,
+                    .height = 16,
+                    .width = 16,
+                    .crop = CropKind::random_resized,
+                    .flip = true,
+                    .mean = {0.5f},
+                    .std = {0.25f},
+                    .seed = 11};
+  const auto reference = epoch_images(data, options, 2);
+  REQUIRE(reference.size() == 28);  // 7 whole batches of 4 (drop_last)
+  options.threads = 3;
+  CHECK(epoch_images(data, options, 2) == reference);
+  // Resumed after 3 batches: the rest of the epoch is the same bits.
+  const auto resumed = epoch_images(data, options, 2, 12);
+  for (const auto& [sample, values] : resumed) CHECK(values == reference.at(sample));
+  CHECK(resumed.size() == 16);
+  // Two ranks of micro-batch 2 (the same global batch): each sample, the same bits.
+  std::map<std::int64_t, std::vector<float>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    LoaderOptions r = options;
+    r.sampler.micro_batch = 2;
+    r.sampler.world_size = 2;
+    r.sampler.rank = rank;
+    ranks.merge(epoch_images(data, r, 2));
+  }
+  CHECK(ranks == reference);
+  // Another epoch draws other crops.
+  CHECK(epoch_images(data, options, 3) != reference);
+
+  // The evaluation crop of an image the output's size is its pixels x (1/255),
+  // exactly the bits of scale_u8 (image 1 is a 21 x 29 PNG).
+  options.images = {.channels = 3, .height = 21, .width = 29};
+  options.sampler.shuffle = false;
+  options.sampler.micro_batch = 1;
+  const auto eval = epoch_images(data, options, 0);
+  REQUIRE(eval.size() == 30);
+  const auto pixels = test::image_pixels(1, 21, 29, 3);
+  for (int c = 0; c < 3; ++c)
+    for (int p = 0; p < 21 * 29; ++p)
+      REQUIRE(eval.at(1)[c * 21 * 29 + p] == static_cast<float>(pixels[p * 3 + c]) * (1.0f / 255));
+}
+
+TEST_CASE("a damaged image or a channel mismatch fails its batch naming the shard and row",
+          "[io][images][loader][errors]") {
+  TempDir dir;
+  std::vector<std::vector<std::uint8_t>> images{test_png(0), test_png(1), test_png(2)};
+  images[2].resize(images[2].size() / 2);                                 // truncated
+  images[1] = test::encode_png(test::image_pixels(1, 8, 8, 1), 8, 8, 1);  // grayscale
+  write_images(dir / "s.h5", images);
+  const Dataset data = Dataset::open(dir / "s.h5");
+  LoaderOptions options{.sampler = {.micro_batch = 1, .shuffle = false}, .threads = 2};
+  options.images = {.channels = 3, .height = 8, .width = 8};
+  DataLoader loader(data, options);
+  loader.start_epoch(0);
+  CHECK(loader.next());
+  CHECK_THROWS_WITH(loader.next(), Catch::Contains("s.h5', row 1: the image has 1 channel "
+                                                   "(grayscale), but the model takes 3"));
+  options.sampler.shuffle = false;
+  DataLoader second(data, options);
+  second.start_epoch(0, 2);
+  CHECK_THROWS_WITH(second.next(), Catch::Contains("s.h5', row 2, dataset 'inputs': a damaged or "
+                                                   "truncated PNG"));
+  LoaderOptions plain{.sampler = {.micro_batch = 1}};
+  CHECK_THROWS_WITH(DataLoader(data, plain), Catch::Contains("need LoaderOptions::images"));
+}
+
+TEST_CASE("u8 image shards take random crops with zero padding and flips, pixel for pixel",
+          "[io][images][loader]") {
+  TempDir dir;
+  test::write_shard(dir / "a.h5", 0, 40, {1, 6, 5}, DType::u8);  // sample_value(i, j)
+  const Dataset data = Dataset::open(dir / "a.h5");
+  LoaderOptions options{.sampler = {.micro_batch = 8, .seed = 3}, .threads = 2};
+  options.images = {.channels = 1,
+                    .height = 6,
+                    .width = 5,
+                    .crop = CropKind::random_padded,
+                    .padding = 2,
+                    .flip = true,
+                    .seed = 3};
+  const auto got = epoch_images(data, options, 1);
+  REQUIRE(got.size() == 40);
+  int shifted = 0, flipped = 0;
+  for (const auto& [sample, values] : got) {
+    const CropBox box = choose_crop(options.images, 6, 5, 1, sample);
+    REQUIRE((box.x >= -2 && box.x <= 2 && box.y >= -2 && box.y <= 2));
+    shifted += box.x != 0 || box.y != 0;
+    flipped += box.flip;
+    for (int y = 0; y < 6; ++y)
+      for (int x = 0; x < 5; ++x) {
+        const int sy = y + static_cast<int>(box.y), sx = x + static_cast<int>(box.x);
+        const bool inside = sy >= 0 && sy < 6 && sx >= 0 && sx < 5;
+        const float want =
+            inside ? static_cast<float>(test::sample_value(sample, sy * 5 + sx, DType::u8)) *
+                         (1.0f / 255)
+                   : 0.0f;
+        REQUIRE(values[y * 5 + (box.flip ? 4 - x : x)] == want);
+      }
+  }
+  CHECK(shifted > 20);  // 24 of 25 offsets move the window
+  CHECK(flipped > 5);
+  LoaderOptions three = options;
+  three.images.channels = 3;
+  CHECK_THROWS_WITH(DataLoader(data, three),
+                    Catch::Contains("images have 1 channels") && Catch::Contains("takes 3"));
+}
+
+TEST_CASE("u8 crops normalised by the kernel are the fused crops within their rounding",
+          "[io][images]") {
+  const auto pixels = test::image_pixels(4, 30, 40, 3);
+  const PixelView view{pixels.data(), 3, 30, 40, 1, 120, 3};
+  ImageOptions o{.channels = 3, .height = 10, .width = 14, .mean = {0.5f}, .std = {0.25f}};
+  const CropBox box{2.5, 1, 31, 27, true};
+  std::vector<float> fused(3 * 140), from_u8(3 * 140);
+  std::vector<std::uint8_t> crop(3 * 140);
+  crop_resize_normalize(view, box, o, fused.data());
+  crop_resize_u8(view, box, o, crop.data());
+  kernels::cpu::normalize_u8(crop.data(), from_u8.data(), 1, 140, channel_affine(o));
+  // Rounding to u8 moves a value by at most half a level: 0.5 / (255 * 0.25),
+  // plus 1e-6 for the f32 arithmetic.
+  for (std::size_t i = 0; i < fused.size(); ++i)
+    REQUIRE(std::abs(fused[i] - from_u8[i]) <= 0.5 / (255 * 0.25) + 1e-6);
+  // With the crop at whole pixels and scale 1, the two paths agree exactly.
+  const CropBox exact{3, 4, 14, 10, false};
+  crop_resize_normalize(view, exact, o, fused.data());
+  crop_resize_u8(view, exact, o, crop.data());
+  kernels::cpu::normalize_u8(crop.data(), from_u8.data(), 1, 140, channel_affine(o));
+  CHECK(fused == from_u8);
+}
