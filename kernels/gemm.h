@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/dtype.h"
 #include "kernels/stream.h"
@@ -42,6 +43,27 @@ namespace cpu {
 void gemm(const GemmArgs& args);
 // Threads OpenBLAS may use for one GEMM (per process).
 void set_gemm_threads(int threads);
+
+// Note [BLAS kernels]: OpenBLAS (DYNAMIC_ARCH) picks its kernels by the
+// processor's model number when it loads, and Debian 12's 0.3.21 does not know
+// processors newer than it: on a 5th-generation Xeon (family 6, model 207) it
+// falls back to its generic "Prescott" SSE3 kernels, and the mlp step is about
+// 5 times slower (bench_step mlp b128: 38.3 ms against 8.3 ms with the
+// SkylakeX kernels, on that Xeon). OPENBLAS_CORETYPE, read only at load, picks
+// the kernels by name; scripts/openblas-coretype.sh prints the name this rule
+// gives, for scripts that start programs.
+struct CpuGemmKernels {
+  std::string library;  // "OpenBLAS 0.3.21"
+  std::string kernels;  // "SkylakeX": the kernels OpenBLAS chose
+  // The OPENBLAS_CORETYPE this processor should have when OpenBLAS chose
+  // generic kernels on a processor with AVX2 or AVX-512; "" otherwise.
+  std::string better_coretype;
+  // "OpenBLAS 0.3.21, SkylakeX kernels".
+  std::string describe() const;
+  // The warning to print when better_coretype is set, naming the fix.
+  std::string advice() const;
+};
+CpuGemmKernels cpu_gemm_kernels();
 }  // namespace cpu
 
 namespace cuda {

@@ -3,6 +3,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/detail/cpu_float.h"
@@ -71,5 +74,37 @@ void gemm(const GemmArgs& g) {
 }
 
 void set_gemm_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+// Note [BLAS kernels].
+CpuGemmKernels cpu_gemm_kernels() {
+  CpuGemmKernels k;
+  const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
+  const std::size_t version_end = config.find(' ', config.find(' ') + 1);
+  k.library = config.substr(0, version_end);
+  k.kernels = openblas_get_corename();
+  // OpenBLAS's kernels for processors without AVX: what it falls back to.
+  constexpr std::array<std::string_view, 12> generic{
+      "Prescott", "Core2",   "Penryn",  "Dunnington", "Nehalem", "Atom",
+      "Katmai",   "Coppermine", "Northwood", "Banias", "Opteron", "Barcelona"};
+  const bool fell_back = std::find(generic.begin(), generic.end(), k.kernels) != generic.end();
+  __builtin_cpu_init();
+  if (fell_back && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    k.better_coretype = "SkylakeX";
+  else if (fell_back && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    k.better_coretype = "Haswell";
+  return k;
+}
+
+std::string CpuGemmKernels::describe() const { return library + ", " + kernels + " kernels"; }
+
+std::string CpuGemmKernels::advice() const {
+  if (better_coretype.empty()) return {};
+  return library + " does not recognise this processor and uses its generic " + kernels +
+         " kernels, several times slower than this processor allows (Note [BLAS kernels]): start "
+         "the program with OPENBLAS_CORETYPE=" +
+         better_coretype + " in its environment (mpirun -x OPENBLAS_CORETYPE=" + better_coretype +
+         ")";
+}
 
 }  // namespace lockstep::kernels::cpu
