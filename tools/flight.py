@@ -115,27 +115,30 @@ def as_of_cut(dumps, cut):
 # Note [liveness check] (comm/watchdog.cpp): a watchdog that gave up asked the other ranks what they
 # were doing, and its dump says who answered and when. A rank stopped inside a collective that
 # every rank issued looks like the others in the dumps (its own, if it left one, was written when
-# the job's end woke it); the check is what names it. Only what came before the cut counts: an
-# answer that arrived after it came from a rank the job's end woke, and a woken rank's own check,
-# made once the others were gone, would find them all silent.
+# the job's end woke it); the check is what names it. The job's end comes after the first report,
+# which follows the first check to end: an answer that arrived later may come from a rank that the
+# job's end woke, so a rank is heard only by an answer that arrived before the first check ended,
+# or by its own check: a rank that asks is alive, though it may not answer while it reports and
+# ends the job. A check asked after the cut is not counted at all: a woken rank's own check, made
+# once the others were gone, would find them all silent.
 def silent_ranks(dumps, cut):
-    """{rank: [ranks whose check it did not answer in time]}, for the ranks no check heard."""
-    def in_time(dump, ns):
-        return cut is None or wall_ns(dump, ns) <= cut
-
-    heard, unheard = set(), {}
-    for asker, dump in sorted(dumps.items()):
-        check = dump.get("liveness")
-        if check is None or not in_time(dump, check["asked_ns"]):
-            continue
+    """({rank: [ranks whose check it did not answer in time]} for the ranks no check heard,
+    {the ranks a check heard in time})."""
+    checks = {rank: d["liveness"] for rank, d in dumps.items() if d.get("liveness") is not None
+              and (cut is None or wall_ns(d, d["liveness"]["asked_ns"]) <= cut)}
+    if not checks:
+        return {}, set()
+    first_end = min(wall_ns(dumps[rank], c["ended_ns"]) for rank, c in checks.items())
+    heard, unheard = set(checks), {}
+    for asker, check in sorted(checks.items()):
         for rank, ns in zip(check["answered"], check["answered_ns"]):
-            if in_time(dump, ns):
+            if wall_ns(dumps[asker], ns) <= first_end:
                 heard.add(rank)
             else:
                 unheard.setdefault(rank, []).append(asker)
         for rank in check["silent"]:
             unheard.setdefault(rank, []).append(asker)
-    return {rank: askers for rank, askers in unheard.items() if rank not in heard}
+    return {rank: askers for rank, askers in unheard.items() if rank not in heard}, heard
 
 
 def silent_lines(dumps, cut, silent):
@@ -172,7 +175,7 @@ def analyse(dumps):
     lines.append(head)
 
     cut = cut_ns(dumps)  # Note [dump cut]
-    silent = silent_ranks(dumps, cut)
+    silent, heard = silent_ranks(dumps, cut)
     lines += silent_lines(dumps, cut, silent)
     in_time, late = as_of_cut(dumps, cut)
     by_key = {}  # (communicator, sequence) -> {rank: record as of the cut}
@@ -223,7 +226,9 @@ def analyse(dumps):
                   and all(r["state"] == "completed" for r in recs.values())]
         for rank in range(size):
             if rank in records:
-                if late_here.get(rank, (0, ""))[1] == "completed":
+                # A rank that answered a check in time was not stalled: the job's end (an
+                # abort) is what ended its collective.
+                if late_here.get(rank, (0, ""))[1] == "completed" and rank not in heard:
                     lines.append(f"  rank {rank} completed {comm}#{seq} only "
                                  f"{late_here[rank][0]:.1f} s after a rank had given up on it "
                                  "(the job's end woke it; it was stalled inside it)")

@@ -126,10 +126,10 @@ class FlightTest(unittest.TestCase):
                                    "(NO ANSWER above): it is stopped or stalled inside it")
         self.assertEqual(len(lines), 4, out)
 
-    def test_an_answer_after_the_cut_does_not_count(self):
-        # Three ranks, all in #1; rank 1 is stopped. Rank 0 asks at 3 s, hears rank 2 at 3.1 s
-        # and dumps at 5 s (the cut). Rank 2 asks at 3.2 s; the job's end wakes rank 1, whose
-        # answer reaches rank 2 at 5.3 s: rank 1 is still named, by both checks.
+    def test_an_answer_after_the_first_check_ended_does_not_count(self):
+        # Three ranks, all in #1; rank 1 is stopped. Rank 0 asks at 3 s, hears rank 2 at 3.1 s,
+        # ends its check and dumps at 5 s. Rank 2 asks at 3.2 s; the job's end wakes rank 1,
+        # whose answer reaches rank 2 at 5.3 s: rank 1 is still named, by both checks.
         checks = {0: ([2], [3_100_000_000], [1], 5_000_000_000),
                   2: ([0, 1], [3_300_000_000, 5_300_000_000], [], 5_400_000_000)}
         for rank in range(3):
@@ -149,6 +149,56 @@ class FlightTest(unittest.TestCase):
         self.assertEqual(sum(l.startswith("NO ANSWER") for l in lines), 1, out)
         self.assertIn("  rank 1 issued gradients#1 but did not answer the watchdog (NO ANSWER "
                       "above): it is stopped or stalled inside it", lines)
+
+    def test_a_rank_heard_in_time_whose_collective_ended_late_is_not_called_stalled(self):
+        # Rank 1 is stopped before #1; rank 0 heard rank 2 in time, and the job's end (an
+        # abort) returned rank 2 from #1 after rank 0's dump: rank 2 was not stalled.
+        d0 = dump(0, 3, [record(0), record(1, state="started", t=1_000)])
+        d0["liveness"] = {"asked_ns": 3_000_000_000, "ended_ns": 5_000_000_000, "grace_s": 2,
+                          "answered": [2], "answered_ns": [3_100_000_000], "silent": [1]}
+        self.write(0, d0)
+        ended = [record(0), record(1, t=1_000)]
+        ended[1]["end_ns"] = 5_200_000_000
+        d2 = dump(2, 3, ended)
+        d2["now_ns"] = 5_300_000_000
+        self.write(2, d2)
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        self.assertNotIn("rank 2 completed", out)
+        self.assertIn("  rank 1 never reached gradients#1; it left no dump", out)
+
+    def test_an_answer_after_an_early_cut_still_counts(self):
+        # Rank 2 answered rank 0 at 3.05 s and was ended before its own report: its dump, made
+        # as it answered, is the cut. Rank 0 heard it at 3.1 s, before its check ended at 5 s.
+        d0 = dump(0, 3, [record(0), record(1, state="started", t=1_000)])
+        d0["liveness"] = {"asked_ns": 3_000_000_000, "ended_ns": 5_000_000_000, "grace_s": 2,
+                          "answered": [2], "answered_ns": [3_100_000_000], "silent": [1]}
+        self.write(0, d0)
+        d2 = dump(2, 3, [record(0), record(1, state="started", t=1_000)])
+        d2["now_ns"] = 3_050_000_000
+        self.write(2, d2)
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        self.assertIn("NO ANSWER: rank 1 did not answer", out)
+        self.assertNotIn("NO ANSWER: rank 2", out)
+
+    def test_a_rank_that_asked_is_not_named(self):
+        # A desync: all three time out at once. Rank 2's check ends first; it then reports and
+        # ends the job without answering the others' questions. It was alive: it asked.
+        for rank in range(3):
+            d = dump(rank, 3, [record(0), record(1, state="started", t=1_000)])
+            others = [r for r in range(3) if r != rank]
+            answered = [r for r in others if r != 2]
+            d["liveness"] = {"asked_ns": 3_000_000_000,
+                             "ended_ns": 3_010_000_000 if rank == 2 else 5_000_000_000,
+                             "grace_s": 2, "answered": answered,
+                             "answered_ns": [3_005_000_000] * len(answered),
+                             "silent": [r for r in others if r == 2]}
+            d["now_ns"] = d["liveness"]["ended_ns"] + 1_000_000
+            self.write(rank, d)
+        status, out, _ = self.run_tool()
+        self.assertEqual(status, 0)
+        self.assertNotIn("NO ANSWER", out)
 
     def test_a_rank_that_answered_in_time_is_not_named(self):
         # Rank 0's check missed rank 2 (slow to answer); rank 1's heard it before the cut.
