@@ -2,7 +2,7 @@
 // engine::DataParallelStep: forward, cross-entropy, backward, the gradient
 // norm, SGD with momentum) of a model preset, against PyTorch running the
 // same step in the same run (bench/torch_step.py under one or more Pythons,
-// timed in batches alternating with lockstep's), and for mlp against the
+// timed in warm blocks alternating with lockstep's), and for mlp against the
 // floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
 // (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
 #include <cblas.h>
@@ -34,10 +34,16 @@ using namespace lockstep::engine;
 
 namespace {
 
+// Timed blocks of the step, of its GEMM floor and of each PyTorch baseline
+// (Note [warm blocks], bench/report.h): how many, and how long each at least.
+constexpr int kBlocks = 5;
+constexpr double kBlockSeconds = 1.0;
+
 // One PyTorch baseline's figures, or why there are none.
 struct Baseline {
   std::string python, torch_version, why_none;
   std::optional<double> ms_per_step, peak_bytes;
+  std::optional<bench::BlockTimes> blocks;
 };
 
 struct Measure {
@@ -46,13 +52,28 @@ struct Measure {
   double allocations_per_step;     // tensors allocated (core::allocate) by one step
   std::optional<double> floor_ms;  // the GEMMs alone
   std::vector<Baseline> baselines;
+  bench::BlockTimes blocks;  // the step's
 };
+
+// The baseline's block b over ours (the two ran one after the other): the
+// fastest and slowest of these pairs bound the ratio's spread.
+std::pair<double, double> ratio_spread(const bench::BlockTimes& ours,
+                                       const bench::BlockTimes& theirs) {
+  double low = 1e300, high = 0;
+  for (std::size_t b = 0; b < ours.seconds.size(); ++b) {
+    const double r = theirs.seconds[b] / ours.seconds[b];
+    low = std::min(low, r);
+    high = std::max(high, r);
+  }
+  return {low, high};
+}
 
 // The Trainer's step (engine::DataParallelStep over a world of one) on one
 // batch, again and again. The step, its GEMM floor (when given) and every
-// PyTorch baseline that started are timed in alternating batches (bench::interleaved_medians), so
-// that the machine's drift and other load do not tilt their ratios. The peak
-// memory comes from the warm-up.
+// PyTorch baseline that started are timed in warm blocks taking turns
+// (bench::warm_blocks; each block at least `steps` steps), so that neither
+// the machine's drift and other load nor the switches between processes tilt
+// their ratios. The peak memory comes from the warm-up.
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
                      std::optional<DType> autocast, core::Device device, int steps,
                      const std::function<void()>& floor, const std::vector<std::string>& pythons,
@@ -93,15 +114,17 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
     bench::TorchBaseline* torch = torches.back().get();
     if (torch->ready()) contenders.push_back([torch](int calls) { return torch->run(calls); });
   }
-  const std::vector<double> medians = bench::interleaved_medians(contenders, 7, 0.002 * steps);
-  Measure m{1e3 * medians[0], peak, allocations_per_step, std::nullopt, {}};
+  const std::vector<bench::BlockTimes> blocks =
+      bench::warm_blocks(contenders, kBlocks, kBlockSeconds, steps);
+  Measure m{1e3 * blocks[0].median, peak, allocations_per_step, std::nullopt, {}, blocks[0]};
   std::size_t next = 1;
-  if (floor) m.floor_ms = 1e3 * medians[next++];
+  if (floor) m.floor_ms = 1e3 * blocks[next++].median;
   for (const auto& torch : torches) {
-    Baseline b{torch->python(), torch->torch_version(), torch->why_none(), std::nullopt,
-               std::nullopt};
+    Baseline b{torch->python(), torch->torch_version(), torch->why_none(),
+               std::nullopt,    std::nullopt,           std::nullopt};
     if (torch->ready()) {
-      b.ms_per_step = 1e3 * medians[next++];
+      b.blocks = blocks[next++];
+      b.ms_per_step = 1e3 * b.blocks->median;
       b.peak_bytes = torch->peak_bytes();
     }
     m.baselines.push_back(b);
@@ -158,7 +181,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "batch size")->capture_default_str();
   app.add_option("--precision", precision, "fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps")->capture_default_str();
+  app.add_option("--steps", steps, "the fewest timed steps in a block (each lasts at least 1 s)")
+      ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (OpenBLAS; PyTorch's intra-op threads)")
       ->capture_default_str();
   app.add_option("--python", pythons,
@@ -242,16 +266,23 @@ int main(int argc, char** argv) {
       fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
                  *gemm_ratio);
     fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
+    fmt::print("lockstep: {:.2f} ms/step, median of {} blocks ({:.2f}-{:.2f})\n", ours.ms_per_step,
+               kBlocks, 1e3 * ours.blocks.low, 1e3 * ours.blocks.high);
     for (const Baseline& b : ours.baselines)
-      if (b.ms_per_step)
-        fmt::print("PyTorch {} ({}): {:.2f} ms/step, {:.0f} samples/s; ratio {:.3f}\n",
-                   b.torch_version, b.python, *b.ms_per_step, *sps(b), *ratio_of(b));
-      else
+      if (b.ms_per_step) {
+        const auto [low, high] = ratio_spread(ours.blocks, *b.blocks);
+        fmt::print(
+            "PyTorch {} ({}): {:.2f} ms/step ({:.2f}-{:.2f}), {:.0f} samples/s; ratio {:.3f} "
+            "(block by block {:.3f}-{:.3f})\n",
+            b.torch_version, b.python, *b.ms_per_step, 1e3 * b.blocks->low, 1e3 * b.blocks->high,
+            *sps(b), *ratio_of(b), low, high);
+      } else
         fmt::print("PyTorch under {}: none ({})\n", b.python, b.why_none);
     bench::print_legend(
         baseline ? fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} "
-                               "thread(s)), in batches alternating with lockstep's",
-                               fmt::join(pythons, " and "), threads)
+                               "thread(s)), timed in {} warm blocks of at least {:g} s taking "
+                               "turns with lockstep's (Note [warm blocks] in bench/report.h)",
+                               fmt::join(pythons, " and "), threads, kBlocks, kBlockSeconds)
                  : std::string("none: the PyTorch baseline was not run (--baseline false)"),
         std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
             (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
@@ -259,8 +290,15 @@ int main(int argc, char** argv) {
     std::string baselines_json = "[";
     for (const Baseline& b : ours.baselines) {
       const std::vector<bench::JsonField> fields{
-          bench::field("python", b.python), bench::field("torch_version", b.torch_version),
-          bench::field("samples_per_s", sps(b)), bench::field("ratio", ratio_of(b)),
+          bench::field("python", b.python),
+          bench::field("torch_version", b.torch_version),
+          bench::field("samples_per_s", sps(b)),
+          bench::field("ratio", ratio_of(b)),
+          bench::field("ms_per_step", b.ms_per_step),
+          bench::field("ms_per_step_low",
+                       b.blocks ? std::optional<double>(1e3 * b.blocks->low) : std::nullopt),
+          bench::field("ms_per_step_high",
+                       b.blocks ? std::optional<double>(1e3 * b.blocks->high) : std::nullopt),
           b.ms_per_step ? bench::JsonField{"no_baseline", "null"}
                         : bench::field("no_baseline", b.why_none)};
       std::string object = "{";
@@ -271,17 +309,24 @@ int main(int argc, char** argv) {
     baselines_json += "]";
     bench::JsonLines json(json_path);
     json.write(
-        {bench::field("bench", "step"), bench::field("model", model),
-         bench::field("batch", static_cast<long long>(batch)), bench::field("precision", precision),
+        {bench::field("bench", "step"),
+         bench::field("model", model),
+         bench::field("batch", static_cast<long long>(batch)),
+         bench::field("precision", precision),
          bench::field("device", device.str()),
          bench::field("threads", static_cast<long long>(threads)),
          bench::field("samples_per_s", samples_per_s),
          bench::field("ms_per_step", ours.ms_per_step),
+         bench::field("ms_per_step_low", 1e3 * ours.blocks.low),
+         bench::field("ms_per_step_high", 1e3 * ours.blocks.high),
+         bench::field("blocks", static_cast<long long>(kBlocks)),
          bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
          bench::field("allocations_per_step", ours.allocations_per_step),
-         bench::field("torch_samples_per_s", torch_sps), bench::field("ratio", ratio),
+         bench::field("torch_samples_per_s", torch_sps),
+         bench::field("ratio", ratio),
          bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
-         bench::field("gemm_ms", gemm_ms), bench::field("step_over_gemm", gemm_ratio),
+         bench::field("gemm_ms", gemm_ms),
+         bench::field("step_over_gemm", gemm_ratio),
          bench::field("tokens_per_s", tokens_per_s),
          bench::field("torch_tokens_per_s", torch_tokens_per_s),
          bench::JsonField{"baselines", baselines_json},

@@ -120,6 +120,54 @@ inline std::vector<double> interleaved_medians(
   return medians;
 }
 
+// One contender's seconds per call in each of its timed blocks, in the order
+// they ran, with their median and the fastest and slowest block.
+struct BlockTimes {
+  std::vector<double> seconds;
+  double median = 0, low = 0, high = 0;
+};
+
+// Note [warm blocks]: contenders that are separate processes (a PyTorch child)
+// must not be timed in short batches that alternate with ours: each switch
+// leaves the caches, branch predictors and the CPU's frequency to the other
+// side, and the first steps after it run slow (on an idle Xeon, PyTorch's mlp
+// step ran about 16% slower that way than in a block in its own process, and
+// lockstep's about 4%: issue 27). So each contender is timed in blocks of
+// `calls` calls lasting at least `block_s` (and at least `min_calls` calls),
+// each block preceded by a quarter block of untimed calls that warms it up
+// again, the contenders taking turns block by block (ABAB...) for `blocks`
+// rounds, so that drift and other load still hit all alike. A contender runs
+// `calls` calls and returns their seconds (a child times itself).
+inline std::vector<BlockTimes> warm_blocks(
+    const std::vector<std::function<double(int calls)>>& contenders, int blocks, double block_s,
+    int min_calls) {
+  std::vector<int> calls;
+  for (const auto& run : contenders) {
+    run(1);  // first-call planning and allocation are not measured
+    int n = std::max(min_calls, 1);
+    while (true) {
+      const double s = run(n);
+      if (s >= block_s || n >= (1 << 20)) break;
+      n = s > 0 ? std::max(n + 1, static_cast<int>(n * 1.1 * block_s / s) + 1) : 2 * n;
+    }
+    calls.push_back(n);
+  }
+  std::vector<BlockTimes> times(contenders.size());
+  for (int b = 0; b < blocks; ++b)
+    for (std::size_t c = 0; c < contenders.size(); ++c) {
+      contenders[c](std::max(1, calls[c] / 4));  // warms the caches this contender lost
+      times[c].seconds.push_back(contenders[c](calls[c]) / calls[c]);
+    }
+  for (BlockTimes& t : times) {
+    std::vector<double> sorted = t.seconds;
+    std::sort(sorted.begin(), sorted.end());
+    t.median = sorted[sorted.size() / 2];
+    t.low = sorted.front();
+    t.high = sorted.back();
+  }
+  return times;
+}
+
 // Median seconds per call of `ours` and of `baseline` (interleaved_medians of
 // the two, each batch ended by `sync`).
 template <typename Ours, typename Baseline, typename Sync>

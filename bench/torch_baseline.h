@@ -1,6 +1,6 @@
 // bench_step's PyTorch baseline: bench/torch_step.py running in a child
-// process under a given Python, kept alive so that batches of PyTorch steps
-// can alternate with lockstep's own (bench::interleaved_medians) and the
+// process under a given Python, kept alive so that warm blocks of PyTorch
+// steps can take turns with lockstep's own (bench::warm_blocks) and the
 // machine's drift and other load hit both alike. The child warms up, says
 // "ready" with its torch version, then runs N steps for each line "N" it reads.
 #pragma once

@@ -7,7 +7,7 @@
 // dumps on its own thread, where file I/O and locks are allowed.
 #include "comm/flight_recorder.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -64,9 +64,11 @@ FlightRecorder::FlightRecorder(std::size_t capacity)
                          std::chrono::system_clock::now().time_since_epoch())
                          .count()) {}
 
-std::int64_t FlightRecorder::now_ns() const {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch_).count();
+std::int64_t FlightRecorder::ns_of(Clock::time_point time) const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(time - epoch_).count();
 }
+
+std::int64_t FlightRecorder::now_ns() const { return ns_of(Clock::now()); }
 
 FlightRecorder::Ticket FlightRecorder::record(const OperationInfo& info, bool started) {
   FlightRecord& r = ring_[next_ % ring_.size()];
@@ -128,8 +130,16 @@ std::string FlightRecorder::json(int rank, int size, std::int64_t step,
                                  std::string_view reason) const {
   std::string out = fmt::format(
       "{{\"rank\": {}, \"size\": {}, \"reason\": {}, \"step\": {}, \"capacity\": {}, "
-      "\"recorded\": {}, \"epoch_unix_ns\": {}, \"now_ns\": {},\n \"collectives\": [",
-      rank, size, core::json_string(reason), step, ring_.size(), next_, epoch_unix_ns_, now_ns());
+      "\"recorded\": {}, \"epoch_unix_ns\": {}, \"now_ns\": {},\n \"liveness\": {},\n "
+      "\"collectives\": [",
+      rank, size, core::json_string(reason), step, ring_.size(), next_, epoch_unix_ns_, now_ns(),
+      liveness_
+          ? fmt::format("{{\"asked_ns\": {}, \"ended_ns\": {}, \"grace_s\": {}, "
+                        "\"answered\": [{}], \"answered_ns\": [{}], \"silent\": [{}]}}",
+                        liveness_->asked_ns, liveness_->ended_ns, liveness_->grace_s,
+                        fmt::join(liveness_->answered, ", "),
+                        fmt::join(liveness_->answered_ns, ", "), fmt::join(liveness_->silent, ", "))
+          : std::string("null"));
   bool first = true;
   for (const FlightRecord& r : records()) {
     out += fmt::format(

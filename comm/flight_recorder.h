@@ -1,13 +1,15 @@
 // The flight recorder: a fixed ring of the last collectives this rank issued
-// (sequence number, kind, size, step, bucket, times, state), kept by the
-// watchdog for every watched collective and written as
-// flight-rank-<r>.json on a watchdog failure, an abort or SIGUSR2, so that
-// tools/flight.py can say which rank stopped where and which ranks desynced.
+// (sequence number, kind, size, step, bucket, times, state) and the
+// watchdog's last liveness check (which ranks answered it), kept by the
+// watchdog and written as flight-rank-<r>.json on a watchdog failure, an abort
+// or SIGUSR2, so that tools/flight.py can say which rank stopped where and
+// which ranks desynced.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +40,17 @@ struct FlightRecord {
   FlightState state = FlightState::enqueued;
 };
 
+// The watchdog's question to the other ranks after a timeout or an error
+// (Note [liveness check], comm/watchdog.cpp): when it asked, when it stopped
+// waiting, who answered and when each answer arrived, and who did not. Times
+// as in FlightRecord.
+struct LivenessCheck {
+  std::int64_t asked_ns = -1, ended_ns = -1;
+  double grace_s = 0;
+  std::vector<int> answered, silent;      // other ranks, ascending
+  std::vector<std::int64_t> answered_ns;  // answered[i]'s answer arrived at answered_ns[i]
+};
+
 // Not thread-safe: the watchdog's mutex guards its recorder (comm/watchdog.h).
 class FlightRecorder {
  public:
@@ -54,11 +67,18 @@ class FlightRecorder {
   void complete(Ticket ticket);
   void fail(Ticket ticket);
 
+  // Keeps `check`, replacing the last one.
+  void record_liveness(LivenessCheck check) { liveness_ = std::move(check); }
+  const std::optional<LivenessCheck>& liveness() const { return liveness_; }
+  // `time` as nanoseconds since the recorder was made.
+  std::int64_t ns_of(Clock::time_point time) const;
+
   std::size_t capacity() const { return ring_.size(); }
   std::uint64_t recorded() const { return next_; }
   // The records still in the ring, oldest first.
   std::vector<FlightRecord> records() const;
-  // The dump: {"rank", "size", "reason", "step", ..., "collectives": [...]}.
+  // The dump: {"rank", "size", "reason", "step", ..., "now_ns" (when it was
+  // written), "liveness" (the last check, or null), "collectives": [...]}.
   std::string json(int rank, int size, std::int64_t step, std::string_view reason) const;
 
  private:
@@ -67,6 +87,7 @@ class FlightRecorder {
 
   std::vector<FlightRecord> ring_;
   std::uint64_t next_ = 0;
+  std::optional<LivenessCheck> liveness_;
   Clock::time_point epoch_;
   std::int64_t epoch_unix_ns_;
 };

@@ -18,6 +18,17 @@
 // asks before answering (a question comes only after a failure or a timeout),
 // so the dumps are on disk before the report's handler ends the job. A rank
 // that cannot answer (stopped, dead) leaves none; tools/flight.py says so.
+//
+// Note [liveness check]: the dumps alone cannot always name a stopped rank.
+// One stopped inside a collective that every rank has issued shows it
+// started, as the others do, in the dump it leaves once the job's end wakes
+// it. What does name it is the question the watchdog asks before it reports:
+// the stopped rank does not answer within the grace, or answers only once the
+// job's end has woken it. So the watchdog keeps that finding in its flight
+// recorder (when it asked, when it stopped waiting, which ranks answered and
+// when each answer arrived, which did not), every dump carries the last one,
+// and tools/flight.py names the ranks that no check heard before the first
+// dump.
 #include "comm/watchdog.h"
 
 #include <fmt/core.h>
@@ -376,10 +387,29 @@ void Watchdog::handle(const Failure& failure) {
   Answers answers;
   std::string ask_error;
   if (peers_) {
+    const Seconds grace = std::min(timeout_, Seconds(2.0));
+    const Clock::time_point asked = Clock::now();
     try {
-      answers = peers_->ask_all(std::min(timeout_, Seconds(2.0)), [this] { return answer_peer(); });
+      answers = peers_->ask_all(grace, [this] { return answer_peer(); });
     } catch (const std::exception& e) {
       ask_error = e.what();
+    }
+    if (ask_error.empty()) {  // Note [liveness check]
+      LivenessCheck check;
+      check.grace_s = grace.count();
+      std::lock_guard lock(mutex_);
+      check.asked_ns = flight_.ns_of(asked);
+      check.ended_ns = flight_.ns_of(Clock::now());
+      for (std::size_t r = 0; r < answers.size(); ++r) {
+        if (static_cast<int>(r) == rank_) continue;
+        if (!answers[r]) {
+          check.silent.push_back(static_cast<int>(r));
+          continue;
+        }
+        check.answered.push_back(static_cast<int>(r));
+        check.answered_ns.push_back(flight_.ns_of(answers[r]->arrived));
+      }
+      flight_.record_liveness(std::move(check));
     }
   }
   if (ask_error.empty() && wait_for_busy_ranks(failure, answers)) return;
@@ -392,7 +422,7 @@ bool Watchdog::wait_for_busy_ranks(const Failure& failure, const Answers& answer
   for (std::size_t r = 0; r < answers.size(); ++r) {
     if (static_cast<int>(r) == peers_->rank()) continue;
     if (!answers[r]) return false;
-    const PeerStatus peer(*answers[r]);
+    const PeerStatus peer(answers[r]->status);
     if (!peer.busy.empty())
       busy += fmt::format("{}rank {} ({})", busy.empty() ? "" : ", ", r, peer.busy);
     else if (!peer.in_collective())
@@ -422,7 +452,7 @@ void Watchdog::report(const Failure& failure, const Answers& answers,
       silent += fmt::format("{}{}", silent.empty() ? "" : ", ", r);
       continue;
     }
-    const PeerStatus peer(*answers[r]);
+    const PeerStatus peer(answers[r]->status);
     if (!failure.key.empty() && peer.has_key(failure.key))
       message += fmt::format("\n  rank {} has joined it: {}", r, peer.sentence);
     else if (!failure.key.empty())

@@ -78,6 +78,13 @@ class OperationContext {
   const OperationContext* outer_;
 };
 
+// One rank's answer to the watchdog's question: its Watchdog::status(), and
+// when it arrived (Note [liveness check], watchdog.cpp).
+struct PeerAnswer {
+  std::string status;
+  std::chrono::steady_clock::time_point arrived;
+};
+
 // How a watchdog learns what the other ranks are doing. Every rank's watchdog
 // serves questions all the time; the MPI implementation is
 // comm/detail/mpi_peer_channel.h.
@@ -91,7 +98,7 @@ class PeerChannel {
   // Asks every other rank and waits up to `grace` for the answers, serving
   // questions meanwhile. Entry r is rank r's answer; nullopt for this rank
   // and for ranks that did not answer in time.
-  virtual std::vector<std::optional<std::string>> ask_all(
+  virtual std::vector<std::optional<PeerAnswer>> ask_all(
       Seconds grace, const std::function<std::string()>& status) = 0;
 };
 
@@ -193,7 +200,7 @@ class Watchdog {
     std::string key;            // of the collective that timed out; empty for errors
     std::uint64_t item_id = 0;  // of that collective
   };
-  using Answers = std::vector<std::optional<std::string>>;
+  using Answers = std::vector<std::optional<PeerAnswer>>;
 
   std::list<Item>::iterator add(OperationInfo info, std::function<bool()> done, bool enqueue_only);
   void finish(std::list<Item>::iterator item, bool failed);

@@ -1,9 +1,24 @@
 // ShardWriter and DatasetWriter (io/shard_writer.h): contiguous HDF5 shards
-// written under a temporary name, fsynced, then renamed into place.
+// written under a temporary name that holds its space from the start, fsynced,
+// then renamed into place.
+//
+// Note [reserved shard]: a shard's temporary takes all the disk space it will
+// need (posix_fallocate up to HDF5's end of allocation, the datasets being
+// allocated early) before HDF5 has written a byte to it. A full disk or a
+// quota then fails there, as an IoError naming the shard and the cause, and
+// no later write of HDF5's can fail for space. Without it, a disk that filled
+// as HDF5 flushed a dataset on close left that identifier open, and HDF5
+// crashed at exit in its library shutdown (SIGSEGV), as checkpoint saves once
+// did (Note [checkpoint image] in engine/checkpoint_file.cpp, which builds its
+// files in memory instead: shards can be larger than memory).
 #include "io/shard_writer.h"
 
+#include <fcntl.h>
 #include <fmt/core.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "engine/core/log.h"
@@ -59,6 +74,21 @@ void write_rows(hid_t dataset, DType type, const core::Shape& sample_shape, std:
   memory_type.close();
   memory_space.close();
   file_space.close();
+}
+
+// Note [reserved shard]: allocates the file's whole size, as HDF5's end of
+// allocation says, on disk now.
+void reserve_space(hid_t file, const fs::path& temp_path, const fs::path& path) {
+  haddr_t bytes = 0;
+  LOCKSTEP_CHECK_HDF5(H5Fget_eoa(file, &bytes));
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  const int error = fd < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (fd >= 0) ::close(fd);
+  if (error != 0)
+    throw IoError(fmt::format(
+        "shard {}: reserving its {} bytes on disk for {} failed: {} (free space on that disk, "
+        "or write the shards elsewhere)",
+        quoted(path), bytes, quoted(temp_path), std::strerror(error)));
 }
 
 }  // namespace
@@ -119,6 +149,13 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
     throw IoError("cannot create shard " + quoted(temp_path_) + " (" + format.str() + ", " +
                   std::to_string(rows) + " rows): " + e.what() +
                   " (check that the directory exists and is writable)");
+  }
+  try {
+    reserve_space(handles_->file.get(), temp_path_, path_);
+  } catch (const Error&) {
+    handles_.reset();
+    remove_temporary(temp_path_);
+    throw;
   }
 }
 

@@ -3,7 +3,8 @@
 // readers can pread rows; Note [contiguous reads] in io/detail/shard_file.h)
 // and appear under their final name only once complete: a writer fills
 // "<name>.tmp", fsyncs it and renames it, so a crash never leaves half a shard
-// that a reader would take for a whole one.
+// that a reader would take for a whole one. The temporary takes its whole
+// size on disk first, so a full disk fails there (Note [reserved shard]).
 #pragma once
 
 #include <cstdint>

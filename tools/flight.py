@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reads the flight-recorder dumps (flight-rank-<r>.json, written by every rank that could on a
-watchdog failure, an abort or SIGUSR2) in DIR and says what happened: which collective the job
-was stuck in, which ranks never reached it and where each of them was, and which ranks issued a
-different collective (kind, size or dtype) at the same sequence number (a desync).
+watchdog failure, an abort or SIGUSR2) in DIR and says what happened: which ranks did not answer
+the watchdogs' liveness checks, which collective the job was stuck in, which ranks never reached
+it and where each of them was, and which ranks issued a different collective (kind, size or
+dtype) at the same sequence number (a desync).
 
     python3 tools/flight.py DIR
 """
@@ -32,6 +33,16 @@ def load(path):
         raise InputError(f"{path}: rank {dump['rank']} is not a rank of a job of {dump['size']}")
     if not isinstance(dump.get("collectives"), list):
         raise InputError(f"{path}: field 'collectives' is missing or not a list")
+    liveness = dump.get("liveness")  # absent from dumps older than Note [liveness check]
+    if liveness is not None and not (
+            isinstance(liveness, dict)
+            and all(isinstance(liveness.get(k), int) for k in ("asked_ns", "ended_ns"))
+            and isinstance(liveness.get("grace_s"), (int, float))
+            and all(isinstance(liveness.get(k), list) and all(isinstance(r, int) for r in liveness[k])
+                    for k in ("answered", "answered_ns", "silent"))
+            and len(liveness["answered"]) == len(liveness["answered_ns"])):
+        raise InputError(f"{path}: field 'liveness' is neither null nor a liveness check "
+                         "(asked_ns, ended_ns, grace_s, answered, answered_ns, silent)")
     for i, record in enumerate(dump["collectives"]):
         if not isinstance(record, dict):
             raise InputError(f"{path}: collective {i} is not a JSON object")
@@ -101,6 +112,52 @@ def as_of_cut(dumps, cut):
     return records, late
 
 
+# Note [liveness check] (comm/watchdog.cpp): a watchdog that gave up asked the other ranks what they
+# were doing, and its dump says who answered and when. A rank stopped inside a collective that
+# every rank issued looks like the others in the dumps (its own, if it left one, was written when
+# the job's end woke it); the check is what names it. The job's end comes after the first report,
+# which follows the first check to end: an answer that arrived later may come from a rank that the
+# job's end woke, so a rank is heard only by an answer that arrived before the first check ended,
+# or by its own check: a rank that asks is alive, though it may not answer while it reports and
+# ends the job. A check asked after the cut is not counted at all: a woken rank's own check, made
+# once the others were gone, would find them all silent.
+def silent_ranks(dumps, cut):
+    """({rank: [ranks whose check it did not answer in time]} for the ranks no check heard,
+    {the ranks a check heard in time})."""
+    checks = {rank: d["liveness"] for rank, d in dumps.items() if d.get("liveness") is not None
+              and (cut is None or wall_ns(d, d["liveness"]["asked_ns"]) <= cut)}
+    if not checks:
+        return {}, set()
+    first_end = min(wall_ns(dumps[rank], c["ended_ns"]) for rank, c in checks.items())
+    heard, unheard = set(checks), {}
+    for asker, check in sorted(checks.items()):
+        for rank, ns in zip(check["answered"], check["answered_ns"]):
+            if wall_ns(dumps[asker], ns) <= first_end:
+                heard.add(rank)
+            else:
+                unheard.setdefault(rank, []).append(asker)
+        for rank in check["silent"]:
+            unheard.setdefault(rank, []).append(asker)
+    return {rank: askers for rank, askers in unheard.items() if rank not in heard}, heard
+
+
+def silent_lines(dumps, cut, silent):
+    lines = []
+    for rank, askers in sorted(silent.items()):
+        first = dumps[askers[0]]
+        check = first["liveness"]
+        text = (f"NO ANSWER: rank {rank} did not answer the watchdog's liveness check of "
+                f"{ranks_text(askers)} in time (rank {askers[0]} asked "
+                f"{(first['now_ns'] - check['asked_ns']) / 1e9:.1f} s before it wrote its dump and "
+                f"waited {check['grace_s']:g} s): it is stopped, dead or cut off")
+        if rank in dumps and cut is not None and wall_ns(dumps[rank], dumps[rank]["now_ns"]) > cut:
+            text += (f"; its own dump was written "
+                     f"{(wall_ns(dumps[rank], dumps[rank]['now_ns']) - cut) / 1e9:.1f} s after "
+                     "the first (the job's end woke it)")
+        lines.append(text)
+    return lines
+
+
 # Note [stuck collective]: a communicator's stuck collective is the first unfinished one that
 # some rank never reached (it left no dump, issued it too late, or its own records stop before
 # it); only when every rank reached every unfinished one is it simply the first unfinished. A
@@ -118,6 +175,8 @@ def analyse(dumps):
     lines.append(head)
 
     cut = cut_ns(dumps)  # Note [dump cut]
+    silent, heard = silent_ranks(dumps, cut)
+    lines += silent_lines(dumps, cut, silent)
     in_time, late = as_of_cut(dumps, cut)
     by_key = {}  # (communicator, sequence) -> {rank: record as of the cut}
     for rank, kept in in_time.items():
@@ -167,10 +226,15 @@ def analyse(dumps):
                   and all(r["state"] == "completed" for r in recs.values())]
         for rank in range(size):
             if rank in records:
-                if late_here.get(rank, (0, ""))[1] == "completed":
+                # A rank that answered a check in time was not stalled: the job's end (an
+                # abort) is what ended its collective.
+                if late_here.get(rank, (0, ""))[1] == "completed" and rank not in heard:
                     lines.append(f"  rank {rank} completed {comm}#{seq} only "
                                  f"{late_here[rank][0]:.1f} s after a rank had given up on it "
                                  "(the job's end woke it; it was stalled inside it)")
+                elif rank in silent:
+                    lines.append(f"  rank {rank} issued {comm}#{seq} but did not answer the "
+                                 "watchdog (NO ANSWER above): it is stopped or stalled inside it")
                 continue
             if late_here.get(rank, (0, ""))[1] == "issued":
                 lines.append(f"  rank {rank} never reached {comm}#{seq} in time: it issued it "

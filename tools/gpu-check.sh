@@ -13,8 +13,9 @@
 #                                  optimizer state, the data-parallel step on CUDA),
 #                                  and a gpt2-shaped step with per-kernel times
 #   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
-#                                  bench_step against PyTorch, and a 300-step
-#                                  training run held to the packed cpu run
+#                                  bench_step against PyTorch (mlp-large, resnet,
+#                                  gpt2 bf16), and a 300-step training run held
+#                                  to the packed cpu run
 #   tools/gpu-check.sh run-scaling optional third call: bench_scaling profiles
 #                                  (feed them to tools/scaling_model.py here)
 #   tools/gpu-check.sh plan        here: each call's steps, their timeouts and
@@ -164,15 +165,19 @@ run_tests() {
 run_bench() {
   [ -z "${PLAN:-}" ] && prepare bench
   local bin=$work/bin
-  step bench_gemm 60 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
-  step torch_gemm 60 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
-  for config in "mlp-large 1024 bf16" "resnet 256 fp16"; do
+  # 300 s in all. gpt2 (8 x 1024 tokens, bf16) got its place from the others'
+  # margins: 10 s off each GEMM sweep and each of the other bench_steps, 5 s off
+  # the shard (8192 MNIST-sized samples: under a second here) and 15 s off the
+  # training run (300 mlp steps: a few seconds after CUDA's start).
+  step bench_gemm 50 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
+  step torch_gemm 50 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
+  for config in "mlp-large 1024 bf16 50" "resnet 256 fp16 50" "gpt2 8 bf16 60"; do
     set -- $config
-    step "step_$1_$3" 60 "$bin/bench_step" --device cuda --model "$1" --batch "$2" --precision "$3" \
-      --steps 20 --python "$python" --json "$OUT/bench_step_$1_$3.json"
+    step "step_$1_$3" "$4" "$bin/bench_step" --device cuda --model "$1" --batch "$2" \
+      --precision "$3" --steps 20 --python "$python" --json "$OUT/bench_step_$1_$3.json"
   done
-  step shard 15 "$bin/lockstep-shard" "${shard_args[@]}" --out "$work/data"
-  step train_cuda 45 "$bin/lockstep-train" --data "$work/data" "${train_args[@]}" --device cuda \
+  step shard 10 "$bin/lockstep-shard" "${shard_args[@]}" --out "$work/data"
+  step train_cuda 30 "$bin/lockstep-train" --data "$work/data" "${train_args[@]}" --device cuda \
     --metrics "$OUT/train_cuda.jsonl"
   [ -n "${PLAN:-}" ] && return 0
   cat "$OUT"/bench_step_*.json >"$OUT/bench_step.json" 2>/dev/null

@@ -65,9 +65,9 @@ void MpiPeerChannel::serve(const std::function<std::string()>& status) {
   reap();
 }
 
-std::vector<std::optional<std::string>> MpiPeerChannel::ask_all(
+std::vector<std::optional<PeerAnswer>> MpiPeerChannel::ask_all(
     Seconds grace, const std::function<std::string()>& status) {
-  std::vector<std::optional<std::string>> answers(static_cast<std::size_t>(size_));
+  std::vector<std::optional<PeerAnswer>> answers(static_cast<std::size_t>(size_));
   for (int r = 0; r < size_; ++r)
     if (r != rank_) send("", r, kQuestionTag);
   int missing = size_ - 1;
@@ -88,7 +88,7 @@ std::vector<std::optional<std::string>> MpiPeerChannel::ask_all(
                                 comm_, MPI_STATUS_IGNORE));
     auto& slot = answers[static_cast<std::size_t>(probe.MPI_SOURCE)];
     if (!slot) --missing;
-    slot = std::move(answer);
+    slot = PeerAnswer{std::move(answer), std::chrono::steady_clock::now()};
   }
   return answers;
 }

@@ -23,7 +23,7 @@ class MpiPeerChannel final : public PeerChannel {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void serve(const std::function<std::string()>& status) override;
-  std::vector<std::optional<std::string>> ask_all(
+  std::vector<std::optional<PeerAnswer>> ask_all(
       Seconds grace, const std::function<std::string()>& status) override;
 
  private:

@@ -1,12 +1,14 @@
 // The flight recorder (comm/flight_recorder.h): the ring's wraparound and
 // fields, state changes on overwritten records, the JSON dump (parsed by
-// python3's json module, independent of the writer), and a watchdog's dump on
-// SIGUSR2 and on a timeout, and a dump that cannot be written (reported, no
-// partial file left). Waits for the watchdog thread allow 10 s.
+// python3's json module, independent of the writer), a watchdog's dump on
+// SIGUSR2 and on a timeout, the liveness check it carries (Note [liveness
+// check]), and a dump that cannot be written (reported, no partial file
+// left). Waits for the watchdog thread allow 10 s.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -125,7 +127,8 @@ TEST_CASE("the flight recorder truncates long names and escapes the reason in it
   CHECK(python_accepts(file,
                        "d['rank'] == 2 and d['size'] == 4 and d['step'] == 12 and "
                        "d['reason'] == 'watchdog: \"x\"\\n  rank 1\\\\ said\\t' and "
-                       "d['capacity'] == 3 and d['recorded'] == 2 and len(d['collectives']) == 2"));
+                       "d['capacity'] == 3 and d['recorded'] == 2 and len(d['collectives']) == 2 "
+                       "and d['liveness'] is None"));
   CHECK(python_accepts(file,
                        "d['collectives'][0]['communicator'] == 'c' * 23 and "
                        "d['collectives'][0]['bytes'] == 10 and d['collectives'][0]['dtype'] == "
@@ -190,6 +193,53 @@ TEST_CASE("a watchdog records its collectives and dumps them on SIGUSR2 and on a
                        "d['collectives'][2]['state'] == 'started'"));
   CHECK_THAT(message, Catch::Contains("python3 tools/flight.py " + dir.path.string()));
   comm::set_flight_directory({});
+}
+
+namespace {
+
+// Rank 1 of three: rank 0 answers the watchdog's question, rank 2 does not.
+class OneSilentPeer final : public comm::PeerChannel {
+ public:
+  int rank() const override { return 1; }
+  int size() const override { return 3; }
+  void serve(const std::function<std::string()>&) override {}
+  std::vector<std::optional<comm::PeerAnswer>> ask_all(
+      comm::Seconds grace, const std::function<std::string()>&) override {
+    std::vector<std::optional<comm::PeerAnswer>> answers(3);
+    answers[0] = {"gradients#2\n\nwaiting in allreduce #2 on 'gradients' for 0.1 s",
+                  std::chrono::steady_clock::now()};
+    std::this_thread::sleep_for(grace);  // as MPI's waits for the silent rank
+    return answers;
+  }
+};
+
+}  // namespace
+
+// Note [liveness check]: the timeout's dump says who answered and when, and
+// who did not; the times are the recorder's, ordered against the dump's
+// now_ns (rank 0 answers at once, then the check waits out its grace).
+TEST_CASE("a watchdog's dump after a timeout carries its liveness check") {
+  TempDir dir;
+  comm::set_flight_directory(dir.path);
+  std::atomic<bool> reported{false};
+  comm::Watchdog watchdog(
+      comm::Seconds(0.1), [&](const std::string&) { reported = true; },
+      std::make_unique<OneSilentPeer>());
+  {
+    comm::Watchdog::Scope stuck(&watchdog, info("allreduce", 2, 16));
+    for (int i = 0; i < 1000 && !reported; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  watchdog.stop();
+  comm::set_flight_directory({});
+  REQUIRE(reported);
+  // The grace is min(timeout, 2 s) = 0.1 s; the check ends at least that long after it began.
+  CHECK(python_accepts(dir.path / "flight-rank-1.json",
+                       "d['liveness']['answered'] == [0] and d['liveness']['silent'] == [2] and "
+                       "d['liveness']['grace_s'] == 0.1 and d['collectives'][0]['start_ns'] < "
+                       "d['liveness']['asked_ns'] <= d['liveness']['answered_ns'][0] and "
+                       "d['liveness']['answered_ns'][0] + 100_000_000 <= "
+                       "d['liveness']['ended_ns'] <= d['now_ns']"));
 }
 
 TEST_CASE("a flight dump that cannot be written is reported with the reason, and no partial file") {

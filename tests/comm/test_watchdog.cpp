@@ -75,12 +75,13 @@ class ScriptedPeers final : public comm::PeerChannel {
     std::lock_guard lock(mutex_);
     return last_status_;
   }
-  std::vector<std::optional<std::string>> ask_all(Seconds,
-                                                  const std::function<std::string()>&) override {
-    std::vector<std::optional<std::string>> answers(3);
-    answers[1] = "world#57\n\nwaiting in allreduce #57 on 'world' for 0.1 s";
+  std::vector<std::optional<comm::PeerAnswer>> ask_all(
+      Seconds, const std::function<std::string()>&) override {
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::optional<comm::PeerAnswer>> answers(3);
+    answers[1] = {"world#57\n\nwaiting in allreduce #57 on 'world' for 0.1 s", now};
     std::lock_guard lock(mutex_);
-    if (rank2_answers_) answers[2] = rank2_;
+    if (rank2_answers_ && rank2_) answers[2] = {*rank2_, now};
     return answers;
   }
 

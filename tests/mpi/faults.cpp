@@ -7,15 +7,19 @@
 //   die       rank 1 is killed (SIGKILL) in step 3: the launcher ends the job
 //   stall     rank 1 sleeps before step 3's backward: the others' watchdogs end the job
 //   stop      rank 1 is stopped (SIGSTOP) there instead: it cannot answer nor dump
+//   stop-inside  rank 1 is stopped inside step 3's first allreduce, which the others
+//             issue after it (0.5 s into it; they issue theirs at 1.5 s)
 //   desync    in step 3 the last rank issues a barrier where the others allreduce
 //   throw     rank 1 throws in step 3, out of main (comm::guarded_main): its message
 //             comes once and the job ends, the others waiting in a collective
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/agreement.h"
@@ -54,6 +58,15 @@ int train(comm::World* world, const std::string& mode) {
       if (step == 3 && rank == 1 && mode == "die") std::raise(SIGKILL);
       if (step == 3 && rank == 1 && mode == "stall") sleep(3600);
       if (step == 3 && rank == 1 && mode == "stop") std::raise(SIGSTOP);
+      if (step == 3 && mode == "stop-inside") {
+        if (rank == 1)
+          std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            kill(getpid(), SIGSTOP);
+          }).detach();
+        else
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      }
       if (step == 3 && rank == 1 && mode == "throw")
         throw std::runtime_error("the test's error on rank 1 in step 3");
       if (step == 3 && mode == "desync") {
