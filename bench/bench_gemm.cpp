@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
 
   try {
     const Device device = examples::usable_device(device_text);
-    kernels::cpu::set_gemm_threads(threads);
+    examples::use_cpu_threads(threads, true);
     if (squares.empty())
       squares = device.is_cuda() ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
                                  : std::vector<std::int64_t>{128, 256, 512, 1024, 2048};
@@ -180,9 +180,9 @@ int main(int argc, char** argv) {
       }
     }
     bench::print_legend(
-        device.is_cuda()
-            ? "cublasGemmEx on the same buffers, timed in alternating batches"
-            : "cblas_sgemm (OpenBLAS) on the same buffers, timed in alternating batches",
+        device.is_cuda() ? "cublasGemmEx on the same buffers, timed in alternating batches"
+                         : "cblas_sgemm (" + kernels::cpu::cpu_gemm_kernels().describe() +
+                               ") on the same buffers, timed in alternating batches",
         "lockstep GF/s / baseline GF/s: higher is better, 1 is parity",
         half_on_cpu ? "f16/bf16 on the CPU: OpenBLAS has no half GEMM to compare with" : "");
   } catch (const std::exception& e) {

@@ -703,7 +703,7 @@ int main(int argc, char** argv) {
     config.mpi = world->uses_mpi();  // without mpirun: one rank, the profile and solo step
     if (o.device == "cuda" && !world->device().is_cuda())
       throw InvalidArgument("--device cuda, but no GPU is usable here (use --device cpu)");
-    kernels::cpu::set_gemm_threads(o.threads);
+    examples::use_cpu_threads(o.threads, world->rank() == 0);
     const int rc = run(*world, o, config);
     world->shutdown();
     return rc;

@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     if (world->size() > 1)
       throw InvalidArgument("bench_step runs as one process: start it without mpirun");
     const core::Device device = world->device();
-    kernels::cpu::set_gemm_threads(threads);
+    examples::use_cpu_threads(threads, true);
     std::optional<DType> autocast;
     if (precision == "fp16")
       autocast = DType::f16;
@@ -315,6 +315,7 @@ int main(int argc, char** argv) {
          bench::field("precision", precision),
          bench::field("device", device.str()),
          bench::field("threads", static_cast<long long>(threads)),
+         bench::field("cpu_gemm", kernels::cpu::cpu_gemm_kernels().describe()),
          bench::field("samples_per_s", samples_per_s),
          bench::field("ms_per_step", ours.ms_per_step),
          bench::field("ms_per_step_low", 1e3 * ours.blocks.low),

@@ -139,6 +139,7 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   lines.push_back(fmt::format(
       "  threads      {} compute thread{} per rank{}", h.threads, h.threads == 1 ? "" : "s",
       h.loader_threads > 0 ? fmt::format(", {} loader threads", h.loader_threads) : std::string()));
+  if (!h.cpu_gemm.empty()) lines.push_back("  cpu gemm     " + h.cpu_gemm);
   lines.push_back(fmt::format(
       "  batch        {} per rank x {} accumulation x {} rank{} = global batch {}", h.micro_batch,
       h.accumulation, world_size, world_size == 1 ? "" : "s", global_batch(h, world_size)));

@@ -61,6 +61,7 @@ struct RunHeader {
   std::string device_reason;  // explain_device's
   int threads = 1;            // compute threads per rank
   int loader_threads = 0;     // 0: not reported
+  std::string cpu_gemm;       // kernels::cpu::CpuGemmKernels::describe(); "": not reported
   std::int64_t micro_batch = 0;
   int accumulation = 1;
   std::int64_t steps_per_epoch = 0;  // 0: not known

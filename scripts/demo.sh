@@ -20,6 +20,13 @@ if [ ! -d "$out/data/val" ]; then  # (data from before the split was named val: 
     --src /usr/share/datasets/fashion-mnist --out "$out/data" --shards 4
 fi
 
+# Note [BLAS kernels] (kernels/gemm.h): OpenBLAS's own kernels for this
+# processor, where Debian's OpenBLAS does not recognise it.
+coretype=$(scripts/openblas-coretype.sh)
+if [ -n "$coretype" ]; then
+  export OPENBLAS_CORETYPE=$coretype
+  echo "OPENBLAS_CORETYPE=$coretype: Debian's OpenBLAS does not recognise this processor"
+fi
 # OpenMPI refuses to run as root unless told that it is on purpose.
 [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Each demo run trains afresh: the previous demo's metrics and checkpoints go

@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build=${LOCKSTEP_BUILD_DIR:-build}
+# Note [BLAS kernels] (kernels/gemm.h): OpenBLAS's own kernels for this
+# processor, where Debian's OpenBLAS does not recognise it.
+coretype=$(scripts/openblas-coretype.sh)
+if [ -n "$coretype" ]; then
+  export OPENBLAS_CORETYPE=$coretype
+  echo "OPENBLAS_CORETYPE=$coretype: Debian's OpenBLAS does not recognise this processor"
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build "$build"
 # The multi-host tests (root, network namespaces) are a CI stage of their own:

@@ -19,6 +19,7 @@
 #include "engine/core/trace.h"
 #include "engine/models.h"
 #include "kernels/error.h"
+#include "kernels/gemm.h"
 
 namespace lockstep::examples {
 
@@ -113,6 +114,15 @@ inline CLI::Validator model_name() {
   std::vector<std::string> names;
   for (const engine::ModelPreset& preset : engine::model_presets()) names.push_back(preset.name);
   return one_of(std::move(names));
+}
+
+// The programs' --threads: OpenBLAS's threads, and on the `lead` rank a
+// warning when OpenBLAS runs generic kernels on this processor (Note [BLAS
+// kernels] in kernels/gemm.h), naming the environment variable that fixes it.
+inline void use_cpu_threads(int threads, bool lead) {
+  kernels::cpu::set_gemm_threads(threads);
+  const std::string advice = kernels::cpu::cpu_gemm_kernels().advice();
+  if (lead && !advice.empty()) fmt::print(stderr, "warning: {}\n", advice);
 }
 
 }  // namespace lockstep::examples

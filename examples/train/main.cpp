@@ -239,7 +239,7 @@ int evaluate_only(const Flags& f, comm::World& world) {
         "--eval-only evaluates the weights of --init-from FILE (a checkpoint) on --val-data DIR: "
         "pass both");
   core::set_log_level(core::parse_log_level(f.log_level));
-  kernels::cpu::set_gemm_threads(f.threads);
+  use_cpu_threads(f.threads, world.rank() == 0);
   set_deterministic_run(f.deterministic);
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
@@ -294,7 +294,7 @@ int run(const Flags& f, comm::World& world) {
     start_trace(world.rank(), f.trace, f.trace_steps);
   }
   core::set_log_level(core::parse_log_level(f.log_level));
-  kernels::cpu::set_gemm_threads(f.threads);
+  use_cpu_threads(f.threads, lead);
   set_deterministic_run(f.deterministic);
   install_signal_handlers();
   const core::Device device = world.device();
@@ -456,6 +456,7 @@ int run(const Flags& f, comm::World& world) {
                    .device_reason = explain_device(device, f.device, "--device"),
                    .threads = f.threads,
                    .loader_threads = loader_options.threads,
+                   .cpu_gemm = device.is_cuda() ? "" : kernels::cpu::cpu_gemm_kernels().describe(),
                    .micro_batch = f.batch_size,
                    .accumulation = f.accum,
                    .steps_per_epoch = steps_per_epoch,

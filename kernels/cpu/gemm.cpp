@@ -78,14 +78,15 @@ void set_gemm_threads(int threads) { openblas_set_num_threads(std::max(1, thread
 // Note [BLAS kernels].
 CpuGemmKernels cpu_gemm_kernels() {
   CpuGemmKernels k;
-  const std::string config = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
+  const std::string config =
+      openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
   const std::size_t version_end = config.find(' ', config.find(' ') + 1);
   k.library = config.substr(0, version_end);
   k.kernels = openblas_get_corename();
   // OpenBLAS's kernels for processors without AVX: what it falls back to.
-  constexpr std::array<std::string_view, 12> generic{
-      "Prescott", "Core2",   "Penryn",  "Dunnington", "Nehalem", "Atom",
-      "Katmai",   "Coppermine", "Northwood", "Banias", "Opteron", "Barcelona"};
+  constexpr std::array<std::string_view, 12> generic{"Prescott",  "Core2",  "Penryn",  "Dunnington",
+                                                     "Nehalem",   "Atom",   "Katmai",  "Coppermine",
+                                                     "Northwood", "Banias", "Opteron", "Barcelona"};
   const bool fell_back = std::find(generic.begin(), generic.end(), k.kernels) != generic.end();
   __builtin_cpu_init();
   if (fell_back && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

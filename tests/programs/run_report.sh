@@ -34,6 +34,22 @@ expect "$work/det" "deterministic on"
 head -n 1 "$work/det.jsonl" | grep -qF '"run": "start"' || fail "metrics do not open with the run record"
 head -n 1 "$work/det.jsonl" | grep -qF '"deterministic": true' || fail "the run record lacks deterministic"
 
+# Note [BLAS kernels]: the header names the kernels OpenBLAS runs, and OpenBLAS's
+# generic ones on a processor with AVX2 bring the warning that names the fix.
+OPENBLAS_CORETYPE=Prescott "$train" "${common[@]}" --batch-size 64 --steps 1 >"$work/generic" 2>&1
+expect "$work/generic" "cpu gemm     OpenBLAS"
+expect "$work/generic" "Prescott kernels"
+if grep -qw avx2 /proc/cpuinfo; then
+  expect "$work/generic" "start the program with OPENBLAS_CORETYPE="
+fi
+if [ -n "$(OPENBLAS_CORETYPE= "$src/scripts/openblas-coretype.sh")" ]; then
+  # This processor is one OpenBLAS does not recognise: its own choice warns too.
+  env -u OPENBLAS_CORETYPE "$train" "${common[@]}" --batch-size 64 --steps 1 >"$work/own" 2>&1
+  expect "$work/own" "does not recognise this processor"
+else
+  grep -qF "does not recognise" "$work/plain" && fail "a warning about OpenBLAS's own choice"
+fi
+
 # An error before the first step: the message alone, no header.
 if "$train" "${common[@]}" --resume auto >"$work/err.out" 2>"$work/err"; then
   fail "--resume auto without --checkpoint-dir did not fail"
