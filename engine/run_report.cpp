@@ -125,6 +125,27 @@ std::int64_t global_batch(const RunHeader& h, int world_size) {
   return h.micro_batch * h.accumulation * world_size;
 }
 
+std::int64_t model_state_bytes(const RunHeader& h, int world_size) {
+  const std::int64_t shards = h.zero_stage == 1 ? world_size : 1;
+  return 2 * h.parameter_bytes + (h.optimizer_state_bytes + shards - 1) / shards;
+}
+
+// "model state per rank 3.1 MiB expected (--zero 0): parameters 1.0 MiB +
+// gradients 1.0 MiB + optimizer state 1.0 MiB; --activation-checkpointing off"
+// (docs/memory.md).
+std::string describe_model_state(const RunHeader& h, int world_size) {
+  const std::int64_t shards = h.zero_stage == 1 ? world_size : 1;
+  return fmt::format(
+      "model state per rank {} expected (--zero {}): parameters {} + gradients {} + optimizer "
+      "state {}{}; --activation-checkpointing {}",
+      format_bytes(static_cast<std::size_t>(model_state_bytes(h, world_size))), h.zero_stage,
+      format_bytes(static_cast<std::size_t>(h.parameter_bytes)),
+      format_bytes(static_cast<std::size_t>(h.parameter_bytes)),
+      format_bytes(static_cast<std::size_t>(h.optimizer_state_bytes)),
+      shards > 1 ? fmt::format(" / {} ranks", shards) : std::string(),
+      h.activation_checkpointing ? "on" : "off");
+}
+
 }  // namespace
 
 std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
@@ -153,6 +174,8 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   if (h.zero_stage == 1)
     lines.push_back(fmt::format("  zero         ZeRO-1: optimizer state sharded over {} rank{}",
                                 world_size, world_size == 1 ? "" : "s"));
+  if (h.parameter_bytes > 0)
+    lines.push_back("  memory       " + describe_model_state(h, world_size));
   for (const DatasetSummary& d : h.data)
     lines.push_back(
         fmt::format("  {:<12} {}: {}", d.role + " data", d.path, describe_dataset(*d.dataset)));
@@ -166,10 +189,14 @@ std::string run_start_record(const RunHeader& h, int world_size) {
       R"("run": "start", "program": {}, "model": {}, "ranks": {}, "micro_batch": {}, )"
       R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
       R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
-      R"("steps_per_epoch": {}, "zero_stage": {})",
+      R"("steps_per_epoch": {}, "zero_stage": {}, "activation_checkpointing": {})",
       core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
       h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
-      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage);
+      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage,
+      h.activation_checkpointing);
+  if (h.parameter_bytes > 0)
+    record +=
+        fmt::format(R"(, "expected_model_state_bytes": {})", model_state_bytes(h, world_size));
   if (h.tokens_per_sample > 0)
     record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
   return record;

@@ -70,7 +70,13 @@ struct RunHeader {
   std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
   std::string precision;  // "fp32", "bf16"
   bool loss_scaling = false;
-  int zero_stage = 0;  // StepOptions::sync.zero_stage
+  int zero_stage = 0;                     // StepOptions::sync.zero_stage
+  bool activation_checkpointing = false;  // shown with the model state
+  // The per-rank model state the header expects (docs/memory.md): f32
+  // parameters and gradients whole on every rank, optimizer state (all of it,
+  // unsharded) divided by the ranks under ZeRO-1. 0: not reported.
+  std::int64_t parameter_bytes = 0;
+  std::int64_t optimizer_state_bytes = 0;
   std::vector<DatasetSummary> data;
   std::string checkpoint_dir;  // "" : none
   std::string metrics_path;    // "" : none

@@ -77,9 +77,17 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   h.precision = "bf16";
   h.loss_scaling = true;
   h.zero_stage = 1;
+  h.activation_checkpointing = true;
+  h.parameter_bytes = 4 << 20;        // 1 Mi f32 parameters
+  h.optimizer_state_bytes = 8 << 20;  // AdamW's two floats each
   h.data = {{"train", dir.string(), &data}};
   h.metrics_path = "m.jsonl";
   const auto lines = format_run_header(h, 8, {{0, "h", "cpu"}});
+  // ZeRO-1 on 8 ranks: 4P + 4P + 8P / 8 with 4P = 4 MiB (docs/memory.md).
+  CHECK(has_line(lines,
+                 "model state per rank 9.0 MiB expected (--zero 1): parameters 4.0 MiB + "
+                 "gradients 4.0 MiB + optimizer state 8.0 MiB / 8 ranks; "
+                 "--activation-checkpointing on"));
   CHECK(has_line(lines, "cpu (asked for by --device)"));
   // 32 per rank x 4 micro-batches x 8 ranks = 1024.
   CHECK(has_line(lines, "32 per rank x 4 accumulation x 8 ranks = global batch 1024"));
@@ -98,6 +106,8 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
   CHECK(record.find(R"("precision": "bf16")") != std::string::npos);
   CHECK(record.find(R"("zero_stage": 1)") != std::string::npos);
+  CHECK(record.find(R"("activation_checkpointing": true)") != std::string::npos);
+  CHECK(record.find(R"("expected_model_state_bytes": 9437184)") != std::string::npos);
   CHECK(record.find("tokens_per_sample") == std::string::npos);  // not a language model
   fs::remove_all(dir);
 }
