@@ -126,8 +126,13 @@ class RunReport {
   // rank, beside the devices gathered at construction; beyond 8 ranks the
   // highest and the lowest.
   std::string format_peak_memory(const std::vector<std::uint64_t>& peak_bytes) const;
-  // Collective (gathers every rank's peak device memory, core::memory_stats):
-  // prints the summary on rank 0 and writes the "run": "end" record.
+  // "peak split   rank 0: parameters 1.0 MiB, gradients ...": one rank's peak
+  // by kind (core::MemoryStats::peak_by_kind, Note [memory kinds]).
+  static std::string format_peak_split(int rank, const std::vector<std::uint64_t>& by_kind);
+  // Collective (gathers every rank's peak device memory and its split by
+  // kind, core::memory_stats): prints the summary on rank 0 (the split of up
+  // to 8 ranks, beyond that of the highest) and writes the "run": "end"
+  // record ("peak_memory_by_kind": one object per rank).
   void finish();
 
  private:
