@@ -117,7 +117,7 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
 // checkpointed.h), in alternating batches, and measures each one's
 // activation peak: the pool's peak during a step less what was allocated
 // before it (parameters, gradients, optimizer state, the batch), the most
-// over the steps after the first.
+// over the steps after the first. The medians are of min(--steps, 5) rounds.
 struct CheckpointingMeasure {
   double ms_per_step[2];
   std::size_t activation_peak_bytes[2];  // [0] plain, [1] checkpointed
@@ -160,7 +160,9 @@ CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string
       return seconds;
     });
   }
-  const std::vector<double> medians = bench::interleaved_medians(contenders, 5, 0.002 * steps);
+  // --steps 1 to 4 are fewer rounds, for a model whose step takes seconds (gpt2).
+  const std::vector<double> medians =
+      bench::interleaved_medians(contenders, std::min(steps, 5), 0.002 * steps);
   for (int i = 0; i < 2; ++i) m.ms_per_step[i] = 1e3 * medians[i];
   return m;
 }
