@@ -4,12 +4,15 @@
 // same step in the same run (bench/torch_step.py under one or more Pythons,
 // timed in warm blocks alternating with lockstep's), and for mlp against the
 // floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
-// (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
+// (gpt-tiny, gpt2) also report tokens/s (samples/s x T). With
+// --activation-checkpointing it compares the step with and without activation
+// checkpointing instead (Note [checkpointing comparison]).
 #include <cblas.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <functional>
@@ -132,6 +135,61 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   return m;
 }
 
+// Note [checkpointing comparison]: --activation-checkpointing times the step
+// of the model as built and with its blocks checkpointed (engine/nn/
+// checkpointed.h), in alternating batches, and measures each one's
+// activation peak: the pool's peak during a step less what was allocated
+// before it (parameters, gradients, optimizer state, the batch), the most
+// over the steps after the first. The medians are of min(--steps, 5) rounds.
+struct CheckpointingMeasure {
+  double ms_per_step[2];
+  std::size_t activation_peak_bytes[2];  // [0] plain, [1] checkpointed
+};
+
+CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string& name,
+                                           std::int64_t batch, std::optional<DType> autocast,
+                                           core::Device device, int steps, int threads) {
+  CheckpointingMeasure m{};
+  std::vector<std::unique_ptr<bench::SyntheticTraining>> runs;
+  std::vector<std::unique_ptr<LossScaler>> scalers;
+  std::vector<std::unique_ptr<DataParallelStep>> data_parallel;
+  std::vector<std::function<double(int)>> contenders;
+  for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+    runs.push_back(std::make_unique<bench::SyntheticTraining>(name, batch, device, checkpointed));
+    bench::SyntheticTraining& t = *runs.back();
+    scalers.push_back(std::make_unique<LossScaler>(LossScaler::for_autocast(autocast)));
+    StepOptions options;
+    options.autocast = autocast;
+    options.sync.host_overlap = comm::host_overlap_pays(world, threads);
+    data_parallel.push_back(std::make_unique<DataParallelStep>(
+        *t.model, *t.store, *t.sgd, make_scheduler("constant", {}), *scalers.back(), &world,
+        options, t.stream));
+    contenders.push_back([&, checkpointed, calls_so_far = 0](int calls) mutable {
+      bench::SyntheticTraining& run = *runs[checkpointed];
+      const MicroBatch micro_batch{run.x, run.y};
+      double seconds = 0;
+      for (int c = 0; c < calls; ++c, ++calls_so_far) {
+        run.stream.synchronize();
+        const std::size_t live = core::memory_stats(device).current_bytes;
+        core::reset_peak_memory(device);
+        const auto start = std::chrono::steady_clock::now();
+        data_parallel[checkpointed]->run({&micro_batch, 1});
+        run.stream.synchronize();
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (calls_so_far > 0)
+          m.activation_peak_bytes[checkpointed] = std::max(
+              m.activation_peak_bytes[checkpointed], core::memory_stats(device).peak_bytes - live);
+      }
+      return seconds;
+    });
+  }
+  // --steps 1 to 4 are fewer rounds, for a model whose step takes seconds (gpt2).
+  const std::vector<double> medians =
+      bench::interleaved_medians(contenders, std::min(steps, 5), 0.002 * steps);
+  for (int i = 0; i < 2; ++i) m.ms_per_step[i] = 1e3 * medians[i];
+  return m;
+}
+
 // mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
 // floor a step cannot beat on the CPU. Every layer has its own weight,
 // activation and gradient buffers, as in the model: shared buffers would keep
@@ -193,6 +251,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write JSON lines here");
   std::string trace_dir;
   app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
+  bool activation_checkpointing = false;
+  app.add_flag(
+      "--activation-checkpointing", activation_checkpointing,
+      "instead of PyTorch: the step and its activation peak with and without "
+      "activation checkpointing (gpt-tiny, gpt2, resnet; Note [checkpointing comparison])");
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--model")->check(examples::model_name());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
@@ -221,6 +284,36 @@ int main(int argc, char** argv) {
     else if (precision != "fp32")
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
+    if (activation_checkpointing) {
+      const CheckpointingMeasure c =
+          compare_checkpointing(*world, model, batch, autocast, device, steps, threads);
+      const double time_ratio = c.ms_per_step[1] / c.ms_per_step[0];
+      const double memory_ratio = static_cast<double>(c.activation_peak_bytes[1]) /
+                                  static_cast<double>(c.activation_peak_bytes[0]);
+      fmt::print("{:<10} {:>6} {:>6} {:>7} {:>14} {:>16} {:>16}\n", "model", "batch", "prec",
+                 "device", "checkpointing", "ms/step", "activation MiB");
+      for (int i = 0; i < 2; ++i)
+        fmt::print("{:<10} {:>6} {:>6} {:>7} {:>14} {:>16.2f} {:>16.1f}\n", model, batch, precision,
+                   device.str(), i ? "on" : "off", c.ms_per_step[i],
+                   c.activation_peak_bytes[i] / 1048576.0);
+      fmt::print("checkpointed / plain: step time {:.3f}x, activation peak {:.3f}x\n", time_ratio,
+                 memory_ratio);
+      bench::JsonLines(json_path).write(
+          {bench::field("bench", "step_activation_checkpointing"), bench::field("model", model),
+           bench::field("batch", static_cast<long long>(batch)),
+           bench::field("precision", precision), bench::field("device", device.str()),
+           bench::field("threads", static_cast<long long>(threads)),
+           bench::field("ms_per_step", c.ms_per_step[0]),
+           bench::field("checkpointed_ms_per_step", c.ms_per_step[1]),
+           bench::field("activation_peak_bytes",
+                        static_cast<long long>(c.activation_peak_bytes[0])),
+           bench::field("checkpointed_activation_peak_bytes",
+                        static_cast<long long>(c.activation_peak_bytes[1])),
+           bench::field("step_time_ratio", time_ratio),
+           bench::field("activation_peak_ratio", memory_ratio)});
+      world->shutdown();
+      return 0;
+    }
     const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
     const std::string torch_args =
         fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,

@@ -17,8 +17,11 @@
 namespace lockstep::bench {
 
 struct SyntheticTraining {
-  SyntheticTraining(const std::string& model_name, std::int64_t batch, core::Device device)
-      : stream(core::Stream::create(device)), model(engine::make_model(model_name)) {
+  // `activation_checkpointing`: engine::make_model's (the same initial values).
+  SyntheticTraining(const std::string& model_name, std::int64_t batch, core::Device device,
+                    bool activation_checkpointing = false)
+      : stream(core::Stream::create(device)),
+        model(engine::make_model(model_name, 0.0f, activation_checkpointing)) {
     engine::initialize(*model, 1);
     store = std::make_unique<engine::ParameterStore>(*model, device, stream);
     sgd = std::make_unique<engine::SGD>(*store, engine::single_group(*store, 0.01, 0.0),

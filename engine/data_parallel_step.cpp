@@ -91,6 +91,7 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     const RankMean mean = rank_mean(world_->size(), store_.device());
     options_.sync.average = mean.synchronizer_averages;
     loss_gradient_divisor_ = mean.loss_gradient_divisor;
+    core::MemoryKindScope kind(core::MemoryKind::communication);  // Note [memory kinds]
     sync_ = std::make_unique<comm::GradientSynchronizer>(
         world_->for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
     if (sync_->sharded()) {
@@ -174,6 +175,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     std::optional<comm::GradientSynchronizer::NoSync> quiet;
     if (sync_ && k + 1 < k_total) quiet.emplace(sync_->no_sync());
     const MicroBatch& batch = micro_batches[k];
+    core::MemoryKindScope kind(core::MemoryKind::activations);  // Note [memory kinds]
     Context ctx = context(k, batch.inputs.dim(0));
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     {

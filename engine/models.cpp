@@ -4,6 +4,7 @@
 
 #include "engine/nn/activation.h"
 #include "engine/nn/batchnorm.h"
+#include "engine/nn/checkpointed.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/conv.h"
 #include "engine/nn/linear.h"
@@ -57,7 +58,7 @@ std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int6
 }
 
 // resnet18 with the CIFAR stem (3x3 conv1, stride 1, no max-pool), 10 classes.
-std::unique_ptr<Module> resnet() {
+std::unique_ptr<Module> resnet(bool activation_checkpointing) {
   auto net = std::make_unique<Sequential>();
   net->emplace<Conv2d>("conv1", 3, 64, 3, 1, 1, 1, 1, false);
   net->emplace<BatchNorm2d>("bn1", 64);
@@ -68,7 +69,9 @@ std::unique_ptr<Module> resnet() {
     auto layer = std::make_unique<Sequential>();
     layer->add("0", basic_block(channels, out, stage == 0 ? 1 : 2));
     layer->add("1", basic_block(out, out, 1));
-    net->add("layer" + std::to_string(stage + 1), std::move(layer));
+    net->add("layer" + std::to_string(stage + 1),
+             activation_checkpointing ? std::make_unique<Checkpointed>(std::move(layer))
+                                      : std::unique_ptr<Module>(std::move(layer)));
     channels = out;
   }
   net->emplace<GlobalAvgPool2d>("avgpool");
@@ -107,24 +110,31 @@ const ModelPreset& model_preset(const std::string& name) {
 }
 
 GptConfig gpt_config(const std::string& name, float dropout) {
-  if (name == "gpt-tiny") return {4, 4, 128, 128, 256, dropout};
-  if (name == "gpt2") return {12, 12, 768, 1024, 50304, dropout};
+  if (name == "gpt-tiny") return {4, 4, 128, 128, 256, dropout, false};
+  if (name == "gpt2") return {12, 12, 768, 1024, 50304, dropout, false};
   throw InvalidArgument("'" + name + "' is not a GPT preset (choose gpt-tiny or gpt2)");
 }
 
-std::unique_ptr<Module> make_model(const std::string& name, float dropout) {
+std::unique_ptr<Module> make_model(const std::string& name, float dropout,
+                                   bool activation_checkpointing) {
   const ModelPreset& preset = model_preset(name);  // validates the name
   if (dropout != 0.0f && !preset.language_model)
     throw InvalidArgument("model '" + name + "' has no dropout to set (only gpt-tiny and gpt2 do)");
+  if (activation_checkpointing && !preset.language_model && name != "resnet")
+    throw InvalidArgument("model '" + name +
+                          "' has no blocks to checkpoint (gpt-tiny, gpt2 and resnet do; its "
+                          "activations are few: train it without activation checkpointing)");
   std::unique_ptr<Module> model;
-  if (preset.language_model)
-    model = std::make_unique<GPT>(gpt_config(name, dropout));
-  else if (name == "mlp")
+  if (preset.language_model) {
+    GptConfig config = gpt_config(name, dropout);
+    config.activation_checkpointing = activation_checkpointing;
+    model = std::make_unique<GPT>(config);
+  } else if (name == "mlp")
     model = mlp();
   else if (name == "cnn")
     model = cnn();
   else if (name == "resnet")
-    model = resnet();
+    model = resnet(activation_checkpointing);
   else
     model = mlp_large();
   model->assign_names();

@@ -29,6 +29,11 @@ const ModelPreset& model_preset(const std::string& name);  // throws, listing th
 GptConfig gpt_config(const std::string& name, float dropout = 0.0f);
 // A new, uninitialised model (call engine::initialize with a seed). `dropout`
 // is the GPT presets' (nanoGPT's, 0 by default); the others have none.
-std::unique_ptr<Module> make_model(const std::string& name, float dropout = 0.0f);
+// `activation_checkpointing` makes each transformer block of the GPT presets
+// and each stage (layer1..layer4) of resnet a Checkpointed: the same names,
+// initial values and gradients (Note [activation checkpointing]); mlp, cnn
+// and mlp-large have no blocks to checkpoint and refuse it.
+std::unique_ptr<Module> make_model(const std::string& name, float dropout = 0.0f,
+                                   bool activation_checkpointing = false);
 
 }  // namespace lockstep::engine

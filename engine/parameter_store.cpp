@@ -1,6 +1,7 @@
 // ParameterStore (engine/parameter_store.h).
 #include "engine/parameter_store.h"
 
+#include "engine/core/memory.h"
 #include "engine/core/ops.h"
 
 namespace lockstep::engine {
@@ -23,8 +24,14 @@ ParameterStore::ParameterStore(Module& model, core::Device device, const core::S
     eager_from = s.offset + s.numel;
   }
   if (offset > eager_from) eager_ranges_.emplace_back(eager_from, offset - eager_from);
-  values_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
-  grads_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
+  {
+    core::MemoryKindScope kind(core::MemoryKind::parameters);  // Note [memory kinds]
+    values_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
+  }
+  {
+    core::MemoryKindScope kind(core::MemoryKind::gradients);
+    grads_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
+  }
   for (const Slot& s : slots_) {
     Parameter& p = *s.parameter;
     core::Tensor view = values_.view(s.offset, p.value.shape());
@@ -63,6 +70,7 @@ core::Tensor& ParameterStore::grads() {
 }
 
 core::Tensor ParameterStore::make_state_buffer(const core::Stream& stream) const {
+  core::MemoryKindScope kind(core::MemoryKind::optimizer_state);  // Note [memory kinds]
   return core::Tensor::zeros({values_.numel()}, DType::f32, device_, stream);
 }
 

@@ -125,6 +125,27 @@ std::int64_t global_batch(const RunHeader& h, int world_size) {
   return h.micro_batch * h.accumulation * world_size;
 }
 
+std::int64_t model_state_bytes(const RunHeader& h, int world_size) {
+  const std::int64_t shards = h.zero_stage == 1 ? world_size : 1;
+  return 2 * h.parameter_bytes + (h.optimizer_state_bytes + shards - 1) / shards;
+}
+
+// "model state per rank 3.1 MiB expected (--zero 0): parameters 1.0 MiB +
+// gradients 1.0 MiB + optimizer state 1.0 MiB; --activation-checkpointing off"
+// (docs/memory.md).
+std::string describe_model_state(const RunHeader& h, int world_size) {
+  const std::int64_t shards = h.zero_stage == 1 ? world_size : 1;
+  return fmt::format(
+      "model state per rank {} expected (--zero {}): parameters {} + gradients {} + optimizer "
+      "state {}{}; --activation-checkpointing {}",
+      format_bytes(static_cast<std::size_t>(model_state_bytes(h, world_size))), h.zero_stage,
+      format_bytes(static_cast<std::size_t>(h.parameter_bytes)),
+      format_bytes(static_cast<std::size_t>(h.parameter_bytes)),
+      format_bytes(static_cast<std::size_t>(h.optimizer_state_bytes)),
+      shards > 1 ? fmt::format(" / {} ranks", shards) : std::string(),
+      h.activation_checkpointing ? "on" : "off");
+}
+
 }  // namespace
 
 std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
@@ -154,6 +175,8 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   if (h.zero_stage == 1)
     lines.push_back(fmt::format("  zero         ZeRO-1: optimizer state sharded over {} rank{}",
                                 world_size, world_size == 1 ? "" : "s"));
+  if (h.parameter_bytes > 0)
+    lines.push_back("  memory       " + describe_model_state(h, world_size));
   for (const DatasetSummary& d : h.data)
     lines.push_back(
         fmt::format("  {:<12} {}: {}", d.role + " data", d.path, describe_dataset(*d.dataset)));
@@ -167,10 +190,14 @@ std::string run_start_record(const RunHeader& h, int world_size) {
       R"("run": "start", "program": {}, "model": {}, "ranks": {}, "micro_batch": {}, )"
       R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
       R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
-      R"("steps_per_epoch": {}, "zero_stage": {})",
+      R"("steps_per_epoch": {}, "zero_stage": {}, "activation_checkpointing": {})",
       core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
       h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
-      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage);
+      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage,
+      h.activation_checkpointing);
+  if (h.parameter_bytes > 0)
+    record +=
+        fmt::format(R"(, "expected_model_state_bytes": {})", model_state_bytes(h, world_size));
   if (h.tokens_per_sample > 0)
     record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
   return record;
@@ -287,16 +314,42 @@ std::string RunReport::format_peak_memory(const std::vector<std::uint64_t>& peak
                             rank(low - peak_bytes.begin()));
 }
 
+std::string RunReport::format_peak_split(int rank, const std::vector<std::uint64_t>& by_kind) {
+  std::string line = fmt::format("  peak split   rank {}:", rank);
+  for (std::size_t k = 0; k < by_kind.size(); ++k)
+    line += fmt::format("{} {} {}", k ? "," : "",
+                        core::memory_kind_name(static_cast<core::MemoryKind>(k)),
+                        format_bytes(static_cast<std::size_t>(by_kind[k])));
+  return line;
+}
+
 void RunReport::finish() {
-  std::uint64_t mine = core::memory_stats(world_.device()).peak_bytes;
-  std::vector<std::uint64_t> peaks(static_cast<std::size_t>(world_.size()));
-  world_.host().allgather(&mine, peaks.data(), 1, DType::i64);
+  const core::MemoryStats stats = core::memory_stats(world_.device());
+  constexpr std::size_t kFields = 1 + core::kMemoryKinds;  // the peak, then its kinds
+  std::array<std::uint64_t, kFields> mine{stats.peak_bytes};
+  for (std::size_t k = 0; k < core::kMemoryKinds; ++k) mine[1 + k] = stats.peak_by_kind[k];
+  std::vector<std::uint64_t> all(kFields * static_cast<std::size_t>(world_.size()));
+  world_.host().allgather(mine.data(), all.data(), kFields, DType::i64);
   if (world_.rank() != 0) return;
+  std::vector<std::uint64_t> peaks;
+  std::vector<std::vector<std::uint64_t>> splits;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(world_.size()); ++r) {
+    peaks.push_back(all[r * kFields]);
+    splits.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(r * kFields + 1),
+                        all.begin() + static_cast<std::ptrdiff_t>((r + 1) * kFields));
+  }
   const Summary s = summary();
   for (const std::string& line : format_summary(s)) fmt::print("{}\n", line);
   for (const std::string& failure : core::write_failures())  // Note [write failures]
     fmt::print("  not written  {}\n", failure);
   fmt::print("{}\n", format_peak_memory(peaks));
+  if (splits.size() <= 8) {
+    for (std::size_t r = 0; r < splits.size(); ++r)
+      fmt::print("{}\n", format_peak_split(static_cast<int>(r), splits[r]));
+  } else {
+    const auto high = std::max_element(peaks.begin(), peaks.end()) - peaks.begin();
+    fmt::print("{}\n", format_peak_split(static_cast<int>(high), splits[high]));
+  }
   std::fflush(stdout);
   auto number = [](const std::optional<double>& v) {
     return v ? fmt::format("{:.6g}", *v) : std::string("null");
@@ -317,6 +370,15 @@ void RunReport::finish() {
   if (header_.tokens_per_sample > 0 && s.step_s > 0)
     record += fmt::format(R"(, "tokens_per_s": {:.1f})",
                           static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
+  std::vector<std::string> objects;  // Note [memory kinds]
+  for (const std::vector<std::uint64_t>& split : splits) {
+    std::vector<std::string> fields;
+    for (std::size_t k = 0; k < split.size(); ++k)
+      fields.push_back(fmt::format(
+          R"("{}": {})", core::memory_kind_name(static_cast<core::MemoryKind>(k)), split[k]));
+    objects.push_back("{" + fmt::format("{}", fmt::join(fields, ", ")) + "}");
+  }
+  record += fmt::format(R"(, "peak_memory_by_kind": [{}])", fmt::join(objects, ", "));
   metrics_.write(record);
 }
 

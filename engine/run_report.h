@@ -71,7 +71,13 @@ struct RunHeader {
   std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
   std::string precision;  // "fp32", "bf16"
   bool loss_scaling = false;
-  int zero_stage = 0;  // StepOptions::sync.zero_stage
+  int zero_stage = 0;                     // StepOptions::sync.zero_stage
+  bool activation_checkpointing = false;  // shown with the model state
+  // The per-rank model state the header expects (docs/memory.md): f32
+  // parameters and gradients whole on every rank, optimizer state (all of it,
+  // unsharded) divided by the ranks under ZeRO-1. 0: not reported.
+  std::int64_t parameter_bytes = 0;
+  std::int64_t optimizer_state_bytes = 0;
   std::vector<DatasetSummary> data;
   std::string checkpoint_dir;  // "" : none
   std::string metrics_path;    // "" : none
@@ -121,8 +127,13 @@ class RunReport {
   // rank, beside the devices gathered at construction; beyond 8 ranks the
   // highest and the lowest.
   std::string format_peak_memory(const std::vector<std::uint64_t>& peak_bytes) const;
-  // Collective (gathers every rank's peak device memory, core::memory_stats):
-  // prints the summary on rank 0 and writes the "run": "end" record.
+  // "peak split   rank 0: parameters 1.0 MiB, gradients ...": one rank's peak
+  // by kind (core::MemoryStats::peak_by_kind, Note [memory kinds]).
+  static std::string format_peak_split(int rank, const std::vector<std::uint64_t>& by_kind);
+  // Collective (gathers every rank's peak device memory and its split by
+  // kind, core::memory_stats): prints the summary on rank 0 (the split of up
+  // to 8 ranks, beyond that of the highest) and writes the "run": "end"
+  // record ("peak_memory_by_kind": one object per rank).
   void finish();
 
  private:

@@ -23,19 +23,37 @@ namespace {
 constexpr std::size_t kCpuAlignment = 256;  // as cudaMalloc: flat-buffer views stay aligned
 constexpr int kMaxGpus = 64;
 
+thread_local MemoryKind t_kind = MemoryKind::other;
+
+// Note [memory kinds]: the kinds' split of the peak is copied when a new peak
+// is reached (rare once training runs: the same step allocates alike), under
+// a mutex, so that the copy is of one moment; allocations that race with it
+// on other threads may land on either side of it.
 struct Counter {
   std::atomic<std::size_t> current{0};
   std::atomic<std::size_t> peak{0};
   std::atomic<std::size_t> allocations{0};
+  std::array<std::atomic<std::size_t>, kMemoryKinds> by_kind{};
+  std::mutex peak_mutex;
+  std::array<std::size_t, kMemoryKinds> peak_by_kind{};
 
-  void add(std::size_t bytes) {
+  void add(std::size_t bytes, MemoryKind kind) {
     allocations.fetch_add(1);
+    by_kind[static_cast<std::size_t>(kind)].fetch_add(bytes);
     const std::size_t now = current.fetch_add(bytes) + bytes;
     std::size_t seen = peak.load();
     while (now > seen && !peak.compare_exchange_weak(seen, now)) {
     }
+    if (now > seen) snapshot();
   }
-  void sub(std::size_t bytes) { current.fetch_sub(bytes); }
+  void sub(std::size_t bytes, MemoryKind kind) {
+    by_kind[static_cast<std::size_t>(kind)].fetch_sub(bytes);
+    current.fetch_sub(bytes);
+  }
+  void snapshot() {
+    std::lock_guard lock(peak_mutex);
+    for (std::size_t k = 0; k < kMemoryKinds; ++k) peak_by_kind[k] = by_kind[k].load();
+  }
 };
 
 Counter g_host;
@@ -143,8 +161,34 @@ void* aligned_host(std::size_t bytes) {
 
 }  // namespace
 
+const char* memory_kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::parameters:
+      return "parameters";
+    case MemoryKind::gradients:
+      return "gradients";
+    case MemoryKind::optimizer_state:
+      return "optimizer_state";
+    case MemoryKind::activations:
+      return "activations";
+    case MemoryKind::communication:
+      return "communication";
+    case MemoryKind::workspace:
+      return "workspace";
+    case MemoryKind::other:
+      break;
+  }
+  return "other";
+}
+
+MemoryKind current_memory_kind() { return t_kind; }
+
+MemoryKindScope::MemoryKindScope(MemoryKind kind) : previous_(t_kind) { t_kind = kind; }
+
+MemoryKindScope::~MemoryKindScope() { t_kind = previous_; }
+
 Storage::~Storage() {
-  counter(device_).sub(bytes_);
+  counter(device_).sub(bytes_, kind_);
 #if LOCKSTEP_WITH_CUDA
   if (device_.is_cuda()) {
     free_device(data_, device_, stream_);
@@ -161,7 +205,7 @@ Storage::~Storage() {
 std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream& stream) {
   if (!device.is_cuda()) {
     void* p = aligned_host(bytes);
-    counter(device).add(bytes);
+    counter(device).add(bytes, t_kind);
     return std::make_shared<Storage>(p, bytes, device, false, Stream());
   }
   require_usable(device);
@@ -172,7 +216,7 @@ std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream
   set_current_device(device);
   configure_pool(device.index);
   void* p = bytes > 0 ? allocate_device(device, bytes, stream) : nullptr;
-  counter(device).add(bytes);
+  counter(device).add(bytes, t_kind);
   const Stream owner = stream.device().is_cuda() ? stream : Stream::default_for(device);
   return std::make_shared<Storage>(p, bytes, device, false, owner);
 #else
@@ -186,23 +230,27 @@ std::shared_ptr<Storage> allocate_pinned(std::size_t bytes) {
   if (cuda_available()) {
     void* p = nullptr;
     LOCKSTEP_CHECK_CUDA(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable));
-    g_host.add(bytes);
+    g_host.add(bytes, t_kind);
     return std::make_shared<Storage>(p, bytes, Device::cpu(), true, Stream());
   }
 #endif
   void* p = aligned_host(bytes);
-  g_host.add(bytes);
+  g_host.add(bytes, t_kind);
   return std::make_shared<Storage>(p, bytes, Device::cpu(), false, Stream());
 }
 
 MemoryStats memory_stats(Device device) {
-  const Counter& c = counter(device);
-  return {c.current.load(), c.peak.load(), c.allocations.load()};
+  Counter& c = counter(device);
+  MemoryStats s{c.current.load(), c.peak.load(), c.allocations.load(), {}};
+  std::lock_guard lock(c.peak_mutex);
+  s.peak_by_kind = c.peak_by_kind;
+  return s;
 }
 
 void reset_peak_memory(Device device) {
   Counter& c = counter(device);
   c.peak = c.current.load();
+  c.snapshot();
 }
 
 }  // namespace lockstep::core

@@ -10,9 +10,21 @@
 // allocated on. A caller that uses a buffer on another stream must make the
 // allocating stream wait for that work (an Event) before dropping the last
 // reference, as with PyTorch's record_stream.
+//
+// Note [memory kinds]: every allocation is counted under one kind, the one
+// of the innermost MemoryKindScope on the allocating thread (`other` when
+// none): the ParameterStore's buffers are parameters and gradients, the
+// optimizer's state buffers optimizer state, the synchroniser's buffers
+// communication, what the data-parallel step's forward and backward allocate
+// activations (their kernels' scratch included, unless a scope says
+// workspace: the gradient norm's). The data a program loads and what no
+// scope names stay `other`. The peak keeps each kind's bytes at the moment of
+// the peak, so the kinds add up to it.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "engine/core/device.h"
@@ -20,10 +32,42 @@
 
 namespace lockstep::core {
 
+enum class MemoryKind : std::uint8_t {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  communication,
+  workspace,
+  other,
+};
+constexpr std::size_t kMemoryKinds = 7;
+const char* memory_kind_name(MemoryKind kind);  // "optimizer_state"
+// The kind this thread's allocations are counted under now.
+MemoryKind current_memory_kind();
+
+// Allocations on this thread are counted as `kind` while it lives (Note
+// [memory kinds]); scopes nest, the innermost wins.
+class MemoryKindScope {
+ public:
+  explicit MemoryKindScope(MemoryKind kind);
+  ~MemoryKindScope();
+  MemoryKindScope(const MemoryKindScope&) = delete;
+  MemoryKindScope& operator=(const MemoryKindScope&) = delete;
+
+ private:
+  MemoryKind previous_;
+};
+
 class Storage {
  public:
   Storage(void* data, std::size_t bytes, Device device, bool pinned, Stream stream)
-      : data_(data), bytes_(bytes), device_(device), pinned_(pinned), stream_(std::move(stream)) {}
+      : data_(data),
+        bytes_(bytes),
+        device_(device),
+        pinned_(pinned),
+        kind_(current_memory_kind()),
+        stream_(std::move(stream)) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -32,13 +76,15 @@ class Storage {
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  MemoryKind kind() const { return kind_; }
 
  private:
   void* data_;
   std::size_t bytes_;
   Device device_;
   bool pinned_;
-  Stream stream_;  // the allocating stream, for cudaFreeAsync
+  MemoryKind kind_;  // Note [memory kinds]: counted under it from allocation to free
+  Stream stream_;    // the allocating stream, for cudaFreeAsync
 };
 
 // Device memory on `device` (ordered on `stream` for cuda), or CPU memory.
@@ -50,6 +96,9 @@ struct MemoryStats {
   std::size_t current_bytes = 0;
   std::size_t peak_bytes = 0;
   std::size_t allocations = 0;  // calls to allocate since the process started
+  // Each kind's bytes when the peak was reached (index: MemoryKind); they sum
+  // to peak_bytes (Note [memory kinds]).
+  std::array<std::size_t, kMemoryKinds> peak_by_kind{};
 };
 // Host memory (pinned included) for cpu; pool allocations for cuda:N.
 MemoryStats memory_stats(Device device);

@@ -9,6 +9,7 @@
 #include "engine/nn/activation.h"
 #include "engine/nn/attention.h"
 #include "engine/nn/batchnorm.h"
+#include "engine/nn/checkpointed.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/conv.h"
 #include "engine/nn/embedding.h"
@@ -46,6 +47,11 @@ OnnxValue sequential(Module& m, const OnnxValue& x, OnnxGraph& g) {
   OnnxValue v = x;
   for (Module* child : m.children()) v = g.module(*child, v);
   return v;
+}
+
+// Checkpointing changes how backward runs, not what forward computes.
+OnnxValue checkpointed(Module& m, const OnnxValue& x, OnnxGraph& g) {
+  return g.module(static_cast<Checkpointed&>(m).inner(), x);
 }
 
 OnnxValue residual(Module& m, const OnnxValue& x, OnnxGraph& g) {
@@ -289,6 +295,7 @@ std::map<std::string, OnnxMapping> builtin_onnx_mappings() {
   return {
       {"Sequential", sequential},
       {"Residual", residual},
+      {"Checkpointed", checkpointed},
       {"Linear", linear},
       {"Conv2d", conv2d},
       {"MaxPool2d", max_pool2d},

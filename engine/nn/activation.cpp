@@ -17,7 +17,7 @@ core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
       [&](kernels::CudaStream s) {
         kernels::cuda::activation_forward(kind_, x.data(), y.data(), x.dtype(), x.numel(), s);
       });
-  input_ = training() ? x : core::Tensor();
+  input_ = keeps_for_backward(ctx) ? x : core::Tensor();
   return y;
 }
 
@@ -63,10 +63,13 @@ core::Tensor Dropout::forward(const core::Tensor& x, Context& ctx) {
   const std::int64_t per_sample = x.numel() / std::max<std::int64_t>(1, x.dim(0));
   const kernels::PhiloxKey key{ctx.seed, dropout_stream(path(), ctx.step)};
   const auto offset = static_cast<std::uint64_t>(ctx.first_sample * per_sample);
-  mask_ = core::Tensor::empty(x.shape(), DType::u8, x.device(), ctx.stream);
+  // A checkpoint's first pass draws the mask and drops it; its recompute
+  // draws the same bits again from the same keys (Note [activation checkpointing]).
+  core::Tensor mask_tensor = core::Tensor::empty(x.shape(), DType::u8, x.device(), ctx.stream);
+  mask_ = keeps_for_backward(ctx) ? mask_tensor : core::Tensor();
   core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
   const float keep = 1.0f - p_, scale = 1.0f / keep;
-  auto* mask = mask_.data_as<std::uint8_t>();
+  auto* mask = mask_tensor.data_as<std::uint8_t>();
   core::dispatch(
       x.device(), ctx.stream,
       [&] {

@@ -96,7 +96,7 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
               ctx.stream);
   core::Tensor out = resid_dropout_->forward(c_proj_->forward(y, ctx), ctx);
 
-  if (training()) {
+  if (keeps_for_backward(ctx)) {
     qkv_heads_ = heads;
     probs_ = probs;
     weights_ = weights;

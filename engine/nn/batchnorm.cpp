@@ -92,8 +92,10 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor save_mean = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
   core::Tensor save_rstd = core::Tensor::empty({num_features_}, DType::f32, x.device(), ctx.stream);
   float *mean = save_mean.data_as<float>(), *rstd = save_rstd.data_as<float>();
-  // Running statistics move only in training (eval without them uses the batch's).
-  const bool update = training() && running_mean_;
+  // Running statistics move only in training (eval without them uses the
+  // batch's), and once per batch: not in a checkpoint's recompute, which sees
+  // the same batch again (Note [activation checkpointing]).
+  const bool update = training() && running_mean_ && !ctx.recompute;
   float* running_mean = update ? running_mean_->value.data_as<float>() : nullptr;
   float* running_var = update ? running_var_->value.data_as<float>() : nullptr;
   std::int64_t* count = update ? num_batches_tracked_->value.data_as<std::int64_t>() : nullptr;
@@ -109,7 +111,7 @@ core::Tensor BatchNorm2d::forward(const core::Tensor& x, Context& ctx) {
                                                   running_mean, running_var, stream);
         if (count) kernels::cuda::count_batch(count, stream);
       });
-  if (training()) {
+  if (keeps_for_backward(ctx)) {
     input_ = x32;
     save_mean_ = save_mean;
     save_rstd_ = save_rstd;

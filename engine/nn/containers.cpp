@@ -91,7 +91,7 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
           kernels::cuda::activation_forward(kernels::Activation::relu, y.data(), y.data(),
                                             y.dtype(), y.numel(), s);
         });
-    if (training()) output_ = y;
+    if (keeps_for_backward(ctx)) output_ = y;
   }
   return y;
 }

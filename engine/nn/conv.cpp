@@ -101,7 +101,7 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
         kernels::cuda::conv2d_forward(s, type, input.data(), w.data(), b, y.data(),
                                       workspace.data(), bytes, stream);
       });
-  input_ = training() ? input : core::Tensor();
+  input_ = keeps_for_backward(ctx) ? input : core::Tensor();
   input_dtype_ = x.dtype();
   return y;
 }

@@ -61,7 +61,7 @@ core::Tensor Embedding::forward(const core::Tensor& indices, Context& ctx) {
           kernels::cuda::embedding_forward(s, w, indices.data(), out, first_bad, stream);
         });
       });
-  indices_ = training() ? indices : core::Tensor();
+  indices_ = keeps_for_backward(ctx) ? indices : core::Tensor();
   return y;
 }
 

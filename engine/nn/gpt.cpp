@@ -9,6 +9,7 @@
 
 #include "engine/core/ops.h"
 #include "engine/nn/attention.h"
+#include "engine/nn/checkpointed.h"
 
 namespace lockstep::engine {
 namespace {
@@ -53,7 +54,9 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config) {
   drop_ =
       &static_cast<Dropout&>(add_child("transformer.drop", std::make_unique<Dropout>(c.dropout)));
   auto h = std::make_unique<Sequential>();
-  for (std::int64_t i = 0; i < c.layers; ++i) h->add(std::to_string(i), block(c));
+  for (std::int64_t i = 0; i < c.layers; ++i)
+    h->add(std::to_string(i),
+           c.activation_checkpointing ? std::make_unique<Checkpointed>(block(c)) : block(c));
   blocks_ = &static_cast<Sequential&>(add_child("transformer.h", std::move(h)));
   ln_f_ = &static_cast<LayerNorm&>(
       add_child("transformer.ln_f", std::make_unique<LayerNorm>(c.embed_dim, 1e-5f)));

@@ -26,6 +26,9 @@ struct GptConfig {
   std::int64_t block_size = 0;  // T, the longest sequence
   std::int64_t vocab = 0;       // V
   float dropout = 0.0f;         // nanoGPT's: embeddings, attention, residuals, MLP
+  // Each block a Checkpointed (engine/nn/checkpointed.h): the same names,
+  // parameters and gradients, fewer activations kept, one more forward.
+  bool activation_checkpointing = false;
 };
 
 class GPT : public Module {

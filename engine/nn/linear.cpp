@@ -64,7 +64,7 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
           kernels::cuda::add_bias(y.data(), type, b, rows, out_features_, s);
         });
   }
-  input_ = training() ? input : core::Tensor();
+  input_ = keeps_for_backward(ctx) ? input : core::Tensor();
   input_dtype_ = x.dtype();
   input_shape_ = x.shape();
   core::Shape out_shape = x.shape();

@@ -1,6 +1,7 @@
 // Module tree bookkeeping (engine/nn/module.h): names, traversal, ready order.
 #include "engine/nn/module.h"
 
+#include "engine/core/memory.h"
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -120,7 +121,11 @@ Parameter& Module::add_parameter(const std::string& name, const core::Shape& sha
   parameter_names_.push_back(name);
   p.name = join(path_, name);
   p.role = role;
-  p.value = core::Tensor::zeros(shape, DType::f32);
+  {
+    core::MemoryKindScope kind(core::MemoryKind::parameters);  // Note [memory kinds]
+    p.value = core::Tensor::zeros(shape, DType::f32);
+  }
+  core::MemoryKindScope kind(core::MemoryKind::gradients);
   p.grad = core::Tensor::zeros(shape, DType::f32);
   return p;
 }

@@ -95,6 +95,12 @@ struct Context {
   // Called once per trainable parameter when its gradient is complete
   // (Note [grad-ready order]); may be empty.
   std::function<void(Parameter&)> on_grad_ready;
+  // Note [activation checkpointing] (engine/nn/checkpointed.h): false in a
+  // Checkpointed module's first forward, which keeps nothing for backward
+  // (Module::keeps_for_backward); `recompute` is true in its second, which
+  // must not move state a second time (BatchNorm's running statistics).
+  bool keep_for_backward = true;
+  bool recompute = false;
 };
 
 class Module {
@@ -129,6 +135,9 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool training() const { return training_; }
+  // Whether a forward keeps what backward needs: in training, except in a
+  // checkpoint's first pass (Note [activation checkpointing]).
+  bool keeps_for_backward(const Context& ctx) const { return training_ && ctx.keep_for_backward; }
 
   // Whether backward must return dx. The root's input is data, which needs
   // no gradient: programs call set_input_grad(false) on the root, containers

@@ -43,7 +43,7 @@ core::Tensor LayerNorm::forward(const core::Tensor& x, Context& ctx) {
       [&](kernels::CudaStream stream) {
         kernels::cuda::layernorm_forward(s, in, gamma, beta, out, pm, pr, stream);
       });
-  if (training()) {
+  if (keeps_for_backward(ctx)) {
     input_ = x32;
     mean_ = mean;
     rstd_ = rstd;

@@ -88,8 +88,9 @@ core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
   const kernels::Pool2dShape s = with_input(config_, x);
   core::Tensor y = core::Tensor::empty(output_shape(s), x.dtype(), x.device(), ctx.stream);
   core::Tensor argmax;
-  if (training()) argmax = core::Tensor::empty(output_shape(s), DType::i32, x.device(), ctx.stream);
-  std::int32_t* indices = training() ? argmax.data_as<std::int32_t>() : nullptr;
+  const bool keep = keeps_for_backward(ctx);
+  if (keep) argmax = core::Tensor::empty(output_shape(s), DType::i32, x.device(), ctx.stream);
+  std::int32_t* indices = keep ? argmax.data_as<std::int32_t>() : nullptr;
   core::dispatch(
       x.device(), ctx.stream,
       [&] { kernels::cpu::max_pool2d_forward(s, x.dtype(), x.data(), y.data(), indices); },
@@ -97,7 +98,7 @@ core::Tensor MaxPool2d::forward(const core::Tensor& x, Context& ctx) {
         kernels::cuda::max_pool2d_forward(s, x.dtype(), x.data(), y.data(), indices, stream);
       });
   argmax_ = argmax;
-  pending_ = record(training(), s, x);
+  pending_ = record(keep, s, x);
   return y;
 }
 
@@ -138,7 +139,7 @@ core::Tensor AvgPool2d::forward(const core::Tensor& x, Context& ctx) {
         kernels::cuda::avg_pool2d_forward(s, x.dtype(), count_include_pad_, x.data(), y.data(),
                                           stream);
       });
-  pending_ = record(training(), s, x);
+  pending_ = record(keeps_for_backward(ctx), s, x);
   return y;
 }
 
@@ -175,7 +176,7 @@ core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
         kernels::cuda::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data(),
                                                stream);
       });
-  pending_ = record(training(), s, x);
+  pending_ = record(keeps_for_backward(ctx), s, x);
   return y;
 }
 

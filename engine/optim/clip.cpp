@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/core/dispatch.h"
+#include "engine/core/memory.h"
 #include "engine/core/ops.h"
 #include "kernels/reduce.h"
 
@@ -29,6 +30,7 @@ std::vector<comm::FlatRange> whole(const core::Tensor& grads) { return {{0, grad
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream) {
   require_f32("grad_norm", grads);
+  core::MemoryKindScope kind(core::MemoryKind::workspace);  // Note [memory kinds]
   std::vector<comm::FlatRange> nonempty;
   for (const comm::FlatRange& r : ranges)
     if (r.numel > 0) nonempty.push_back(r);

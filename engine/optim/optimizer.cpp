@@ -214,6 +214,7 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
     }
     position += layout.chunk_numel(b);
   }
+  core::MemoryKindScope kind(core::MemoryKind::optimizer_state);  // Note [memory kinds]
   for (auto& [name, buffer] : state_) {
     core::Tensor shard =
         core::Tensor::zeros({layout.shard_numel()}, DType::f32, store_.device(), stream);

@@ -48,6 +48,7 @@ struct Flags {
   std::string prompt = "\n";
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false, profile = false;
+  bool activation_checkpointing = false;  // Note [activation checkpointing]
 
   // The image pipeline and evaluation (docs/data-format.md, "Image pipeline").
   std::string augment, normalize;
@@ -310,7 +311,8 @@ int run(const Flags& f, comm::World& world) {
   std::shared_ptr<Loss> loss = loss_for(f);
   io::Dataset train_data = io::Dataset::open(f.data);
   check_data_fits(preset, f.loss, train_data, "--data", f.data);
-  std::unique_ptr<Module> model = make_model(f.model, static_cast<float>(f.dropout));
+  std::unique_ptr<Module> model =
+      make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
@@ -327,6 +329,7 @@ int run(const Flags& f, comm::World& world) {
     throw InvalidArgument("--optimizer '" + f.optimizer + "' is not sgd or adamw");
   }
 
+  const std::int64_t optimizer_state_bytes = optimizer->state_bytes();  // unsharded: the header's
   io::LoaderOptions loader_options;
   loader_options.sampler = {.micro_batch = f.batch_size,
                             .world_size = world.size(),
@@ -407,6 +410,10 @@ int run(const Flags& f, comm::World& world) {
   // Every rank checks the others' configuration, data and checkpoint in the
   // Trainer's constructor, before anything trains (comm::check_agreement).
   for (const auto& [key, value] : config) trainer_options.agreement.emplace_back(key, value);
+  // Every rank alike, but not in the fingerprint: a resume may turn it on or
+  // off, as the gradients are the same bits (Note [activation checkpointing]).
+  trainer_options.agreement.emplace_back("activation_checkpointing",
+                                         f.activation_checkpointing ? "on" : "off");
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
   std::optional<io::Dataset> val_data;
   if (!f.val_data.empty()) {
@@ -467,6 +474,9 @@ int run(const Flags& f, comm::World& world) {
                    .precision = f.precision,
                    .loss_scaling = scaler.enabled(),
                    .zero_stage = f.zero,
+                   .activation_checkpointing = f.activation_checkpointing,
+                   .parameter_bytes = 4 * store.size(),
+                   .optimizer_state_bytes = optimizer_state_bytes,
                    .data = {{"train", f.data, &train_data}},
                    .checkpoint_dir = f.checkpoint_dir,
                    .metrics_path = f.metrics};
@@ -622,6 +632,10 @@ int main(int argc, char** argv) {
                  "ZeRO stage: 0 (every rank keeps all optimizer state) or 1 (each rank keeps "
                  "its shard's; checkpoints are the same either way)")
       ->capture_default_str();
+  app.add_flag("--activation-checkpointing", f.activation_checkpointing,
+               "recompute each transformer block (gpt-tiny, gpt2) or stage (resnet) in backward "
+               "instead of keeping its activations: the same bits, less memory, one more "
+               "forward; a resume may turn it on or off");
   app.add_option("--max-consecutive-skips", f.max_consecutive_skips,
                  "stop with an error after this many steps in a row skipped for inf/NaN")
       ->check(CLI::Range(1, 1000000))

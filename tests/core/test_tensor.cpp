@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/core/device.h"
@@ -74,6 +75,41 @@ TEST_CASE("memory statistics count current and peak bytes and allocations", "[co
   const Tensor small = Tensor::empty({8}, DType::f32);
   const Tensor view = small.view(2, {4});
   CHECK(memory_stats(Device::cpu()).allocations == before.allocations + 2);
+}
+
+TEST_CASE("the peak is split by the kind of each allocation's innermost scope", "[core][memory]") {
+  // Note [memory kinds]: 1 MiB of parameters, then 2 MiB of activations with
+  // 3 MiB of workspace inside their scope; the peak (6 MiB above the start)
+  // holds all three, each under its own kind; after the scopes end the
+  // thread allocates as `other` again.
+  const auto at = [](MemoryKind k) { return static_cast<std::size_t>(k); };
+  reset_peak_memory(Device::cpu());
+  const MemoryStats before = memory_stats(Device::cpu());
+  {
+    MemoryKindScope parameters(MemoryKind::parameters);
+    const Tensor p = Tensor::empty({1 << 18}, DType::f32);
+    MemoryKindScope activations(MemoryKind::activations);
+    const Tensor a = Tensor::empty({1 << 19}, DType::f32);
+    {
+      MemoryKindScope workspace(MemoryKind::workspace);
+      const Tensor w = Tensor::empty({3 << 18}, DType::f32);
+      CHECK(current_memory_kind() == MemoryKind::workspace);
+    }
+    CHECK(current_memory_kind() == MemoryKind::activations);
+  }
+  CHECK(current_memory_kind() == MemoryKind::other);
+  const MemoryStats after = memory_stats(Device::cpu());
+  CHECK(after.peak_bytes == before.current_bytes + (6u << 20));
+  CHECK(after.peak_by_kind[at(MemoryKind::parameters)] ==
+        before.peak_by_kind[at(MemoryKind::parameters)] + (1u << 20));
+  CHECK(after.peak_by_kind[at(MemoryKind::activations)] ==
+        before.peak_by_kind[at(MemoryKind::activations)] + (2u << 20));
+  CHECK(after.peak_by_kind[at(MemoryKind::workspace)] ==
+        before.peak_by_kind[at(MemoryKind::workspace)] + (3u << 20));
+  std::size_t sum = 0;
+  for (std::size_t bytes : after.peak_by_kind) sum += bytes;
+  CHECK(sum == after.peak_bytes);  // one thread: the split is of one moment
+  CHECK(std::string(memory_kind_name(MemoryKind::optimizer_state)) == "optimizer_state");
 }
 
 TEST_CASE("devices parse and unusable GPUs are refused by name", "[core][device]") {

@@ -77,9 +77,17 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   h.precision = "bf16";
   h.loss_scaling = true;
   h.zero_stage = 1;
+  h.activation_checkpointing = true;
+  h.parameter_bytes = 4 << 20;        // 1 Mi f32 parameters
+  h.optimizer_state_bytes = 8 << 20;  // AdamW's two floats each
   h.data = {{"train", dir.string(), &data}};
   h.metrics_path = "m.jsonl";
   const auto lines = format_run_header(h, 8, {{0, "h", "cpu"}});
+  // ZeRO-1 on 8 ranks: 4P + 4P + 8P / 8 with 4P = 4 MiB (docs/memory.md).
+  CHECK(has_line(lines,
+                 "model state per rank 9.0 MiB expected (--zero 1): parameters 4.0 MiB + "
+                 "gradients 4.0 MiB + optimizer state 8.0 MiB / 8 ranks; "
+                 "--activation-checkpointing on"));
   CHECK(has_line(lines, "cpu (asked for by --device)"));
   // 32 per rank x 4 micro-batches x 8 ranks = 1024.
   CHECK(has_line(lines, "32 per rank x 4 accumulation x 8 ranks = global batch 1024"));
@@ -98,6 +106,8 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
   CHECK(record.find(R"("precision": "bf16")") != std::string::npos);
   CHECK(record.find(R"("zero_stage": 1)") != std::string::npos);
+  CHECK(record.find(R"("activation_checkpointing": true)") != std::string::npos);
+  CHECK(record.find(R"("expected_model_state_bytes": 9437184)") != std::string::npos);
   CHECK(record.find("tokens_per_sample") == std::string::npos);  // not a language model
   fs::remove_all(dir);
 }
@@ -141,11 +151,16 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
     CHECK(has_line(lines, "ck/ckpt-5.h5"));
     CHECK(report.format_peak_memory({3 * 1024 * 1024}) ==
           "  memory       peak rank 0 3.0 MiB on " + world().device().str());
+    // Note [memory kinds]: the kinds in MemoryKind's order, each named.
+    CHECK(RunReport::format_peak_split(1, {1 << 20, 1 << 20, 2 << 20, 3 << 20, 0, 512, 2048}) ==
+          "  peak split   rank 1: parameters 1.0 MiB, gradients 1.0 MiB, optimizer_state 2.0 "
+          "MiB, activations 3.0 MiB, communication 0 B, workspace 512 B, other 2.0 KiB");
     report.finish();
   }
   const std::string text = test::file_text(metrics_path);
   CHECK(text.find(R"({"run": "start")") == 0);
   CHECK(text.find(R"({"run": "end", "step": 5)") != std::string::npos);
+  CHECK(text.find(R"("peak_memory_by_kind": [{"parameters": )") != std::string::npos);
   CHECK(text.find(R"("skipped_steps": 1)") != std::string::npos);
   CHECK(text.find(R"("checkpoint": "ck/ckpt-5.h5")") != std::string::npos);
   CHECK(text.find(R"("peak_memory_bytes": [)") != std::string::npos);

@@ -16,6 +16,7 @@
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
+#include "engine/core/memory.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
@@ -495,4 +496,35 @@ TEST_CASE("a data-parallel step refuses the wrong number of micro-batches, namin
   CHECK_THROWS_WITH(alone.synchronizer(), Catch::Contains("this step has no world"));
   const MicroBatch two[] = {one, one};
   CHECK(alone.run(two).step == 1);
+}
+
+TEST_CASE("a step's peak is split into the store's buffers, the optimizer's state and activations",
+          "[engine][trainer][memory]") {
+  // Note [memory kinds]: a second step's peak (after the first has made
+  // what the model keeps) holds the store's parameters and gradients and
+  // AdamW's two state buffers, each at least the store's size in f32 (at
+  // least: whatever else this process keeps alive counts too), the
+  // parameters unchanged by the step, and new activations.
+  Run run(true, false, std::nullopt, 1);
+  io::TensorDataset data = source(16);
+  data.start_epoch(0);
+  const io::Batch b = *data.next();
+  const MicroBatch one{b.inputs, b.labels};
+  const auto at = [](core::MemoryKind k) { return static_cast<std::size_t>(k); };
+  const auto store_bytes = static_cast<std::size_t>(4 * run.store->size());
+  DataParallelStep alone(*run.model, *run.store, *run.optimizer, make_scheduler("constant", {}),
+                         run.scaler, nullptr, StepOptions{}, core::Stream());
+  alone.run({&one, 1});  // the first step makes what the model keeps
+  const core::MemoryStats live = core::memory_stats(core::Device::cpu());
+  const std::size_t live_parameters = live.peak_by_kind[at(core::MemoryKind::parameters)];
+  core::reset_peak_memory(core::Device::cpu());
+  const core::MemoryStats before = core::memory_stats(core::Device::cpu());
+  alone.run({&one, 1});
+  const core::MemoryStats after = core::memory_stats(core::Device::cpu());
+  CHECK(after.peak_by_kind[at(core::MemoryKind::parameters)] == live_parameters);
+  CHECK(after.peak_by_kind[at(core::MemoryKind::parameters)] >= store_bytes);
+  CHECK(after.peak_by_kind[at(core::MemoryKind::gradients)] >= store_bytes);
+  CHECK(after.peak_by_kind[at(core::MemoryKind::optimizer_state)] >= 2 * store_bytes);
+  CHECK(after.peak_by_kind[at(core::MemoryKind::activations)] >
+        before.peak_by_kind[at(core::MemoryKind::activations)]);
 }

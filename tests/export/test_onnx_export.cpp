@@ -174,3 +174,25 @@ TEST_CASE("a checkpoint of another preset is refused before anything is exported
   CHECK_NOTHROW(load_weights(file, *same, {}));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a model with activation checkpointing exports the plain model's graph", "[export]") {
+  // Checkpointed changes how backward runs, not what forward computes: the
+  // graph, node names and initializers included, is the same bytes.
+  for (const std::string name : {"gpt-tiny", "resnet"}) {
+    INFO(name);
+    const ModelPreset& preset = model_preset(name);
+    ExportOptions o;
+    o.sample_shape = preset.sample_shape;
+    if (preset.language_model) o.input_dtype = DType::i64;
+    std::string graphs[2];
+    for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+      auto model = make_model(name, 0.0f, checkpointed == 1);
+      initialize(*model, 3);
+      const auto path = temp_file(name + std::to_string(checkpointed) + ".onnx");
+      export_onnx(*model, path, o);
+      graphs[checkpointed] = read_model(path).graph().SerializeAsString();
+      std::filesystem::remove(path);
+    }
+    CHECK(graphs[1] == graphs[0]);
+  }
+}

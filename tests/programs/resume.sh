@@ -11,6 +11,10 @@
 #   zero         --zero 1 on 2 ranks: exact resume; the checkpoint is the one
 #                --zero 0 writes, bit for bit; resumed without ZeRO on 1 rank
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
+#   checkpointing  gpt-tiny (dropout 0.1) with --activation-checkpointing makes
+#                the checkpoints of the plain run bit for bit; each resumes
+#                the other's step-6 checkpoint with the setting switched and
+#                ends on the other's step-12 checkpoint, bit for bit
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
 #   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
@@ -83,6 +87,24 @@ case $mode in
         --lr 0.001
       echo "exact resume: gpt-tiny, 2 ranks, $precision: identical"
     done
+    ;;
+  checkpointing)
+    "$shard" text --src "$(dirname "$0")"/../../docs/*.md --out "$work/text" --seq 32 >/dev/null
+    gpt=(--data "$work/text/train" --model gpt-tiny --dropout 0.1 --seed 7 --log-every 1000
+      --device cpu --batch-size 4 --optimizer adamw --lr 0.001 --steps 12)
+    launch 1 "${gpt[@]}" --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/plain" >/dev/null
+    launch 1 "${gpt[@]}" --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/ckpt" \
+      --activation-checkpointing >/dev/null
+    same_checkpoints "$work/plain/ckpt-6.h5" "$work/ckpt/ckpt-6.h5" 0
+    same_checkpoints "$work/plain/ckpt-12.h5" "$work/ckpt/ckpt-12.h5" 0
+    mkdir -p "$work/on" "$work/off"
+    cp "$work"/plain/ckpt-6.h5* "$work/on/" && cp "$work"/ckpt/ckpt-6.h5* "$work/off/"
+    launch 1 "${gpt[@]}" --checkpoint-dir "$work/on" --resume auto --activation-checkpointing \
+      >/dev/null
+    launch 1 "${gpt[@]}" --checkpoint-dir "$work/off" --resume auto >/dev/null
+    same_checkpoints "$work/ckpt/ckpt-12.h5" "$work/on/ckpt-12.h5" 0
+    same_checkpoints "$work/plain/ckpt-12.h5" "$work/off/ckpt-12.h5" 0
+    echo "activation checkpointing: the plain run's checkpoints, resumed either way: identical"
     ;;
   world-size)
     launch 2 "${common[@]}" --batch-size 16 --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" >/dev/null
