@@ -17,6 +17,10 @@
 // (when each bucket's gradients are complete) and the link's alpha-beta fit.
 // Started without mpirun it is a world of one, which still gives the profile
 // (the GPU machine has no OpenMPI: tools/gpu-check.sh runs it that way).
+// --rank-invariant also times the rank-invariant step (StepOptions::
+// rank_invariant, docs/reproducibility.md) beside the default synchronised
+// step, alternating, at the same micro-batch and world size, with the memory
+// each holds.
 #include <fmt/core.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -35,6 +39,7 @@
 #include "bench/synthetic_training.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/world.h"
+#include "engine/core/memory.h"
 #include "engine/core/ops.h"
 #include "engine/core/random.h"
 #include "engine/core/trace.h"
@@ -115,7 +120,8 @@ struct SerialTimes {
 class StepRunner {
  public:
   StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
-             core::Device device, comm::World* world, comm::SynchronizerOptions options = {})
+             core::Device device, comm::World* world, comm::SynchronizerOptions options = {},
+             bool rank_invariant = false)
       : t_(model_name, batch, device),
         scaler_(LossScaler::for_autocast(autocast)),
         batch_{t_.x, t_.y},
@@ -126,7 +132,8 @@ class StepRunner {
     if (options.zero_stage == 1)
       shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
                                          SgdOptions{.momentum = 0.9}, t_.stream);
-    synced_ = make_step(world, autocast, options, shard_sgd_ ? *shard_sgd_ : *t_.sgd);
+    synced_ =
+        make_step(world, autocast, options, shard_sgd_ ? *shard_sgd_ : *t_.sgd, rank_invariant);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
@@ -250,10 +257,11 @@ class StepRunner {
   }
   std::unique_ptr<DataParallelStep> make_step(comm::World* world, std::optional<DType> autocast,
                                               const comm::SynchronizerOptions& sync,
-                                              Optimizer& optimizer) {
+                                              Optimizer& optimizer, bool rank_invariant = false) {
     StepOptions o;
     o.autocast = autocast;
     o.sync = sync;
+    o.rank_invariant = rank_invariant;
     return std::make_unique<DataParallelStep>(*t_.model, *t_.store, optimizer,
                                               make_scheduler("constant", {}), scaler_, world, o,
                                               t_.stream);
@@ -471,9 +479,31 @@ struct Options {
   int threads = 1, zero = 0;
   double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
   std::string host_overlap = "auto";
-  bool link = true;
+  bool link = true, rank_invariant = false;
   std::string trace, trace_steps = "1:";
 };
+
+// Memory on `device` that constructing a runner and one synchronised step
+// leave held, and the peak of a further step above it.
+struct RunnerMemory {
+  std::size_t held_bytes = 0, step_peak_bytes = 0;
+};
+
+template <typename Make>
+RunnerMemory measure_memory(core::Device device, Make&& make, std::optional<StepRunner>& runner) {
+  const std::size_t before = core::memory_stats(device).current_bytes;
+  make();
+  runner->step(true);
+  runner->synchronize();
+  RunnerMemory m;
+  m.held_bytes = core::memory_stats(device).current_bytes - before;
+  core::reset_peak_memory(device);
+  runner->step(true);
+  runner->synchronize();
+  const core::MemoryStats after = core::memory_stats(device);
+  m.step_peak_bytes = after.peak_bytes - after.current_bytes;
+  return m;
+}
 
 int run(comm::World& world, const Options& o, const Config& config) {
   const bool rank0 = world.rank() == 0;
@@ -633,6 +663,44 @@ int run(comm::World& world, const Options& o, const Config& config) {
                   {"allreduce_ms", ms + "]"}});
     }
   }
+  if (o.rank_invariant) {
+    // Both runners built afresh here, so that each one's memory is its own.
+    std::optional<StepRunner> plain, invariant;
+    const RunnerMemory plain_memory = measure_memory(
+        device, [&] { plain.emplace(o.model, o.batch, autocast, device, &world, sync); }, plain);
+    const RunnerMemory invariant_memory = measure_memory(
+        device, [&] { invariant.emplace(o.model, o.batch, autocast, device, &world, sync, true); },
+        invariant);
+    const std::vector<double> t = time_phases(
+        config, {{true, [&] { plain->step(true); }, [&] { plain->synchronize(); }},
+                 {true, [&] { invariant->step(true); }, [&] { invariant->synchronize(); }}});
+    if (rank0) {
+      const double mib = 1.0 / (1 << 20);
+      fmt::print(
+          "\nrank-invariant step, {} per rank, {} ranks: {:.2f} ms against the default's {:.2f} "
+          "ms, ratio {:.3f}; memory held {:.2f} MiB against {:.2f} MiB, step peak above it "
+          "{:.2f} MiB against {:.2f} MiB (rank 0)\n",
+          o.batch, n, t[1] * 1e3, t[0] * 1e3, t[1] / t[0], invariant_memory.held_bytes * mib,
+          plain_memory.held_bytes * mib, invariant_memory.step_peak_bytes * mib,
+          plain_memory.step_peak_bytes * mib);
+      auto fields = common("scaling_invariant");
+      for (auto& f : std::vector<bench::JsonField>{
+               bench::field("ranks", static_cast<long long>(n)),
+               bench::field("batch", static_cast<long long>(o.batch)),
+               bench::field("zero", static_cast<long long>(o.zero)),
+               bench::field("default_ms", t[0] * 1e3), bench::field("invariant_ms", t[1] * 1e3),
+               bench::field("ratio", t[1] / t[0]),
+               bench::field("default_held_bytes", static_cast<long long>(plain_memory.held_bytes)),
+               bench::field("invariant_held_bytes",
+                            static_cast<long long>(invariant_memory.held_bytes)),
+               bench::field("default_step_peak_bytes",
+                            static_cast<long long>(plain_memory.step_peak_bytes)),
+               bench::field("invariant_step_peak_bytes",
+                            static_cast<long long>(invariant_memory.step_peak_bytes))})
+        fields.push_back(f);
+      json.write(fields);
+    }
+  }
   if (const auto file = core::trace::finish(); !file.empty() && rank0)
     fmt::print("trace: {} (and the other ranks' files beside it)\n", file.string());
   return 0;
@@ -670,6 +738,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
+  app.add_flag("--rank-invariant", o.rank_invariant,
+               "also time the rank-invariant step beside the default synchronised one "
+               "(docs/reproducibility.md)");
   app.add_option("--json", o.json, "write JSON lines here (rank 0)");
   auto* trace = app.add_option("--trace", o.trace,
                                "write a timeline of each rank to DIR/rank-<r>.json (Perfetto; "

@@ -85,6 +85,21 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::int64_t cou
   do_reduce_scatter(send, recv, count, dtype, op, stream);
 }
 
+void Communicator::alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                            const core::Stream& stream) {
+  check_buffer("alltoall", send, count);
+  check_buffer("alltoall", recv, count);
+  const auto bytes =
+      static_cast<std::size_t>(count) * static_cast<std::size_t>(size_) * dtype_size(dtype);
+  const char* s = static_cast<const char*>(send);
+  const char* r = static_cast<const char*>(recv);
+  if (bytes > 0 && s < r + bytes && r < s + bytes)
+    throw InvalidArgument(fmt::format(
+        "alltoall on '{}': the send and receive buffers of {} bytes overlap (give two buffers)",
+        label_, bytes));
+  do_alltoall(send, recv, count, dtype, stream);
+}
+
 void Communicator::barrier() { do_barrier(); }
 
 std::unique_ptr<Communicator> Communicator::duplicate(std::string label) {

@@ -1,5 +1,5 @@
 // Communicator: the collectives data-parallel training needs (allreduce,
-// broadcast, allgather, reduce_scatter, barrier) over one group of ranks.
+// broadcast, allgather, reduce_scatter, alltoall, barrier) over one group of ranks.
 // Implementations: SelfCommunicator (one rank, comm/self_communicator.h), Mpi
 // (host buffers, blocking) and Nccl (device buffers, enqueued on a stream),
 // the last two made by comm::init (comm/world.h). This base class checks the
@@ -64,6 +64,12 @@ class Communicator {
   // In place when recv == send + rank() * count (NCCL's convention).
   void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                       const core::Stream& stream = {});
+  // send and recv hold size() * count elements each, and do not overlap:
+  // rank q's recv gets this rank's slice [q * count, (q + 1) * count) of send
+  // at rank() * count. Moves bytes only, any dtype: the ordered reduction
+  // (comm/ordered_reduce.h) adds what it receives itself.
+  void alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                const core::Stream& stream = {});
   void barrier();
 
   // Tensor forms: the tensors must be on device(); shapes and dtypes checked.
@@ -92,6 +98,8 @@ class Communicator {
                             const core::Stream& stream) = 0;
   virtual void do_reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype,
                                  ReduceOp op, const core::Stream& stream) = 0;
+  virtual void do_alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                           const core::Stream& stream) = 0;
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_duplicate(std::string label) = 0;
 

@@ -65,6 +65,8 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   broadcast_buffers();
   plan();
 
+  if (options_.ordered)
+    ordered_ = std::make_unique<OrderedAllreduce>(comm_, model_.gradients.numel(), compute);
   std::int64_t largest = 0;
   for (const Bucket& bucket : buckets_) largest = std::max(largest, bucket.numel);
   const bool tail = sharded() && shards_.padded_numel() > shards_.buffer_numel;
@@ -174,6 +176,12 @@ void GradientSynchronizer::check_model() const {
     throw InvalidArgument(fmt::format("GradientSynchronizer: wire_dtype {} is not f32, bf16 or f16",
                                       dtype_name(wire)));
   check_segments(model_.segments, grads.numel());
+  if (options_.ordered && (options_.average || wire != DType::f32))
+    throw InvalidArgument(fmt::format(
+        "GradientSynchronizer: ordered synchronisation sums f32 gradients in a fixed order (Note "
+        "[ordered synchronisation]); it was given average = {} and wire_dtype {}: set average = "
+        "false (divide each rank's gradient instead) and wire_dtype f32",
+        options_.average, dtype_name(wire)));
   if (options_.zero_stage != 0 && options_.zero_stage != 1)
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: zero_stage {} is not supported (use 0: allreduce every gradient, "
@@ -238,7 +246,7 @@ void GradientSynchronizer::mark_ready(std::size_t segment) {
   ready_[segment] = 1;
   for (std::size_t b = buckets_of_[segment].first; b < buckets_of_[segment].second; ++b)
     --pending_[b];
-  launch_ready_buckets();
+  if (!options_.ordered) launch_ready_buckets();
 }
 
 // Note [bucket order]: buckets start strictly in index order, on every rank.
@@ -269,8 +277,12 @@ void GradientSynchronizer::finish() {
   std::vector<std::size_t> missing;
   for (std::size_t s = 0; s < ready_.size(); ++s)
     if (!ready_[s]) missing.push_back(s);
-  while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
-  runner_->wait_all();
+  if (options_.ordered) {
+    ordered_->run(model_.gradients, options_.compute_stream);
+  } else {
+    while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
+    runner_->wait_all();
+  }
   if (missing.empty()) return;
   std::string others;
   for (std::size_t i = 1; i < std::min<std::size_t>(missing.size(), 4); ++i)

@@ -17,6 +17,7 @@
 
 #include "comm/buckets.h"
 #include "comm/communicator.h"
+#include "comm/ordered_reduce.h"
 #include "comm/shards.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
@@ -71,6 +72,15 @@ struct SynchronizerOptions {
   // every rank ends with the averaged gradients of its own shard only, and
   // gather() brings every rank's updated parameters back after the update.
   int zero_stage = 0;
+  // Note [ordered synchronisation]: true sums the gradients over the ranks in
+  // a fixed tree over the rank index (comm/ordered_reduce.h), the same bits
+  // on every world size the chunk count supports: in finish(), on the
+  // caller's thread (or the compute stream), the whole buffer at once, no
+  // overlap with backward. Needs average = false and an f32 wire. With
+  // zero_stage 1 every rank still ends with every gradient (the norm and the
+  // loss scaler's check then see the whole buffer, in one order on any world
+  // size); only the optimizer's state and update stay sharded.
+  bool ordered = false;
 };
 
 // Note [ready order]: segments are listed in the order their gradients become
@@ -198,6 +208,7 @@ class GradientSynchronizer {
   core::Event updated_, gathered_;             // gather()'s, created once, recorded each step
   std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
   std::unique_ptr<detail::BucketRunner> runner_;
+  std::unique_ptr<OrderedAllreduce> ordered_;  // options_.ordered
   std::int64_t step_ = -1;
   bool in_step_ = false;
   int no_sync_depth_ = 0;

@@ -3,6 +3,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -82,13 +83,36 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     throw InvalidArgument(
         "DataParallelStep: StepOptions::sync.zero_stage 1 shards the optimizer over a world's "
         "ranks; a step without a world has none (use zero_stage 0)");
+  const int world_size = world_ ? world_->size() : 1;
+  const std::int64_t chunks = std::int64_t{options_.accumulation} * world_size;
+  if (options_.rank_invariant) {
+    if (!comm::invariant_world_size(chunks, world_size))
+      throw InvalidArgument(fmt::format(
+          "DataParallelStep: StepOptions::rank_invariant with accumulation {} on {} ranks ({} "
+          "chunks): a rank's chunks must be a power of two in number for its partial sum to be a "
+          "node of the tree over all chunks (Note [invariant world sizes], comm/ordered_reduce.h). "
+          "{} chunks give the same bits on {} ranks: run on one of those, with accumulation {} / "
+          "ranks",
+          options_.accumulation, world_size, chunks, chunks,
+          comm::world_sizes_text(comm::invariant_world_sizes(chunks)), chunks));
+    const std::vector<Buffer*> buffers = model_.buffers();
+    if (!buffers.empty())
+      throw InvalidArgument(fmt::format(
+          "DataParallelStep: StepOptions::rank_invariant does not cover models with buffers; "
+          "this one has '{}' ({} in all: BatchNorm's running statistics, which are rank 0's "
+          "rather than combined over the chunks). Train it without the mode, or use a model "
+          "without BatchNorm (Note [rank-invariant step])",
+          buffers.front()->name, buffers.size()));
+    options_.sync.ordered = true;
+  }
   if (world_) {
     comm::check_agreement(world_->host(), agreement_fields());
     options_.sync.compute_stream = stream_;
     // A world of one has nothing to overlap: a communication thread would
     // only cost wake-ups (Note [host overlap]).
     if (world_->size() == 1) options_.sync.host_overlap = false;
-    const RankMean mean = rank_mean(world_->size(), store_.device());
+    const RankMean mean = options_.rank_invariant ? RankMean{world_size, false}
+                                                  : rank_mean(world_->size(), store_.device());
     options_.sync.average = mean.synchronizer_averages;
     loss_gradient_divisor_ = mean.loss_gradient_divisor;
     core::MemoryKindScope kind(core::MemoryKind::communication);  // Note [memory kinds]
@@ -98,8 +122,16 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
       owned_ = sync_->shard_layout().owned();
     }
-    agreement_ = std::make_unique<comm::StepAgreement>(
-        world_->host(), sync_->sharded() ? ShardPayload().size() : 0);
+    const std::size_t sums = options_.rank_invariant ? static_cast<std::size_t>(chunks)
+                             : sync_->sharded()      ? ShardPayload().size()
+                                                     : 0;
+    agreement_ = std::make_unique<comm::StepAgreement>(world_->host(), sums);
+  }
+  if (options_.rank_invariant) {
+    tree_ = std::make_unique<comm::ChunkTree>(store_.grads(), options_.accumulation, stream_);
+    chunk_losses_ =
+        core::Tensor::empty({options_.accumulation}, DType::f32, store_.device(), stream_);
+    chunk_sums_.assign(static_cast<std::size_t>(chunks), 0.0);
   }
   core::trace::set_stream_name(stream_, "cuda compute stream");
   step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
@@ -120,6 +152,7 @@ comm::NamedValues DataParallelStep::agreement_fields() const {
       {"step.seed", std::to_string(options_.seed)},
       {"step.max_consecutive_skips", std::to_string(options_.max_consecutive_skips)},
       {"step.zero_stage", std::to_string(options_.sync.zero_stage)},
+      {"step.rank_invariant", options_.rank_invariant ? "on" : "off"},
       {"step.schedule",
        fmt::format("{} warmup_steps={} total_steps={} step_size={} milestones=[{}] gamma={} "
                    "eta_min={}",
@@ -148,7 +181,10 @@ Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) c
   ctx.autocast = options_.autocast;
   ctx.seed = options_.seed;
   ctx.step = static_cast<std::uint64_t>(steps_);
-  ctx.first_sample = (micro_batch * size + rank) * rows;
+  // Note [dropout keys]; Note [rank-invariant step]: chunk rank x K + k.
+  ctx.first_sample = options_.rank_invariant
+                         ? (rank * std::int64_t{options_.accumulation} + micro_batch) * rows
+                         : (micro_batch * size + rank) * rows;
   return ctx;
 }
 
@@ -175,6 +211,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     std::optional<comm::GradientSynchronizer::NoSync> quiet;
     if (sync_ && k + 1 < k_total) quiet.emplace(sync_->no_sync());
     const MicroBatch& batch = micro_batches[k];
+    if (tree_ && k > 0) store_.zero_grad(stream_);  // each chunk's own gradient, for the tree
     core::MemoryKindScope kind(core::MemoryKind::activations);  // Note [memory kinds]
     Context ctx = context(k, batch.inputs.dim(0));
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
@@ -184,13 +221,19 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       const core::NamedTensors outputs = model_.forward_named(tensors, ctx);
       const core::Tensor loss = loss_->forward_named(outputs, tensors, ctx);
       // Note [loss rows]: the mean weighed by the rows it is of.
-      core::ops::mul(loss, loss_->counted_rows(), weighted_loss_, stream_);
-      core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
+      if (tree_) {  // Note [rank-invariant step]: each chunk's, summed in the tree
+        core::Tensor chunk_loss = chunk_losses_.view(k, {1});
+        core::ops::mul(loss, loss_->counted_rows(), chunk_loss, stream_);
+      } else {
+        core::ops::mul(loss, loss_->counted_rows(), weighted_loss_, stream_);
+        core::ops::add(loss_total, weighted_loss_, loss_total, stream_);
+      }
       core::ops::add(rows_total, loss_->counted_rows(), rows_total, stream_);
     }
     core::trace::Span backward("backward", core::trace::Part::compute);
     model_.backward_named(loss_->backward_named(dloss, ctx), ctx);
     model_.report_ready(ctx);
+    if (tree_) tree_->add(stream_);
   }
   if (sync_) {
     core::trace::Span wait("gradient sync wait", core::trace::Part::comm);
@@ -211,7 +254,7 @@ void DataParallelStep::update(StepResult& r) {
   {
     core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
     r.loss_scale = scaler_.scale();
-    if (sharded())
+    if (sharded() && !tree_)
       shard = measure_shard(store_.grads(), owned_, scaler_, stream_);
     else
       r.grad_norm = with_step(steps_ + 1, [&] { return unscale_and_clip(); });
@@ -219,15 +262,29 @@ void DataParallelStep::update(StepResult& r) {
   float local[2];
   step_totals_.copy_to_host(local, stream_);  // waits for the device
   const auto local_rows = static_cast<std::int64_t>(local[1]);
+  std::span<double> sums = sharded() ? std::span<double>(shard) : std::span<double>();
+  if (tree_) {  // Note [rank-invariant step]: each chunk's loss at its chunk's slot
+    const int k_total = options_.accumulation, rank = world_ ? world_->rank() : 0;
+    std::vector<float> chunk_loss(static_cast<std::size_t>(k_total));
+    chunk_losses_.copy_to_host(chunk_loss.data(), stream_);
+    std::fill(chunk_sums_.begin(), chunk_sums_.end(), 0.0);
+    for (int k = 0; k < k_total; ++k)
+      chunk_sums_[static_cast<std::size_t>(rank * k_total + k)] = chunk_loss[k];
+    sums = chunk_sums_;
+  }
   comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
   if (world_) {
     core::trace::Span agreement("agreement", core::trace::Part::comm);
-    totals = agreement_->agree(local[0], local_rows,
-                               sharded() ? std::span<double>(shard) : std::span<double>());
+    totals = agreement_->agree(local[0], local_rows, sums);
   }
+  if (tree_)
+    totals.loss_sum = comm::tree_sum<double>(
+        static_cast<std::int64_t>(chunk_sums_.size()),
+        [&](std::int64_t j) { return chunk_sums_[static_cast<std::size_t>(j)]; },
+        [](double a, double b) { return a + b; });
   {
     core::trace::Span decide("decide and schedule", core::trace::Part::optimizer);
-    if (sharded())
+    if (sharded() && !tree_)
       r.grad_norm = with_step(steps_ + 1, [&] {
         return decide_sharded(store_.grads(), owned_, scaler_, options_.max_grad_norm, shard,
                               stream_)

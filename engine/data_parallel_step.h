@@ -57,6 +57,31 @@
 // [sharded step checks], engine/zero.h). After
 // max_consecutive_skips skipped steps in a row, run() throws NumericalError naming the step and the
 // first parameter, in backward order, whose gradient is not finite.
+//
+// Note [rank-invariant step]: with StepOptions::rank_invariant the global
+// batch is C = K x world chunks of B rows, chunk j the rows [j B, (j + 1) B)
+// of the global batch on any world size, and rank r's K micro-batches are
+// chunks [r K, (r + 1) K) (the caller feeds them so; dropout keys use
+// first_sample = j B). Every sum that decides the update is then taken in one
+// order on any world size the chunk count supports (Note [invariant world
+// sizes], comm/ordered_reduce.h; others are refused at construction):
+//   - each chunk's forward and backward is the same computation (same rows,
+//     same shapes, same keys); its loss gradient is scale / C on every device
+//     (never a division after the sum, Note [mean in the loss gradient]);
+//   - the chunks' gradients combine in the tree of Note [chunk tree]
+//     (comm::ChunkTree: zero, backward, add, per chunk; ceil(log2 K)
+//     partial buffers the size of the flat gradients);
+//   - the ranks' partial sums combine in the same tree (Note [ordered
+//     synchronisation], comm/gradient_synchronizer.h), every rank ending with
+//     every gradient, also under ZeRO-1;
+//   - the inf/NaN check, the f16 scaler's decision, the norm and clipping
+//     see the whole buffer in one order, on every rank alike, with or
+//     without ZeRO-1 (the unsharded path);
+//   - each chunk's loss x rows rides in the step agreement at its chunk's
+//     slot of C f64 sums (exact: every other rank adds zero), and the loss
+//     sum is their tree; row counts are integers.
+// The model may not hold buffers (BatchNorm's running statistics, which the
+// step broadcasts from rank 0 rather than combining over chunks): refused.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +92,7 @@
 
 #include "comm/agreement.h"
 #include "comm/gradient_synchronizer.h"
+#include "comm/ordered_reduce.h"
 #include "comm/step_agreement.h"
 #include "comm/world.h"
 #include "engine/core/trace.h"
@@ -96,6 +122,9 @@ struct StepOptions {
   // at construction with the step's own settings, in one collective.
   comm::NamedValues agreement;
   comm::SynchronizerOptions sync;
+  // The same bits on any supported number of ranks (Note [rank-invariant
+  // step]); off: the default step, unchanged. Sets sync.ordered.
+  bool rank_invariant = false;
 };
 
 struct StepResult {
@@ -208,6 +237,11 @@ class DataParallelStep {
   // the device and read once after it; and one micro-batch's loss x rows.
   core::Tensor step_totals_, weighted_loss_;
   int loss_gradient_divisor_ = 1;  // RankMean's
+  // Note [rank-invariant step]: the chunks' tree; each chunk's loss x rows
+  // [K] on the device; the agreement's C per-chunk sums.
+  std::unique_ptr<comm::ChunkTree> tree_;
+  core::Tensor chunk_losses_;
+  std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
 };

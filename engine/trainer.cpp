@@ -1,12 +1,41 @@
 // Trainer (engine/trainer.h).
 #include "engine/trainer.h"
 
+#include <fmt/core.h>
+
 #include <chrono>
 #include <vector>
 
 #include "engine/core/trace.h"
 
 namespace lockstep::engine {
+namespace {
+
+// Rows [k R / K, (k + 1) R / K) of a [R, ...] tensor.
+core::Tensor chunk_rows(const core::Tensor& t, int k, int chunks) {
+  core::Shape shape = t.shape();
+  shape[0] /= chunks;
+  return t.view(k * (t.numel() / chunks), shape);
+}
+
+}  // namespace
+
+// Note [rank-invariant batches]: the rank's K chunks, one batch of K x B
+// rows, split into K views of B rows.
+void Trainer::split_chunks(const io::Batch& batch, int chunks,
+                           std::vector<MicroBatch>& micro_batches) {
+  const std::int64_t rows = batch.inputs.dim(0);
+  if (rows % chunks != 0 || batch.valid != rows)
+    throw InvalidArgument(fmt::format(
+        "Trainer (rank_invariant): a batch of {} rows ({} real) cannot be {} chunks of equal "
+        "rows: the source must give K x B real rows per step (drop_last, micro_batch K x B)",
+        rows, batch.valid, chunks));
+  for (int k = 0; k < chunks; ++k) {
+    MicroBatch m{chunk_rows(batch.inputs, k, chunks), chunk_rows(batch.labels, k, chunks)};
+    for (const auto& [name, tensor] : batch.named) m.named.set(name, chunk_rows(tensor, k, chunks));
+    micro_batches.push_back(std::move(m));
+  }
+}
 
 Trainer::Trainer(Module& model, ParameterStore& store, Optimizer& optimizer, LrScheduler scheduler,
                  LossScaler& scaler, comm::World& world, StepOptions options, core::Stream stream)
@@ -24,11 +53,16 @@ std::optional<StepResult> Trainer::step(io::BatchSource& source) {
   // buffers return to its pool only when nothing refers to them.
   std::vector<io::Batch> batches;
   std::vector<MicroBatch> micro_batches;
-  for (int k = 0; k < step_.options().accumulation; ++k) {
+  const int k_total = step_.options().accumulation;
+  const bool invariant = step_.options().rank_invariant;
+  for (int k = 0; k < (invariant ? 1 : k_total); ++k) {
     core::trace::Span wait("data wait", core::trace::Part::data);
     std::optional<io::Batch> b = source.next();
     if (!b) return std::nullopt;
-    micro_batches.push_back({b->inputs, b->labels, b->named});
+    if (invariant)
+      split_chunks(*b, k_total, micro_batches);
+    else
+      micro_batches.push_back({b->inputs, b->labels, b->named});
     batches.push_back(std::move(*b));
   }
   StepResult r = step_.run(micro_batches);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "comm/world.h"
 #include "engine/data_parallel_step.h"
@@ -37,6 +38,11 @@ class Trainer {
   // Takes K micro-batches from `source` and one optimizer step. nullopt when
   // the epoch has fewer than K micro-batches left (they are left unused).
   // StepResult::seconds counts the wait for the data too.
+  // Note [rank-invariant batches]: with StepOptions::rank_invariant the
+  // rank's K chunks are contiguous rows of the global batch (Note
+  // [rank-invariant step]): the source gives them as one batch of K x B rows
+  // (a sampler with micro_batch K x B hands rank r rows [r K B, (r + 1) K B)
+  // of each global batch), which step() splits into K views of B rows.
   std::optional<StepResult> step(io::BatchSource& source);
   // Loss and accuracy over the source's whole epoch 0, every rank its share
   // (collective), with the step's loss object.
@@ -50,6 +56,9 @@ class Trainer {
   DataParallelStep& data_parallel_step() { return step_; }
 
  private:
+  static void split_chunks(const io::Batch& batch, int chunks,
+                           std::vector<MicroBatch>& micro_batches);
+
   Module& model_;
   comm::World& world_;
   DataParallelStep step_;

@@ -150,6 +150,14 @@ void MpiCommunicator::do_allgather(const void* send, void* recv, std::int64_t co
       MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
 }
 
+void MpiCommunicator::do_alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                                  const core::Stream&) {
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  const int n = int_count("alltoall", label(), bytes, "bytes");
+  Watchdog::Scope scope(watchdog().get(), next_operation("alltoall", count, dtype));
+  LOCKSTEP_CHECK_MPI(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
+}
+
 void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::int64_t count,
                                         DType dtype, ReduceOp op, const core::Stream&) {
   const int n = int_count("reduce_scatter", label(), count, "elements");

@@ -51,6 +51,8 @@ class MpiCommunicator final : public Communicator {
                     const core::Stream& stream) override;
   void do_reduce_scatter(const void* send, void* recv, std::int64_t count, DType dtype, ReduceOp op,
                          const core::Stream& stream) override;
+  void do_alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                   const core::Stream& stream) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_duplicate(std::string label) override;
 

@@ -149,6 +149,25 @@ void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, std::int6
   });
 }
 
+// NCCL has no alltoall: grouped point-to-point calls, one send and one
+// receive per peer, are its documented form of one.
+void NcclCommunicator::do_alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                                   const core::Stream& stream) {
+  const std::size_t n = static_cast<std::size_t>(count);
+  const std::size_t bytes = n * dtype_size(dtype);
+  run(next_operation("alltoall", count, dtype), stream, [&](cudaStream_t s) {
+    ncclResult_t result = ncclGroupStart();
+    for (int peer = 0; peer < size() && result == ncclSuccess; ++peer) {
+      const auto at = static_cast<std::size_t>(peer) * bytes;
+      result = ncclSend(static_cast<const char*>(send) + at, n, nccl_type(dtype), peer, comm_, s);
+      if (result == ncclSuccess)
+        result = ncclRecv(static_cast<char*>(recv) + at, n, nccl_type(dtype), peer, comm_, s);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return result != ncclSuccess ? result : ended;
+  });
+}
+
 void NcclCommunicator::do_barrier() {
   run(next_operation("barrier", 1, DType::f32), core::Stream(), [&](cudaStream_t s) {
     return ncclAllReduce(barrier_word_.data(), barrier_word_.data(), 1, ncclFloat32, ncclSum, comm_,

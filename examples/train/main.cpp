@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "comm/ordered_reduce.h"
 #include "comm/world.h"
 #include "engine/checkpoint.h"
 #include "engine/core/log.h"
@@ -54,6 +55,11 @@ struct Flags {
   std::string augment, normalize;
   std::int64_t val_every = 0;
   bool eval_only = false;
+
+  // --rank-invariant (Note [rank-invariant step]): --global-batch rows, in
+  // chunks of --batch-size; --accum follows from the world size.
+  bool rank_invariant = false;
+  std::int64_t global_batch = 0;
 };
 
 std::optional<DType> autocast_for(const std::string& precision) {
@@ -288,7 +294,32 @@ int evaluate_only(const Flags& f, comm::World& world) {
   return metrics.failed() ? 1 : 0;
 }
 
-int run(const Flags& f, comm::World& world) {
+// --rank-invariant: the chunks per rank K = --global-batch / (--batch-size x
+// ranks), which must be a power of two (Note [invariant world sizes]).
+int invariant_accumulation(const Flags& f, int world_size) {
+  const std::int64_t chunks = f.global_batch / f.batch_size;
+  const std::vector<int> sizes = comm::invariant_world_sizes(chunks);
+  if (f.global_batch % f.batch_size != 0 || !comm::invariant_world_size(chunks, world_size))
+    throw InvalidArgument(fmt::format(
+        "--rank-invariant: --global-batch {} is not a power-of-two number of --batch-size {} "
+        "chunks on each of {} ranks{}; {} (Note [invariant world sizes], comm/ordered_reduce.h)",
+        f.global_batch, f.batch_size, world_size,
+        f.global_batch % f.batch_size != 0
+            ? fmt::format(" ({} rows are not whole chunks)", f.global_batch)
+            : fmt::format(" ({} chunks)", chunks),
+        f.global_batch % f.batch_size != 0
+            ? "make --global-batch a multiple of --batch-size"
+            : fmt::format("run {} chunks on {} ranks", chunks, comm::world_sizes_text(sizes))));
+  return static_cast<int>(chunks / world_size);
+}
+
+int run(const Flags& flags, comm::World& world) {
+  Flags with_accum = flags;
+  if (flags.rank_invariant) with_accum.accum = invariant_accumulation(flags, world.size());
+  const Flags& f = with_accum;
+  // A batch of K x B rows per rank per step (Note [rank-invariant batches]).
+  const std::int64_t loader_rows = f.rank_invariant ? f.batch_size * f.accum : f.batch_size;
+  const int loader_batches = f.rank_invariant ? 1 : f.accum;
   const bool lead = world.rank() == 0;
   if (!f.trace.empty()) {
     world.host().barrier();
@@ -331,7 +362,7 @@ int run(const Flags& f, comm::World& world) {
 
   const std::int64_t optimizer_state_bytes = optimizer->state_bytes();  // unsharded: the header's
   io::LoaderOptions loader_options;
-  loader_options.sampler = {.micro_batch = f.batch_size,
+  loader_options.sampler = {.micro_batch = loader_rows,
                             .world_size = world.size(),
                             .rank = world.rank(),
                             .shuffle = f.shuffle == "on",
@@ -345,11 +376,11 @@ int run(const Flags& f, comm::World& world) {
   loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 &&
                             !preset.language_model && !loader_options.images.enabled();
   loader_options.num_classes = preset.classes;
-  loader_options.held_batches = f.accum;  // Trainer::step holds a step's micro-batches
+  loader_options.held_batches = loader_batches;  // Trainer::step holds a step's micro-batches
   // Checked before the loader sizes its buffers from --batch-size and --accum.
   const std::int64_t steps_per_epoch =
       io::DistributedSampler(train_data.size(), loader_options.sampler).batches_per_epoch() /
-      f.accum;
+      loader_batches;
   if (steps_per_epoch == 0)
     throw InvalidArgument(fmt::format(
         "--data {} has {} samples: too few for one step of {} ranks x --batch-size {} x --accum "
@@ -377,6 +408,7 @@ int run(const Flags& f, comm::World& world) {
   trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
   trainer_options.max_consecutive_skips = f.max_consecutive_skips;
   trainer_options.sync.zero_stage = f.zero;
+  trainer_options.rank_invariant = f.rank_invariant;
 
   const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
   if (f.resume == "auto" && f.checkpoint_dir.empty())
@@ -665,6 +697,17 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", f.profile,
                "at the end, print rank 0's spans by name (count, total, mean, max ms, % of the "
                "run), slowest first");
+  // The rank-invariant mode (docs/reproducibility.md).
+  auto* global_batch =
+      app.add_option("--global-batch", f.global_batch,
+                     "with --rank-invariant: rows per optimizer step over all ranks, a "
+                     "power-of-two number of --batch-size chunks per rank");
+  app.add_flag("--rank-invariant", f.rank_invariant,
+               "the same bits on any number of ranks the --global-batch supports, and resume "
+               "on any of them (--accum follows: --global-batch / (--batch-size x ranks))")
+      ->needs(global_batch)
+      ->excludes("--accum");
+  global_batch->needs("--rank-invariant");
   app.add_flag("--deterministic", f.deterministic,
                "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
                "CPU is deterministic anyway)");
@@ -694,6 +737,7 @@ int main(int argc, char** argv) {
   app.get_option("--steps")->check(within(1, kMaxSteps));
   app.get_option("--batch-size")->check(within(1, kMaxRows));
   app.get_option("--accum")->check(within(1, kMaxRows));
+  app.get_option("--global-batch")->check(within(1, kMaxRows));
   app.get_option("--optimizer")->check(one_of({"sgd", "adamw"}));
   app.get_option("--loss")->check(one_of({"cross-entropy", "mse", "l1", "huber", "bce"}));
   app.get_option("--label-smoothing")->check(within(0, 1));

@@ -2,7 +2,8 @@
 // directly binds cuda:0 and creates a one-rank NCCL communicator without
 // MPI; its collectives and the synchroniser's stream path run on device
 // buffers. With one rank every reduction is the identity, so the expected
-// values are the inputs (or their independent 16-bit roundings).
+// values are the inputs (or their independent 16-bit roundings); the
+// rank-invariant reduction's device path (alltoall, the chunk tree) too.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "comm/comm_test_support.h"
 #include "comm/gradient_synchronizer.h"
+#include "comm/ordered_reduce.h"
 #include "comm/world.h"
 #include "support/world_of_one.h"
 
@@ -175,4 +177,59 @@ TEST_CASE("ZeRO-1 reduce-scatters device gradients and gathers parameters, with 
     sync.gather(params);
     CHECK(params.to_vector<float>(compute) == params_host);
   }
+}
+
+// The rank-invariant reduction's device path (comm/ordered_reduce.h): NCCL's
+// alltoall (grouped ncclSend/ncclRecv) copies one rank's slice to itself, the
+// ChunkTree adds on the GPU with the bits of the host tree (an elementwise
+// f32 add rounds the same on both), and ordered synchronisation's finish()
+// leaves one rank's gradients as they are.
+TEST_CASE("NCCL alltoall, the chunk tree on device and ordered synchronisation",
+          "[gpu][comm][invariant]") {
+  comm::World& world = test::gpu_world_of_one();
+  const core::Device gpu = world.device();
+  core::Stream compute = core::Stream::create(gpu);
+  comm::Communicator& nccl = world.for_device(gpu);
+  const std::vector<float> sent = ramp(1000);
+  Tensor send = Tensor::from_vector(sent, {1000}, DType::f32, gpu, compute);
+  Tensor recv = Tensor::zeros({1000}, DType::f32, gpu, compute);
+  nccl.alltoall(send.data(), recv.data(), 1000, DType::f32, compute);
+  CHECK(recv.to_vector<float>(compute) == sent);
+
+  constexpr std::int64_t leaves = 5, numel = 777;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::vector<std::vector<float>> chunks(leaves, std::vector<float>(numel));
+  for (auto& c : chunks)
+    for (float& v : c) v = std::ldexp(mantissa(rng), static_cast<int>(rng() % 40) - 20);
+  Tensor device_leaf = Tensor::empty({numel}, DType::f32, gpu, compute);
+  Tensor host_leaf = Tensor::empty({numel}, DType::f32);
+  comm::ChunkTree on_device(device_leaf, leaves, compute), on_host(host_leaf, leaves, {});
+  std::vector<Tensor> staged;  // outlive the asynchronous copies
+  for (const auto& c : chunks) {
+    staged.push_back(Tensor::from_vector(c, {numel}, DType::f32));
+    device_leaf.copy_from(staged.back(), compute);
+    on_device.add(compute);
+    host_leaf.copy_from(staged.back());
+    on_host.add({});
+  }
+  CHECK(device_leaf.to_vector<float>(compute) == host_leaf.to_vector<float>());
+
+  comm::SynchronizedModel model;
+  std::int64_t padded = 0;
+  model.segments = test::aligned_segments({{"fc.weight", {10, 30}}, {"fc.bias", {10}}}, padded);
+  const std::int64_t total = model.segments.back().offset + model.segments.back().numel;
+  const std::vector<float> grads_host = ramp(total);
+  model.parameters = Tensor::zeros({total}, DType::f32, gpu, compute);
+  model.gradients = Tensor::from_vector(grads_host, {total}, DType::f32, gpu, compute);
+  Tensor grads = model.gradients;
+  comm::SynchronizerOptions options;
+  options.compute_stream = compute;
+  options.average = false;
+  options.ordered = true;
+  comm::GradientSynchronizer sync(nccl, std::move(model), options);
+  sync.begin_step(0);
+  for (std::size_t s = 0; s < sync.segments().size(); ++s) sync.mark_ready(s);
+  sync.finish();
+  CHECK(grads.to_vector<float>(compute) == grads_host);
 }

@@ -90,6 +90,11 @@ class RecordingCommunicator final : public comm::Communicator {
     std::memmove(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
     record("reduce_scatter", send, count, dtype);
   }
+  void do_alltoall(const void* send, void* recv, std::int64_t count, DType dtype,
+                   const core::Stream&) override {
+    std::memcpy(recv, send, static_cast<std::size_t>(count) * dtype_size(dtype));
+    record("alltoall", send, count, dtype);
+  }
   void do_barrier() override { record("barrier", nullptr, 0, DType::u8); }
   std::unique_ptr<Communicator> do_duplicate(std::string label) override {
     return std::make_unique<RecordingCommunicator>(log_, std::move(label));

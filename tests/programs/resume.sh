@@ -8,6 +8,11 @@
 #                project's docs: 2 ranks, fp32 and fp16 (loss scaler), bit for bit
 #   world-size   2 ranks x batch 16 resumed as 1 rank x batch 32: same data
 #                order, parameters within 1e-5
+#   invariant    --rank-invariant (--global-batch 64 of 8-row chunks, clipping):
+#                4 ranks to step 10, then 2 ranks (--zero 1) to step 20, then
+#                1 rank to step 30 equals 4 ranks straight to step 30, bit for
+#                bit: checkpoints and loss lines; a world size the global batch
+#                does not support (3 ranks) is refused naming 1, 2, 4 or 8
 #   zero         --zero 1 on 2 ranks: exact resume; the checkpoint is the one
 #                --zero 0 writes, bit for bit; resumed without ZeRO on 1 rank
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
@@ -113,6 +118,30 @@ case $mode in
     # Same data and order; the sums over 32 rows differ only in order (two
     # halves allreduced vs one GEMM): f32 rounding after 6 SGD steps.
     same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 1e-5
+    ;;
+  invariant)
+    mode_flags=(--rank-invariant --global-batch 64 --batch-size 8 --clip 1.0 --keep 10
+      --checkpoint-every 10)
+    launch 4 "${common[@]}" "${mode_flags[@]}" --steps 30 --checkpoint-dir "$work/a" \
+      --metrics "$work/a.jsonl" >/dev/null
+    mkdir -p "$work/b" && cp "$work"/a/ckpt-10.h5* "$work/b/"
+    launch 2 "${common[@]}" "${mode_flags[@]}" --steps 20 --zero 1 --checkpoint-dir "$work/b" \
+      --resume auto --metrics "$work/b.jsonl" >/dev/null
+    launch 1 "${common[@]}" "${mode_flags[@]}" --steps 30 --checkpoint-dir "$work/b" \
+      --resume auto --metrics "$work/b.jsonl" >/dev/null
+    same_checkpoints "$work/a/ckpt-20.h5" "$work/b/ckpt-20.h5" 0
+    same_checkpoints "$work/a/ckpt-30.h5" "$work/b/ckpt-30.h5" 0
+    # Steps 11-30's loss lines, lr, norm and samples included, timings left out.
+    lines() { grep '"loss":' "$1" | sed 's/"samples_per_s.*//' | awk -F'"step": ' '$2 + 0 > 10'; }
+    lines "$work/a.jsonl" >"$work/a.losses"
+    lines "$work/b.jsonl" >"$work/b.losses"
+    [ "$(wc -l <"$work/a.losses")" -eq 20 ] && cmp "$work/a.losses" "$work/b.losses"
+    echo "--rank-invariant: 4 ranks, then 2 (--zero 1), then 1 == 4 ranks straight, bit for bit"
+    if launch 3 "${common[@]}" "${mode_flags[@]}" --steps 1 >"$work/three.out" 2>&1; then
+      echo "3 ranks of --global-batch 64 / --batch-size 8 were not refused" >&2
+      exit 1
+    fi
+    grep -q "run 8 chunks on 1, 2, 4 or 8 ranks" "$work/three.out"
     ;;
   zero)
     exact_resume 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --zero 1
