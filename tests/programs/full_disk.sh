@@ -11,18 +11,8 @@ set -uo pipefail
 build=$1
 train=$build/examples/train/lockstep-train
 shard=$build/examples/shard/lockstep-shard
-work=$(mktemp -d)
-disk=$work/disk
-mkdir -p "$disk"
-cleanup() {
-  mountpoint -q "$disk" && umount "$disk"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-if ! mount -t tmpfs -o size=64m,mode=0700 lockstep-test "$disk" 2>"$work/mount.log"; then
-  echo "skipped: cannot mount a tmpfs ($(cat "$work/mount.log"); needs root)"
-  exit 77
-fi
+source "$(dirname "$0")/small_tmpfs.sh"
+small_tmpfs 64m
 "$shard" synthetic --out "$work/data" --count 512 --shape 1,28,28 --dtype u8 --classes 10 \
   --seed 1 >/dev/null || exit 1
 common=(--data "$work/data" --model mlp --seed 7 --batch-size 32 --device cpu

@@ -11,18 +11,8 @@
 set -uo pipefail
 build=$1
 shard=$build/examples/shard/lockstep-shard
-work=$(mktemp -d)
-disk=$work/disk
-mkdir -p "$disk"
-cleanup() {
-  mountpoint -q "$disk" && umount "$disk"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-if ! mount -t tmpfs -o size=32m,mode=0700 lockstep-test "$disk" 2>"$work/mount.log"; then
-  echo "skipped: cannot mount a tmpfs ($(cat "$work/mount.log"); needs root)"
-  exit 77
-fi
+source "$(dirname "$0")/small_tmpfs.sh"
+small_tmpfs 32m
 failures=0
 fail() { echo "$*"; failures=$((failures + 1)); }
 # Leaves `pages` 4 KiB pages of the tmpfs free.
