@@ -123,18 +123,20 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       owned_ = sync_->shard_layout().owned();
     }
     const std::size_t sums = options_.rank_invariant ? static_cast<std::size_t>(chunks)
-                             : sync_->sharded()      ? ShardPayload().size()
+                             : sync_->sharded()      ? GradientPayload().size()
                                                      : 0;
     agreement_ = std::make_unique<comm::StepAgreement>(world_->host(), sums);
   }
   if (options_.rank_invariant) {
     tree_ = std::make_unique<comm::ChunkTree>(store_.grads(), options_.accumulation, stream_);
-    chunk_losses_ =
-        core::Tensor::empty({options_.accumulation}, DType::f32, store_.device(), stream_);
     chunk_sums_.assign(static_cast<std::size_t>(chunks), 0.0);
   }
   core::trace::set_stream_name(stream_, "cuda compute stream");
-  step_totals_ = core::Tensor::empty({2}, DType::f32, store_.device(), stream_);
+  measured_ =
+      sharded() && !tree_ ? owned_ : std::vector<comm::FlatRange>{{0, store_.grads().numel()}};
+  readback_ =
+      std::make_unique<StepReadback>(static_cast<std::int64_t>(measured_.size()),
+                                     tree_ ? options_.accumulation : 0, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
 }
@@ -205,8 +207,8 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   store_.zero_grad(stream_);
   if (sync_) sync_->begin_step(steps_);
   const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
-  step_totals_.fill_(0.0, stream_);
-  core::Tensor loss_total = step_totals_.view(0, {1}), rows_total = step_totals_.view(1, {1});
+  readback_->clear(stream_);
+  core::Tensor loss_total = readback_->loss_total(), rows_total = readback_->rows_total();
   for (int k = 0; k < k_total; ++k) {
     std::optional<comm::GradientSynchronizer::NoSync> quiet;
     if (sync_ && k + 1 < k_total) quiet.emplace(sync_->no_sync());
@@ -222,7 +224,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       const core::Tensor loss = loss_->forward_named(outputs, tensors, ctx);
       // Note [loss rows]: the mean weighed by the rows it is of.
       if (tree_) {  // Note [rank-invariant step]: each chunk's, summed in the tree
-        core::Tensor chunk_loss = chunk_losses_.view(k, {1});
+        core::Tensor chunk_loss = readback_->chunk_losses().view(k, {1});
         core::ops::mul(loss, loss_->counted_rows(), chunk_loss, stream_);
       } else {
         core::ops::mul(loss, loss_->counted_rows(), weighted_loss_, stream_);
@@ -245,37 +247,32 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   return r;
 }
 
-// Note [non-finite steps]: the scaler's flag (f16; the step's host
-// synchronisation) or the norm (fp32, bf16) says whether every gradient is
-// finite; the agreement gives the global loss (and, under ZeRO-1, the
-// shards' findings and norms); then the decision.
+// Note [non-finite steps]: the scaler's flag (f16) or the norm (fp32, bf16)
+// says whether every gradient is finite. The step's device values come back
+// in one read (Note [one read per step]); the agreement gives the global loss
+// (and, under ZeRO-1, the shards' findings and norms); then the decision.
 void DataParallelStep::update(StepResult& r) {
-  ShardPayload shard{};  // ZeRO-1: this rank's, then summed over the ranks by the agreement
-  {
-    core::trace::Span unscale("unscale and clip", core::trace::Part::optimizer);
-    r.loss_scale = scaler_.scale();
-    if (sharded() && !tree_)
-      shard = measure_shard(store_.grads(), owned_, scaler_, stream_);
-    else
-      r.grad_norm = with_step(steps_ + 1, [&] { return unscale_and_clip(); });
-  }
-  float local[2];
-  step_totals_.copy_to_host(local, stream_);  // waits for the device
-  const auto local_rows = static_cast<std::int64_t>(local[1]);
-  std::span<double> sums = sharded() ? std::span<double>(shard) : std::span<double>();
+  r.loss_scale = scaler_.scale();
+  const StepReadback::Values& local = [&]() -> const StepReadback::Values& {
+    core::trace::Span unscale("unscale and measure", core::trace::Part::optimizer);
+    measure_gradients(store_.grads(), measured_, scaler_, *readback_, stream_);
+    return readback_->read(stream_);  // waits for the device
+  }();
+  GradientPayload gradients = gradient_payload(local);
+  // ZeRO-1: this rank's shard, summed over the ranks by the agreement.
+  std::span<double> sums = sharded() && !tree_ ? std::span<double>(gradients) : std::span<double>();
   if (tree_) {  // Note [rank-invariant step]: each chunk's loss at its chunk's slot
     const int k_total = options_.accumulation, rank = world_ ? world_->rank() : 0;
-    std::vector<float> chunk_loss(static_cast<std::size_t>(k_total));
-    chunk_losses_.copy_to_host(chunk_loss.data(), stream_);
     std::fill(chunk_sums_.begin(), chunk_sums_.end(), 0.0);
     for (int k = 0; k < k_total; ++k)
-      chunk_sums_[static_cast<std::size_t>(rank * k_total + k)] = chunk_loss[k];
+      chunk_sums_[static_cast<std::size_t>(rank * k_total + k)] =
+          local.chunk_losses[static_cast<std::size_t>(k)];
     sums = chunk_sums_;
   }
-  comm::StepTotals totals{local[0], local_rows, comm::stop_requested()};
+  comm::StepTotals totals{local.loss_total, local.rows_total, comm::stop_requested()};
   if (world_) {
     core::trace::Span agreement("agreement", core::trace::Part::comm);
-    totals = agreement_->agree(local[0], local_rows, sums);
+    totals = agreement_->agree(local.loss_total, local.rows_total, sums);
   }
   if (tree_)
     totals.loss_sum = comm::tree_sum<double>(
@@ -284,12 +281,11 @@ void DataParallelStep::update(StepResult& r) {
         [](double a, double b) { return a + b; });
   {
     core::trace::Span decide("decide and schedule", core::trace::Part::optimizer);
-    if (sharded() && !tree_)
-      r.grad_norm = with_step(steps_ + 1, [&] {
-        return decide_sharded(store_.grads(), owned_, scaler_, options_.max_grad_norm, shard,
+    r.grad_norm = with_step(steps_ + 1, [&] {
+      return decide_gradients(store_.grads(), measured_, scaler_, options_.max_grad_norm, gradients,
                               stream_)
-            .grad_norm;
-      });
+          .grad_norm;
+    });
     scheduler_.apply(optimizer_, steps_);
     r.lr = optimizer_.lr(0);
   }
@@ -311,14 +307,6 @@ void DataParallelStep::update(StepResult& r) {
   consecutive_skips_ = r.skipped ? consecutive_skips_ + 1 : 0;
   r.skipped_steps = skipped_steps_;
   if (consecutive_skips_ >= options_.max_consecutive_skips) throw_nonfinite(r.step, r.loss);
-}
-
-double DataParallelStep::unscale_and_clip() {
-  scaler_.unscale(store_.grads(), stream_);
-  if (!scaler_.update(stream_)) return NAN;
-  return options_.max_grad_norm > 0
-             ? clip_grad_norm(store_.grads(), options_.max_grad_norm, stream_)
-             : grad_norm(store_.grads(), stream_);
 }
 
 void DataParallelStep::throw_nonfinite(std::int64_t step, double mean_loss) {

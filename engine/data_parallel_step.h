@@ -15,9 +15,11 @@
 //         synchroniser as its gradient is complete; the root module's own
 //         parameters reported last };
 //   sync.finish (the gradients hold the mean over every rank's rows);
-//   unscale and the scaler's update (f16), the global norm or clipping, the
-//   schedule's lr; comm::StepAgreement (the loss, the rows, stop requests);
-//   the skip decision (Note [non-finite steps]); the optimizer's update.
+//   unscale (f16) and the sum of squares; the step's one read of the device
+//   (Note [one read per step], engine/step_readback.h); comm::StepAgreement
+//   (the loss, the rows, stop requests); the scaler's update, the global norm
+//   or clipping, the schedule's lr; the skip decision (Note [non-finite
+//   steps]); the optimizer's update.
 // With StepOptions::sync.zero_stage 1 (ZeRO-1, docs/communication.md),
 // finish leaves each rank the mean of its shard of the gradients; unscaling,
 // the inf/NaN finding and the sum of squares are of the shard, summed over
@@ -102,6 +104,7 @@
 #include "engine/optim/lr_scheduler.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parameter_store.h"
+#include "engine/step_readback.h"
 
 namespace lockstep::engine {
 
@@ -213,9 +216,6 @@ class DataParallelStep {
   // Unscale, the inf decision, clipping or the norm, the schedule, the step
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
-  // Unscale and check, then clip or measure: the norm, NaN for a step the loss
-  // scaler skips (the unsharded form of measure_shard and decide_sharded, engine/zero.h).
-  double unscale_and_clip();
   // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
   bool sharded() const { return sync_ && sync_->sharded(); }
   // Note [non-finite steps]: the error after the last allowed skip.
@@ -233,14 +233,18 @@ class DataParallelStep {
   std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
   std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
   std::shared_ptr<Loss> loss_;
-  // [loss x counted rows, counted rows] summed over a step's micro-batches on
-  // the device and read once after it; and one micro-batch's loss x rows.
-  core::Tensor step_totals_, weighted_loss_;
+  // The ranges whose unscale and sum of squares the step measures: the whole
+  // gradient buffer, or this rank's ZeRO-1 shard (Note [sharded step checks]).
+  std::vector<comm::FlatRange> measured_;
+  // The step's device values, read once (Note [one read per step]): the loss
+  // x counted rows and the rows summed over the micro-batches, the scaler's
+  // flag, the sums of squares, the chunk losses; and one micro-batch's loss x rows.
+  std::unique_ptr<StepReadback> readback_;
+  core::Tensor weighted_loss_;
   int loss_gradient_divisor_ = 1;  // RankMean's
-  // Note [rank-invariant step]: the chunks' tree; each chunk's loss x rows
-  // [K] on the device; the agreement's C per-chunk sums.
+  // Note [rank-invariant step]: the chunks' tree; the agreement's C
+  // per-chunk sums (each chunk's loss x rows is in readback_).
   std::unique_ptr<comm::ChunkTree> tree_;
-  core::Tensor chunk_losses_;
   std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;

@@ -29,7 +29,7 @@ PHASES = {"X", "i", "I", "M", "B", "E", "C"}
 KINDS = {"compute": ("forward", "backward"),
          "exposed comm": ("gradient sync wait", "agreement"),
          "data wait": ("data wait",),
-         "optimizer": ("unscale and clip", "decide and schedule", "optimizer")}
+         "optimizer": ("unscale and measure", "decide and schedule", "optimizer")}
 # What summary adds up per step from the GPU spans, by category.
 GPU_KINDS = {"gpu compute": ("module", "compute", "optimizer"),
              "gpu comm": ("comm",),

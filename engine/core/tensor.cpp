@@ -3,6 +3,7 @@
 // stream and waits for it before returning.
 #include "engine/core/tensor.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "engine/core/ops.h"
@@ -93,6 +94,22 @@ Tensor Tensor::view(std::int64_t element_offset, const Shape& shape) const {
   return v;
 }
 
+Tensor Tensor::view_bytes(std::size_t byte_offset, const Shape& shape, DType dtype) const {
+  const std::size_t element = dtype_size(dtype);
+  const auto bytes = static_cast<std::size_t>(
+      checked_mul(shape_numel(shape), static_cast<std::int64_t>(element), "tensor view bytes"));
+  if (byte_offset % element != 0 || byte_offset > nbytes() || bytes > nbytes() - byte_offset)
+    throw InvalidArgument(std::string("view of ") + dtype_name(dtype) + " " + shape_str(shape) +
+                          " at byte " + std::to_string(byte_offset) +
+                          " does not fit, aligned, in a tensor of " + std::to_string(nbytes()) +
+                          " bytes");
+  Tensor v = *this;
+  v.offset_bytes_ = offset_bytes_ + byte_offset;
+  v.shape_ = shape;
+  v.dtype_ = dtype;
+  return v;
+}
+
 void Tensor::copy_from(const Tensor& src, const Stream& stream) {
   if (src.shape_ != shape_ || src.dtype_ != dtype_)
     throw InvalidArgument("copy_from: source " + shape_str(src.shape_) + " " +
@@ -129,8 +146,15 @@ Tensor Tensor::cast(DType dtype, const Stream& stream) const {
 
 void Tensor::fill_(double value, const Stream& stream) { ops::fill(*this, value, stream); }
 
+namespace {
+std::atomic<std::int64_t> host_copy_count{0};
+}  // namespace
+
+std::int64_t host_copies() { return host_copy_count.load(std::memory_order_relaxed); }
+
 void Tensor::copy_to_host(void* dst, const Stream& stream) const {
   if (nbytes() == 0) return;
+  host_copy_count.fetch_add(1, std::memory_order_relaxed);
   if (!device().is_cuda()) {
     std::memcpy(dst, data(), nbytes());
     return;

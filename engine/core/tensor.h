@@ -25,6 +25,11 @@ using Shape = std::vector<std::int64_t>;
 std::int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
+// Tensor::copy_to_host calls of a non-empty tensor so far in this process, on
+// any device (on a GPU each one waits for its stream): how a test checks that
+// a step reads its values once (Note [one read per step], engine/step_readback.h).
+std::int64_t host_copies();
+
 class Tensor {
  public:
   Tensor() = default;  // undefined: holds no storage
@@ -60,6 +65,10 @@ class Tensor {
   // A tensor of `shape` sharing storage, starting `element_offset` elements in.
   Tensor view(std::int64_t element_offset, const Shape& shape) const;
   Tensor reshape(const Shape& shape) const { return view(0, shape); }
+  // A tensor of `dtype` and `shape` over this one's bytes from `byte_offset`
+  // (a multiple of the dtype's size): one buffer holding values of several
+  // dtypes, read back in one copy (engine/step_readback.h).
+  Tensor view_bytes(std::size_t byte_offset, const Shape& shape, DType dtype) const;
 
   // Copies `src` (same shape and dtype, any device) into this tensor.
   void copy_from(const Tensor& src, const Stream& stream = {});

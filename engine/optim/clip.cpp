@@ -23,42 +23,61 @@ std::vector<comm::FlatRange> whole(const core::Tensor& grads) { return {{0, grad
 }  // namespace
 
 // Per range an f64 sum of squares, never rounded to f32 (Note [non-finite
-// steps]), then their sum in range order. On CUDA the ranges' kernels share
-// one workspace in stream order and write their totals side by side, read
-// back in one copy: one synchronisation however many ranges (ZeRO-1 passes
-// one per owned bucket).
-double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
-                        const core::Stream& stream) {
+// steps]). On CUDA the ranges' kernels share one workspace in stream order
+// and write their totals side by side, for the caller to read in one copy.
+void enqueue_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                         const core::Tensor& totals, const core::Tensor& workspace,
+                         const core::Stream& stream) {
   require_f32("grad_norm", grads);
-  core::MemoryKindScope kind(core::MemoryKind::workspace);  // Note [memory kinds]
-  std::vector<comm::FlatRange> nonempty;
-  for (const comm::FlatRange& r : ranges)
-    if (r.numel > 0) nonempty.push_back(r);
-  const auto count = static_cast<std::int64_t>(nonempty.size());
-  std::vector<double> totals(nonempty.size(), 0.0);
-  if (count == 0) return 0.0;
+  const auto count = static_cast<std::int64_t>(ranges.size());
+  if (totals.dtype() != DType::i64 || totals.numel() != count)
+    throw InvalidArgument("enqueue_sum_squares: totals hold " + std::to_string(totals.numel()) +
+                          " f64 slots for " + std::to_string(count) + " ranges");
+  if (count == 0) return;
+  core::Tensor(totals).fill_(0.0, stream);  // an empty range's total is 0
+  auto* out = reinterpret_cast<double*>(totals.data_as<std::int64_t>());
   core::dispatch_stream(
       grads.device(), stream,
       [&] {
         for (std::int64_t i = 0; i < count; ++i)
-          kernels::cpu::sum_squares(grads.view(nonempty[i].offset, {nonempty[i].numel}).data(),
-                                    DType::f32, nonempty[i].numel, &totals[i]);
+          if (ranges[i].numel > 0)
+            kernels::cpu::sum_squares(grads.view(ranges[i].offset, {ranges[i].numel}).data(),
+                                      DType::f32, ranges[i].numel, out + i);
       },
       [&](const core::Stream& s) {
-        // The per-block partials, then one total per range: f64s in an i64 tensor.
-        constexpr std::int64_t blocks = kernels::cuda::kReduceBlocks;
-        core::Tensor scratch = core::Tensor::empty({blocks + count}, DType::i64, grads.device(), s);
-        auto* partials = scratch.data_as<std::int64_t>();
+        if (workspace.nbytes() < kernels::cuda::kReduceWorkspaceBytes)
+          throw InvalidArgument("enqueue_sum_squares: a workspace of " +
+                                std::to_string(workspace.nbytes()) + " bytes, the kernel needs " +
+                                std::to_string(kernels::cuda::kReduceWorkspaceBytes));
         for (std::int64_t i = 0; i < count; ++i)
-          kernels::cuda::sum_squares(grads.view(nonempty[i].offset, {nonempty[i].numel}).data(),
-                                     DType::f32, nonempty[i].numel,
-                                     reinterpret_cast<double*>(partials + blocks + i), partials,
-                                     s.handle());
-        scratch.view(blocks, {count}).copy_to_host(totals.data(), s);
+          if (ranges[i].numel > 0)
+            kernels::cuda::sum_squares(grads.view(ranges[i].offset, {ranges[i].numel}).data(),
+                                       DType::f32, ranges[i].numel, out + i, workspace.data(),
+                                       s.handle());
       });
+}
+
+double sum_in_order(const std::vector<double>& totals) {
   double total = 0.0;
   for (double t : totals) total += t;
   return total;
+}
+
+double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                        const core::Stream& stream) {
+  core::MemoryKindScope kind(core::MemoryKind::workspace);  // Note [memory kinds]
+  const auto count = static_cast<std::int64_t>(ranges.size());
+  if (count == 0) return 0.0;
+  const core::Device device = grads.device();
+  const core::Tensor totals = core::Tensor::empty({count}, DType::i64, device, stream);
+  const core::Tensor workspace =
+      device.is_cuda()
+          ? core::Tensor::empty({kernels::cuda::kReduceBlocks}, DType::i64, device, stream)
+          : core::Tensor();
+  enqueue_sum_squares(grads, ranges, totals, workspace, stream);
+  std::vector<double> host(static_cast<std::size_t>(count));
+  totals.copy_to_host(host.data(), stream);
+  return sum_in_order(host);
 }
 
 double grad_norm(const core::Tensor& grads, const core::Stream& stream) {

@@ -22,6 +22,15 @@ namespace lockstep::engine {
 // Reading it synchronises `stream` once, however many ranges.
 double grad_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                         const core::Stream& stream = {});
+// The same sums, one per range, left on the gradients' device for the caller
+// to read with its other values (Note [one read per step], engine/step_readback.h):
+// `totals` is i64[ranges.size()] holding f64s, `workspace` at least
+// kernels::cuda::kReduceWorkspaceBytes on a GPU (unused on the CPU). Nothing waits.
+void enqueue_sum_squares(const core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                         const core::Tensor& totals, const core::Tensor& workspace,
+                         const core::Stream& stream);
+// The totals' sum in range order, in f64: how grad_sum_squares adds them.
+double sum_in_order(const std::vector<double>& totals);
 // The L2 norm of the whole of `grads`: the square root of grad_sum_squares.
 double grad_norm(const core::Tensor& grads, const core::Stream& stream = {});
 

@@ -49,25 +49,35 @@ void LossScaler::unscale(core::Tensor& grads, const core::Stream& stream) {
 void LossScaler::unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                          const core::Stream& stream) {
   if (!enabled()) return;
+  const core::Device device = grads.device();
+  if (!own_flag_.defined() || !(own_flag_.device() == device))
+    own_flag_ = core::Tensor::empty({1}, DType::i32, device, stream);
+  unscale(grads, ranges, own_flag_, stream);
+}
+
+void LossScaler::unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+                         const core::Tensor& flag, const core::Stream& stream) {
+  if (!enabled()) return;
   if (grads.dtype() != DType::f32)
     throw InvalidArgument(std::string("LossScaler::unscale: gradients are ") +
                           dtype_name(grads.dtype()) + ", expected the f32 flat gradient buffer");
   if (unscaled_)
     throw InvalidArgument("LossScaler::unscale called twice in one step (call update() between)");
   const core::Device device = grads.device();
-  if (!found_nonfinite_.defined() || !(found_nonfinite_.device() == device))
-    found_nonfinite_ = core::Tensor::empty({1}, DType::i32, device, stream);
+  if (flag.dtype() != DType::i32 || flag.numel() != 1 || !(flag.device() == device))
+    throw InvalidArgument("LossScaler::unscale: the flag must be one i32 on the gradients' device");
+  found_nonfinite_ = flag;
   found_nonfinite_.fill_(0.0, stream);
   const float inv_scale = 1.0f / scale_;
-  std::int32_t* flag = found_nonfinite_.data_as<std::int32_t>();
+  std::int32_t* flag_data = found_nonfinite_.data_as<std::int32_t>();
   for (const comm::FlatRange& r : ranges) {
     if (r.numel == 0) continue;
     float* data = grads.view(r.offset, {r.numel}).data_as<float>();
     const std::int64_t n = r.numel;
     core::dispatch(
-        device, stream, [&] { kernels::cpu::unscale_and_check(data, n, inv_scale, flag); },
+        device, stream, [&] { kernels::cpu::unscale_and_check(data, n, inv_scale, flag_data); },
         [&](kernels::CudaStream cuda_stream) {
-          kernels::cuda::unscale_and_check(data, n, inv_scale, flag, cuda_stream);
+          kernels::cuda::unscale_and_check(data, n, inv_scale, flag_data, cuda_stream);
         });
   }
   unscaled_ = true;

@@ -56,6 +56,11 @@ class LossScaler {
   // The same over `ranges` of the buffer only (this rank's ZeRO-1 shard).
   void unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
                const core::Stream& stream = {});
+  // The same with the flag written to `flag` (i32[1] on the gradients' device),
+  // for a caller that reads it with its other values and then calls
+  // update_with (Note [one read per step], engine/step_readback.h).
+  void unscale(core::Tensor& grads, const std::vector<comm::FlatRange>& ranges,
+               const core::Tensor& flag, const core::Stream& stream);
   // Reads the flag that unscale() left: this is the step's host
   // synchronisation (it waits for `stream`). Backs off or grows the scale and
   // returns whether the optimizer should step (false: skip it, the gradients
@@ -76,7 +81,8 @@ class LossScaler {
   LossScalerOptions options_;
   float scale_;
   std::int64_t growth_tracker_ = 0;
-  core::Tensor found_nonfinite_;  // i32[1] on the gradients' device
+  core::Tensor own_flag_;         // i32[1] on the gradients' device, for callers without one
+  core::Tensor found_nonfinite_;  // the flag the last unscale() wrote: own_flag_ or the caller's
   bool unscaled_ = false;         // unscale() ran since the last update()
 };
 

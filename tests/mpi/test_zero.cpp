@@ -261,6 +261,20 @@ TEST_CASE("ZeRO-1 in f16 takes the loss scaler's skip decisions of plain data pa
   require_same(zero.parameters, plain.parameters, n);
 }
 
+namespace {
+
+// measure_gradients into a readback of its own, read at once: the payload a
+// step's agreement carries (Note [sharded step checks]).
+GradientPayload measured_payload(core::Tensor& grads, const std::vector<comm::FlatRange>& owned,
+                                 LossScaler& scaler) {
+  StepReadback readback(static_cast<std::int64_t>(owned.size()), 0, grads.device(), {});
+  readback.clear({});
+  measure_gradients(grads, owned, scaler, readback, {});
+  return gradient_payload(readback.read({}));
+}
+
+}  // namespace
+
 TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mpi][zero]") {
   comm::World& world = test::mpi_world();
   const int n = world.size();
@@ -280,9 +294,10 @@ TEST_CASE("one rank's inf in its shard makes every rank skip and back off", "[mp
       grads.data_as<float>()[mine->offset] = INFINITY;
     }
     LossScaler scaler(LossScalerOptions{.init_scale = 1024.0f});
-    ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
+    GradientPayload payload = measured_payload(grads, owned, scaler);
     comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
-    const ShardedCheck check = decide_sharded(grads, owned, scaler, 0.0, payload, core::Stream());
+    const GradientCheck check =
+        decide_gradients(grads, owned, scaler, 0.0, payload, core::Stream());
     INFO("with inf: " << with_inf);
     CHECK(check.clean == !with_inf);
     CHECK(scaler.scale() == (with_inf ? 512.0f : 1024.0f));
@@ -319,11 +334,11 @@ TEST_CASE("ZeRO-1's shard norms of finite gradients past FLT_MAX clip like float
   REQUIRE(squares > std::numeric_limits<float>::max());
   const std::vector<comm::FlatRange> owned = layout.owned();
   LossScaler scaler(LossScalerOptions{.enabled = false});
-  ShardPayload payload = measure_shard(grads, owned, scaler, core::Stream());
+  GradientPayload payload = measured_payload(grads, owned, scaler);
   comm::StepAgreement(world.host(), payload.size()).agree(0.0, 0, payload);
   const double norm = std::sqrt(squares), max_norm = 1.0;
-  const ShardedCheck check =
-      decide_sharded(grads, owned, scaler, max_norm, payload, core::Stream());
+  const GradientCheck check =
+      decide_gradients(grads, owned, scaler, max_norm, payload, core::Stream());
   CHECK(check.clean);
   CHECK(check.grad_norm == Approx(norm).epsilon(1e-12));
   const double coef = max_norm / (norm + 1e-6);

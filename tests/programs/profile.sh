@@ -62,7 +62,7 @@ for name, (count, total, mean, peak, percent) in rows.items():
     main_only = all(e["tid"] == 0 for e in events if e["name"] == name)
     assert 0 <= percent and (percent <= 100.05 or not main_only), (name, percent)
 for want in ("step", "data wait", "forward", "backward", "forward fc1", "gradient sync wait",
-             "unscale and clip", "agreement", "decide and schedule", "optimizer", "evaluate",
+             "unscale and measure", "agreement", "decide and schedule", "optimizer", "evaluate",
              "checkpoint save"):
     assert want in rows, (want, sorted(rows))
 assert rows["step"][0] == 16 + 1, "16 steps and the call at the first epoch's end"
@@ -71,7 +71,7 @@ assert rows["step"][1] <= wall_ms + 0.5, (rows["step"], wall_ms)  # the wall is 
 # Every step record's breakdown is its step's spans of each part, summed.
 parts = {"data_wait_ms": ("data wait",), "compute_ms": ("forward", "backward"),
          "exposed_comm_ms": ("gradient sync wait", "agreement"),
-         "optimizer_ms": ("unscale and clip", "decide and schedule", "optimizer")}
+         "optimizer_ms": ("unscale and measure", "decide and schedule", "optimizer")}
 records = [json.loads(l) for l in open(f"{work}/m.jsonl")]
 steps = [r for r in records if "loss" in r]
 assert len(steps) == 16, len(steps)

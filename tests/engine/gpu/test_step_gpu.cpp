@@ -6,6 +6,7 @@
 // identity, the shard is the whole buffer cut into chunks, and the update is
 // elementwise, so ZeRO-1 and plain data parallelism give the same bits; the
 // grad norm differs only in its summation order (per chunk, then summed).
+// Each step reads the device once (Note [one read per step]).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -34,6 +35,7 @@ struct Run {
   std::vector<float> start, parameters;
   std::int64_t skipped = 0;
   float loss_scale = 1.0f;
+  std::vector<std::int64_t> host_copies;  // per step: Note [one read per step]
 };
 
 // Six steps of a small MLP on fixed device batches; buckets of 2 KiB, so the
@@ -76,7 +78,9 @@ Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType
     for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int64_t>(rng() % 5);
     const MicroBatch batch{core::Tensor::from_vector(x, {16, 24}, DType::f32, gpu, stream),
                            core::Tensor::from_vector(y, {16}, DType::i64, gpu, stream)};
+    const std::int64_t copies = core::host_copies();
     const StepResult result = step.run({&batch, 1});
+    r.host_copies.push_back(core::host_copies() - copies);
     REQUIRE(std::isfinite(result.loss));
     r.skipped += result.skipped ? 1 : 0;
   }
@@ -103,6 +107,9 @@ TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism'
       CHECK(same_bits(zero.parameters, plain.parameters));
       CHECK(zero.skipped == plain.skipped);
       CHECK(zero.loss_scale == plain.loss_scale);
+      // One wait for the device per step, with or without ZeRO-1 and f16's scaler.
+      CHECK(plain.host_copies == std::vector<std::int64_t>(6, 1));
+      CHECK(zero.host_copies == std::vector<std::int64_t>(6, 1));
       // The steps updated: the parameters moved from where they started.
       CHECK(plain.skipped < 6);
       CHECK_FALSE(same_bits(plain.parameters, plain.start));
