@@ -1,8 +1,9 @@
 // bench_gemm: GFLOP/s of lockstep's GEMM (core::ops::matmul, the path layers
-// use) against the raw library call on the same buffers in the same run:
-// cblas_sgemm (OpenBLAS) on the CPU, cublasGemmEx on a GPU. f16/bf16 on the
-// CPU are reported without a baseline: OpenBLAS 0.3.21 has no half GEMM.
-#include <cblas.h>
+// use) against the raw library call on the same buffers in the same run: on
+// the CPU each library the build has (Note [CPU GEMM libraries]), the
+// baseline being the fastest of them at each shape; cublasGemmEx on a GPU.
+// f16/bf16 on the CPU are reported without a baseline: neither CPU library's
+// sgemm takes half precision.
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
@@ -29,7 +30,7 @@ using namespace lockstep::core;
 namespace {
 
 struct Shape3 {
-  std::string kind;  // "square", "mlp-fwd", "mlp-dgrad", "mlp-wgrad"
+  std::string kind;  // "square", "mlp-fwd", "mlp-dgrad", "mlp-wgrad", "attn-qk", ...
   std::int64_t m, n, k;
   bool trans_a, trans_b;
 };
@@ -46,9 +47,23 @@ std::vector<Shape3> shapes_for(const std::vector<std::int64_t>& squares, std::in
   return shapes;
 }
 
+// The CPU's other GEMMs: gpt-tiny's attention per head (T 128, head size 32:
+// scores Q K^T, then P V) and the cnn preset's second convolution per image
+// through im2col (64 channels out, 14 x 14, 32 x 3 x 3 in: kernels/cpu/conv.cpp's
+// forward, input-gradient and weight-gradient GEMMs).
+void add_cpu_shapes(std::vector<Shape3>& shapes) {
+  shapes.push_back({"attn-qk", 128, 128, 32, false, true});
+  shapes.push_back({"attn-pv", 128, 32, 128, false, false});
+  shapes.push_back({"conv-fwd", 64, 196, 288, false, false});
+  shapes.push_back({"conv-dgrad", 288, 196, 64, true, false});
+  shapes.push_back({"conv-wgrad", 64, 288, 196, false, true});
+}
+
 struct Result {
   double lockstep_gflops;
-  std::optional<double> raw_gflops;
+  std::optional<double> raw_gflops;    // the baseline's: the fastest library's
+  std::string baseline;                // its name
+  std::vector<double> library_gflops;  // CPU: each of gemm_libraries(), in order
 };
 
 Tensor random_tensor(const core::Shape& shape, DType type, Device device, std::uint64_t seed) {
@@ -67,14 +82,26 @@ Result run_cpu(const Shape3& s, DType type, int trials, double batch_s) {
   auto ours = [&] { ops::matmul(a, b, c, {.trans_a = s.trans_a, .trans_b = s.trans_b}); };
   auto no_sync = [] {};
   if (type != DType::f32)
-    return {flop / bench::median_seconds(ours, no_sync, trials, batch_s) / 1e9, std::nullopt};
-  auto raw = [&] {
-    cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
-                s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data_as<float>(),
-                a.dim(1), b.data_as<float>(), b.dim(1), 0.0f, c.data_as<float>(), c.dim(1));
-  };
-  const auto [t_ours, t_raw] = bench::compare_seconds(ours, raw, no_sync, trials, batch_s);
-  return {flop / t_ours / 1e9, flop / t_raw / 1e9};
+    return {
+        flop / bench::median_seconds(ours, no_sync, trials, batch_s) / 1e9, std::nullopt, "", {}};
+  // Each library against lockstep's path in alternating batches; the ratio
+  // is the pair measured with the fastest library.
+  Result r{0.0, 0.0, "", {}};
+  for (kernels::cpu::GemmLibrary library : kernels::cpu::gemm_libraries()) {
+    auto raw = [&] {
+      kernels::cpu::raw_sgemm(library, s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f,
+                              a.data_as<float>(), a.dim(1), b.data_as<float>(), b.dim(1), 0.0f,
+                              c.data_as<float>(), c.dim(1));
+    };
+    const auto [t_ours, t_raw] = bench::compare_seconds(ours, raw, no_sync, trials, batch_s);
+    r.library_gflops.push_back(flop / t_raw / 1e9);
+    if (flop / t_raw / 1e9 > *r.raw_gflops) {
+      r.raw_gflops = flop / t_raw / 1e9;
+      r.lockstep_gflops = flop / t_ours / 1e9;
+      r.baseline = kernels::cpu::gemm_library_name(library);
+    }
+  }
+  return r;
 }
 
 #if LOCKSTEP_WITH_CUDA
@@ -106,7 +133,7 @@ Result run_cuda(const Shape3& s, DType type, int trials, double batch_s) {
   auto sync = [&] { stream.synchronize(); };
   const double flop = 2.0 * s.m * s.n * s.k;
   const auto [t_ours, t_raw] = bench::compare_seconds(ours, raw, sync, trials, batch_s);
-  return {flop / t_ours / 1e9, flop / t_raw / 1e9};
+  return {flop / t_ours / 1e9, flop / t_raw / 1e9, "cuBLAS", {}};
 }
 #endif
 
@@ -123,7 +150,7 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_names, "input dtypes (C is the same type)")
       ->capture_default_str();
   app.add_option("--sizes", squares, "square sizes (default: 128..2048 cpu, 1024..8192 cuda)");
-  app.add_option("--threads", threads, "OpenBLAS threads (cpu)")->capture_default_str();
+  app.add_option("--threads", threads, "CPU GEMM library threads (cpu)")->capture_default_str();
   app.add_option("--trials", trials, "timed batches per measurement (median reported)")
       ->capture_default_str();
   app.add_option("--batch-seconds", batch_s, "length of one timed batch")->capture_default_str();
@@ -144,13 +171,20 @@ int main(int argc, char** argv) {
     if (squares.empty())
       squares = device.is_cuda() ? std::vector<std::int64_t>{1024, 2048, 4096, 8192}
                                  : std::vector<std::int64_t>{128, 256, 512, 1024, 2048};
-    const auto shapes = device.is_cuda() ? shapes_for(squares, 8192, 4096, 4096)
-                                         : shapes_for(squares, 256, 784, 1024);
+    std::vector<Shape3> shapes = device.is_cuda() ? shapes_for(squares, 8192, 4096, 4096)
+                                                  : shapes_for(squares, 256, 784, 1024);
+    if (!device.is_cuda()) add_cpu_shapes(shapes);
+    const std::vector<kernels::cpu::GemmLibrary> libraries = kernels::cpu::gemm_libraries();
     bench::JsonLines json(json_path);
     bool half_on_cpu = false;
-    fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14} {:>14} {:>7}\n", "shape", "m", "n", "k",
-               "dtype", "lockstep GF/s", device.is_cuda() ? "cuBLAS GF/s" : "OpenBLAS GF/s",
-               "ratio");
+    fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14}", "shape", "m", "n", "k", "dtype",
+               "lockstep GF/s");
+    if (device.is_cuda())
+      fmt::print(" {:>14}", "cuBLAS GF/s");
+    else
+      for (kernels::cpu::GemmLibrary l : libraries)
+        fmt::print(" {:>14}", fmt::format("{} GF/s", kernels::cpu::gemm_library_name(l)));
+    fmt::print(" {:>7}\n", "ratio");
     for (const std::string& name : dtype_names) {
       const DType type = name == "f16" ? DType::f16 : name == "bf16" ? DType::bf16 : DType::f32;
       if (name != dtype_name(type))
@@ -165,10 +199,16 @@ int main(int argc, char** argv) {
         std::optional<double> ratio;
         if (r.raw_gflops) ratio = r.lockstep_gflops / *r.raw_gflops;
         half_on_cpu |= !r.raw_gflops;
-        fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14.1f} {:>14} {:>7}\n", s.kind, s.m, s.n, s.k,
-                   name, r.lockstep_gflops,
-                   r.raw_gflops ? fmt::format("{:.1f}", *r.raw_gflops) : "-",
-                   ratio ? fmt::format("{:.3f}", *ratio) : "-");
+        fmt::print("{:<10} {:>6} {:>6} {:>6} {:>5} {:>14.1f}", s.kind, s.m, s.n, s.k, name,
+                   r.lockstep_gflops);
+        if (device.is_cuda())
+          fmt::print(" {:>14}", r.raw_gflops ? fmt::format("{:.1f}", *r.raw_gflops) : "-");
+        else
+          for (std::size_t i = 0; i < libraries.size(); ++i)
+            fmt::print(" {:>14}", i < r.library_gflops.size()
+                                      ? fmt::format("{:.1f}", r.library_gflops[i])
+                                      : "-");
+        fmt::print(" {:>7}\n", ratio ? fmt::format("{:.3f}", *ratio) : "-");
         json.write({bench::field("bench", "gemm"), bench::field("shape", s.kind),
                     bench::field("m", static_cast<long long>(s.m)),
                     bench::field("n", static_cast<long long>(s.n)),
@@ -176,15 +216,23 @@ int main(int argc, char** argv) {
                     bench::field("device", device.str()),
                     bench::field("threads", static_cast<long long>(device.is_cuda() ? 0 : threads)),
                     bench::field("lockstep_gflops", r.lockstep_gflops),
-                    bench::field("raw_gflops", r.raw_gflops), bench::field("ratio", ratio)});
+                    bench::field("raw_gflops", r.raw_gflops),
+                    bench::field("baseline", r.raw_gflops ? r.baseline : std::string()),
+                    bench::field("ratio", ratio)});
       }
     }
+    std::string cpu_baseline = "the fastest at each shape of";
+    for (kernels::cpu::GemmLibrary l : libraries)
+      cpu_baseline += std::string(l == libraries.front() ? " " : ", ") +
+                      kernels::cpu::gemm_library_name(l) + "'s own sgemm";
     bench::print_legend(
         device.is_cuda() ? "cublasGemmEx on the same buffers, timed in alternating batches"
-                         : "cblas_sgemm (" + kernels::cpu::cpu_gemm_kernels().describe() +
-                               ") on the same buffers, timed in alternating batches",
+                         : cpu_baseline +
+                               " on the same buffers, timed in alternating batches; "
+                               "lockstep runs " +
+                               kernels::cpu::cpu_gemm_kernels().describe(),
         "lockstep GF/s / baseline GF/s: higher is better, 1 is parity",
-        half_on_cpu ? "f16/bf16 on the CPU: OpenBLAS has no half GEMM to compare with" : "");
+        half_on_cpu ? "f16/bf16 on the CPU: no CPU library's sgemm takes half precision" : "");
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_gemm: {}\n", e.what());
     return 1;

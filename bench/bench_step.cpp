@@ -3,11 +3,11 @@
 // norm, SGD with momentum) of a model preset, against PyTorch running the
 // same step in the same run (bench/torch_step.py under one or more Pythons,
 // timed in warm blocks alternating with lockstep's), and for mlp against the
-// floor of its GEMMs alone (cblas_sgemm on the same shapes). Language models
+// floor of its GEMMs alone (the CPU GEMM library's own sgemm on the same
+// shapes, Note [CPU GEMM libraries]). Language models
 // (gpt-tiny, gpt2) also report tokens/s (samples/s x T). With
 // --activation-checkpointing it compares the step with and without activation
 // checkpointing instead (Note [checkpointing comparison]).
-#include <cblas.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
@@ -206,21 +206,22 @@ std::function<void()> mlp_gemms(std::int64_t batch) {
                        std::vector<float>(b * o), std::vector<float>(o * in),
                        std::vector<float>(b * o, 0.125f), std::vector<float>(b * in)});
   }
-  return [layers, batch, dims] {
+  const kernels::cpu::GemmLibrary library = kernels::cpu::gemm_library();
+  return [layers, batch, dims, library] {
     for (int l = 0; l < 3; ++l) {
       Layer& L = (*layers)[l];
       const std::int64_t in = dims[l], o = dims[l + 1];
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, o, in, 1, L.x.data(), in,
-                  L.w.data(), in, 0, L.y.data(), o);
+      kernels::cpu::raw_sgemm(library, false, true, batch, o, in, 1, L.x.data(), in, L.w.data(), in,
+                              0, L.y.data(), o);
     }
     for (int l = 2; l >= 0; --l) {
       Layer& L = (*layers)[l];
       const std::int64_t in = dims[l], o = dims[l + 1];
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o, in, batch, 1, L.dy.data(), o,
-                  L.x.data(), in, 1, L.dw.data(), in);
+      kernels::cpu::raw_sgemm(library, true, false, o, in, batch, 1, L.dy.data(), o, L.x.data(), in,
+                              1, L.dw.data(), in);
       if (l > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, o, 1, L.dy.data(), o,
-                    L.w.data(), in, 0, L.dx.data(), in);
+        kernels::cpu::raw_sgemm(library, false, false, batch, in, o, 1, L.dy.data(), o, L.w.data(),
+                                in, 0, L.dx.data(), in);
     }
   };
 }
@@ -241,7 +242,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_text, "cpu or cuda")->capture_default_str();
   app.add_option("--steps", steps, "the fewest timed steps in a block (each lasts at least 1 s)")
       ->capture_default_str();
-  app.add_option("--threads", threads, "CPU threads (OpenBLAS; PyTorch's intra-op threads)")
+  app.add_option("--threads", threads,
+                 "CPU threads (the GEMM library's; PyTorch's intra-op threads)")
       ->capture_default_str();
   app.add_option("--python", pythons,
                  "python with torch, for the baseline (repeat for several baselines, all timed "
@@ -356,7 +358,8 @@ int main(int argc, char** argv) {
                torch_sps ? fmt::format("{:.0f}", *torch_sps) : "-",
                ratio ? fmt::format("{:.3f}", *ratio) : "-", ours.peak_bytes / 1048576.0);
     if (gemm_ms)
-      fmt::print("mlp GEMMs alone (OpenBLAS): {:.2f} ms; step / GEMMs = {:.3f}\n", *gemm_ms,
+      fmt::print("mlp GEMMs alone ({}): {:.2f} ms; step / GEMMs = {:.3f}\n",
+                 kernels::cpu::gemm_library_name(kernels::cpu::gemm_library()), *gemm_ms,
                  *gemm_ratio);
     fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
     fmt::print("lockstep: {:.2f} ms/step, median of {} blocks ({:.2f}-{:.2f})\n", ours.ms_per_step,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/stream.h"
@@ -41,8 +42,43 @@ void validate_gemm(const GemmArgs& args);
 
 namespace cpu {
 void gemm(const GemmArgs& args);
-// Threads OpenBLAS may use for one GEMM (per process).
+// Threads the GEMM library may use for one GEMM (per process); 1 until set
+// (Note [one GEMM thread by default], kernels/cpu/gemm.cpp).
 void set_gemm_threads(int threads);
+
+// Note [CPU GEMM libraries]: the f32 GEMM under every CPU layer is one
+// library's sgemm. At one thread on a 2-vCPU Intel Xeon (family 6, model 207,
+// AVX-512), GF/s at the Linear, attention and im2col shapes of the presets,
+// median of 7 interleaved blocks (docs/benchmarks.md, "CPU GEMM libraries"):
+// oneDNN 2.6 (Debian's libdnnl) 183-215 and MKL 2026 (PyPI's mkl) 194-215
+// at the seven Linear shapes, OpenBLAS 0.3.21 (SkylakeX kernels) 168-188,
+// BLIS 0.9 84-118; at attention's 128x128x32 scores OpenBLAS 129 against
+// 187-195 (at its 128x32x128 values OpenBLAS leads, 215 against 196-210); at
+// the convolutions' im2col 54-144 against 101-187. oneDNN is the one a
+// Debian user installs, so a build that finds it (scripts/install-deps.sh
+// installs libdnnl-dev) uses its dnnl_sgemm by default, and OpenBLAS stays the
+// fallback: built in always, chosen with use_gemm_library (programs: the
+// environment's LOCKSTEP_CPU_GEMM=openblas). Both are deterministic for a
+// given shape and thread count, and neither's bits equal the other's. oneDNN
+// threads with OpenMP (Debian's build): the count is set on the calling
+// thread before each call, and OpenMP's workers spin briefly after each GEMM
+// (OMP_WAIT_POLICY=passive stops that where a loader or communication thread
+// needs the core).
+enum class GemmLibrary { onednn, openblas };
+const char* gemm_library_name(GemmLibrary library);  // "oneDNN", "OpenBLAS"
+// The libraries this build has, its default first.
+std::vector<GemmLibrary> gemm_libraries();
+GemmLibrary gemm_library();  // the one in use
+// Throws InvalidArgument when the build lacks `library`.
+void use_gemm_library(GemmLibrary library);
+// "onednn" or "openblas" (any case); throws InvalidArgument naming `what`,
+// the value and the libraries this build has.
+GemmLibrary parse_gemm_library(const std::string& name, const std::string& what);
+// Row-major f32 C = alpha op(A) op(B) + beta C through `library`'s own call:
+// what a benchmark's baseline calls.
+void raw_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+               std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+               std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 // Note [BLAS kernels]: OpenBLAS (DYNAMIC_ARCH) picks its kernels by the
 // processor's model number when it loads, and Debian 12's 0.3.21 does not know
@@ -53,10 +89,11 @@ void set_gemm_threads(int threads);
 // the kernels by name; scripts/openblas-coretype.sh prints the name this rule
 // gives, for scripts that start programs.
 struct CpuGemmKernels {
-  std::string library;  // "OpenBLAS 0.3.21"
-  std::string kernels;  // "SkylakeX": the kernels OpenBLAS chose
-  // The OPENBLAS_CORETYPE this processor should have when OpenBLAS chose
-  // generic kernels on a processor with AVX2 or AVX-512; "" otherwise.
+  std::string library;  // the library in use: "oneDNN 2.6.3", "OpenBLAS 0.3.21"
+  std::string kernels;  // "avx512_core" (oneDNN's ISA), "SkylakeX" (OpenBLAS's choice)
+  // With OpenBLAS in use: the OPENBLAS_CORETYPE this processor should have
+  // when OpenBLAS chose generic kernels on a processor with AVX2 or AVX-512;
+  // "" otherwise.
   std::string better_coretype;
   // "OpenBLAS 0.3.21, SkylakeX kernels".
   std::string describe() const;

@@ -103,7 +103,7 @@ def table(out):
             continue
         what = ("GEMM f32 {m}×{n}×{k}" if r["shape"] == "square"
                 else "GEMM f32 Linear forward {m}×{n}×{k}").format(**r)
-        base = "—" if r.get("raw_gflops") is None else f"OpenBLAS {r['raw_gflops']:.1f} GF/s"
+        base = "—" if r.get("raw_gflops") is None else f"{r.get('baseline') or 'OpenBLAS'} {r['raw_gflops']:.1f} GF/s"
         lines.append(f"| {what} | `{cmd['gemm.jsonl']}` | {r['lockstep_gflops']:.1f} GF/s | "
                      f"{base} | {fmt_ratio(r.get('ratio'))} |")
     for r in records(out, "step.jsonl", "step"):

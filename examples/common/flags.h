@@ -116,10 +116,14 @@ inline CLI::Validator model_name() {
   return one_of(std::move(names));
 }
 
-// The programs' --threads: OpenBLAS's threads, and on the `lead` rank a
-// warning when OpenBLAS runs generic kernels on this processor (Note [BLAS
-// kernels] in kernels/gemm.h), naming the environment variable that fixes it.
+// The programs' --threads: the CPU GEMM library's threads; the library
+// itself from the environment's LOCKSTEP_CPU_GEMM (onednn or openblas; Note
+// [CPU GEMM libraries] in kernels/gemm.h), the build's default without it;
+// and on the `lead` rank a warning when OpenBLAS runs generic kernels on this
+// processor (Note [BLAS kernels]), naming the environment variable that fixes it.
 inline void use_cpu_threads(int threads, bool lead) {
+  if (const char* library = std::getenv("LOCKSTEP_CPU_GEMM"); library && *library)
+    kernels::cpu::parse_gemm_library(library, "LOCKSTEP_CPU_GEMM");
   kernels::cpu::set_gemm_threads(threads);
   const std::string advice = kernels::cpu::cpu_gemm_kernels().advice();
   if (lead && !advice.empty()) fmt::print(stderr, "warning: {}\n", advice);

@@ -1,14 +1,25 @@
-// CPU GEMM: cblas_sgemm (OpenBLAS) on f32; f16/bf16 operands are widened to
-// f32 scratch first, since OpenBLAS 0.3.21 has no half-precision GEMM.
+// CPU GEMM: one library's f32 sgemm (Note [CPU GEMM libraries]: oneDNN's
+// dnnl_sgemm where the build found it, OpenBLAS's cblas_sgemm otherwise or
+// when asked); f16/bf16 operands are widened to f32 scratch first, since
+// neither library's sgemm takes half precision.
 #include <cblas.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cctype>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#if LOCKSTEP_WITH_ONEDNN
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
 #include "kernels/detail/cpu_float.h"
+#include "kernels/error.h"
 #include "kernels/gemm.h"
 
 namespace lockstep::kernels::cpu {
@@ -24,13 +35,44 @@ std::vector<float> widen(const void* src, DType type, std::int64_t rows, std::in
   return out;
 }
 
+std::atomic<GemmLibrary> current_library{gemm_libraries().front()};
+// Note [one GEMM thread by default]: one thread until set_gemm_threads. A
+// process per rank shares the node's cores with its peers (torchrun sets
+// OMP_NUM_THREADS=1 for the same reason), and OpenMP's workers spin after
+// each GEMM: with oneDNN's default of a thread per core, 4 ranks on 2 cores
+// took 95 s for mpi_tests_4_ranks_invariant, 3 s at one thread each.
+std::atomic<int> gemm_threads{1};
+std::once_flag openblas_default_threads;
+
+#if LOCKSTEP_WITH_ONEDNN
+const char* onednn_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    default:
+      return "other";
+  }
+}
+#endif
+
 void sgemm(const GemmArgs& g, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
            float* c, std::int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
-              static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), g.beta, c,
-              static_cast<blasint>(ldc));
+  raw_sgemm(current_library.load(std::memory_order_relaxed), g.trans_a, g.trans_b, g.m, g.n, g.k,
+            g.alpha, a, lda, b, ldb, g.beta, c, ldc);
 }
 
 // One GEMM of a batch (g.batch is ignored).
@@ -73,11 +115,102 @@ void gemm(const GemmArgs& g) {
   }
 }
 
-void set_gemm_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+void set_gemm_threads(int threads) {
+  gemm_threads.store(std::max(1, threads), std::memory_order_relaxed);
+  std::call_once(openblas_default_threads, [] {});
+  openblas_set_num_threads(std::max(1, threads));
+}
+
+const char* gemm_library_name(GemmLibrary library) {
+  return library == GemmLibrary::onednn ? "oneDNN" : "OpenBLAS";
+}
+
+std::vector<GemmLibrary> gemm_libraries() {
+#if LOCKSTEP_WITH_ONEDNN
+  return {GemmLibrary::onednn, GemmLibrary::openblas};
+#else
+  return {GemmLibrary::openblas};
+#endif
+}
+
+GemmLibrary gemm_library() { return current_library.load(std::memory_order_relaxed); }
+
+namespace {
+std::string libraries_text() {
+  std::string text;
+  for (GemmLibrary l : gemm_libraries()) {
+    std::string name = gemm_library_name(l);
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    text += (text.empty() ? "" : ", ") + name;
+  }
+  return text;
+}
+}  // namespace
+
+void use_gemm_library(GemmLibrary library) {
+  const std::vector<GemmLibrary> built = gemm_libraries();
+  if (std::find(built.begin(), built.end(), library) == built.end())
+    throw InvalidArgument(std::string("CPU GEMM library ") + gemm_library_name(library) +
+                          " is not in this build (it has " + libraries_text() +
+                          "; install libdnnl-dev and rebuild for oneDNN)");
+  current_library.store(library, std::memory_order_relaxed);
+}
+
+GemmLibrary parse_gemm_library(const std::string& name, const std::string& what) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  for (GemmLibrary l : {GemmLibrary::onednn, GemmLibrary::openblas}) {
+    std::string known = gemm_library_name(l);
+    std::transform(known.begin(), known.end(), known.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    if (lower == known) {
+      use_gemm_library(l);  // refuses one the build lacks, naming what it has
+      return l;
+    }
+  }
+  throw InvalidArgument(what + " '" + name + "' is not a CPU GEMM library; this build has " +
+                        libraries_text());
+}
+
+void raw_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+               std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+               std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+#if LOCKSTEP_WITH_ONEDNN
+  if (library == GemmLibrary::onednn) {
+    const int threads = gemm_threads.load(std::memory_order_relaxed);
+    if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
+                                            alpha, a, lda, b, ldb, beta, c, ldc);
+    if (status != dnnl_success)
+      throw InvalidArgument("dnnl_sgemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                            " k=" + std::to_string(k) + " failed with status " +
+                            std::to_string(static_cast<int>(status)));
+    return;
+  }
+#endif
+  (void)library;
+  std::call_once(openblas_default_threads,
+                 [] { openblas_set_num_threads(gemm_threads.load(std::memory_order_relaxed)); });
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
 
 // Note [BLAS kernels].
 CpuGemmKernels cpu_gemm_kernels() {
   CpuGemmKernels k;
+#if LOCKSTEP_WITH_ONEDNN
+  if (gemm_library() == GemmLibrary::onednn) {
+    const dnnl_version_t* v = dnnl_version();
+    k.library = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                std::to_string(v->patch);
+    k.kernels = onednn_isa();
+    return k;
+  }
+#endif
   const std::string config =
       openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
   const std::size_t version_end = config.find(' ', config.find(' ') + 1);

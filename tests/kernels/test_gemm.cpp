@@ -3,6 +3,8 @@
 // tests/support/reference.h (f32 accumulation bound plus output rounding).
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "kernels/error.h"
 #include "kernels/gemm.h"
 #include "support/reference.h"
@@ -45,6 +47,19 @@ void check_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   }
 }
 
+// Each CPU GEMM library the build has (Note [CPU GEMM libraries]), the
+// default restored after.
+template <typename Body>
+void for_each_library(Body&& body) {
+  const std::vector<kernels::cpu::GemmLibrary> libraries = kernels::cpu::gemm_libraries();
+  for (kernels::cpu::GemmLibrary library : libraries) {
+    INFO("library " << kernels::cpu::gemm_library_name(library));
+    kernels::cpu::use_gemm_library(library);
+    body();
+  }
+  kernels::cpu::use_gemm_library(libraries.front());
+}
+
 }  // namespace
 
 TEST_CASE("cpu gemm matches a float64 loop for odd shapes, transposes and dtypes",
@@ -55,19 +70,47 @@ TEST_CASE("cpu gemm matches a float64 loop for odd shapes, transposes and dtypes
                         {DType::bf16, DType::f32},
                         {DType::bf16, DType::bf16}};
   const std::int64_t sizes[] = {1, 7, 33, 129};
-  for (const Case& types : cases)
-    for (std::int64_t m : sizes)
-      for (std::int64_t n : sizes)
-        for (std::int64_t k : sizes)
-          for (int t = 0; t < 4; ++t) check_gemm(t & 1, t & 2, m, n, k, types, 1.0f, 0.0f);
+  for_each_library([&] {
+    for (const Case& types : cases)
+      for (std::int64_t m : sizes)
+        for (std::int64_t n : sizes)
+          for (std::int64_t k : sizes)
+            for (int t = 0; t < 4; ++t) check_gemm(t & 1, t & 2, m, n, k, types, 1.0f, 0.0f);
+  });
 }
 
 TEST_CASE("cpu gemm applies alpha and accumulates with beta", "[kernels][gemm]") {
-  for (DType c_type : {DType::f32, DType::bf16}) {
-    const DType ab = c_type == DType::f32 ? DType::f32 : DType::bf16;
-    check_gemm(false, true, 33, 7, 129, {ab, c_type}, 0.5f, 1.0f);
-    check_gemm(true, false, 7, 33, 1, {ab, c_type}, -2.0f, 0.25f);
+  for_each_library([] {
+    for (DType c_type : {DType::f32, DType::bf16}) {
+      const DType ab = c_type == DType::f32 ? DType::f32 : DType::bf16;
+      check_gemm(false, true, 33, 7, 129, {ab, c_type}, 0.5f, 1.0f);
+      check_gemm(true, false, 7, 33, 1, {ab, c_type}, -2.0f, 0.25f);
+    }
+  });
+}
+
+TEST_CASE("the cpu gemm library is chosen by name among those the build has", "[kernels][gemm]") {
+  using kernels::cpu::GemmLibrary;
+  const std::vector<GemmLibrary> libraries = kernels::cpu::gemm_libraries();
+  // OpenBLAS is always built in, and last: the fallback.
+  REQUIRE(libraries.back() == GemmLibrary::openblas);
+  CHECK(kernels::cpu::gemm_library() == libraries.front());
+  CHECK(kernels::cpu::parse_gemm_library("OpenBLAS", "--x") == GemmLibrary::openblas);
+  CHECK(kernels::cpu::gemm_library() == GemmLibrary::openblas);
+  CHECK(kernels::cpu::cpu_gemm_kernels().library.rfind("OpenBLAS ", 0) == 0);
+  CHECK_THROWS_WITH(kernels::cpu::parse_gemm_library("mkl", "LOCKSTEP_CPU_GEMM"),
+                    Catch::Contains("LOCKSTEP_CPU_GEMM 'mkl' is not a CPU GEMM library") &&
+                        Catch::Contains("openblas"));
+  if (libraries.front() == GemmLibrary::onednn) {
+    CHECK(kernels::cpu::parse_gemm_library("onednn", "--x") == GemmLibrary::onednn);
+    const kernels::cpu::CpuGemmKernels k = kernels::cpu::cpu_gemm_kernels();
+    CHECK(k.library.rfind("oneDNN ", 0) == 0);
+    CHECK(k.better_coretype.empty());  // OPENBLAS_CORETYPE advice is OpenBLAS's alone
+  } else {
+    CHECK_THROWS_WITH(kernels::cpu::use_gemm_library(GemmLibrary::onednn),
+                      Catch::Contains("oneDNN is not in this build"));
   }
+  kernels::cpu::use_gemm_library(libraries.front());
 }
 
 TEST_CASE("gemm rejects inconsistent arguments with a message naming them", "[kernels][gemm]") {
@@ -122,4 +165,26 @@ TEST_CASE("cpu strided-batched gemm equals one float64 gemm per batch", "[kernel
   }
   g.stride_c = m * n - 1;
   CHECK_THROWS_WITH(kernels::cpu::gemm(g), Catch::Contains("batch strides"));
+}
+
+TEST_CASE("each cpu gemm library gives the same bits again at two threads", "[kernels][gemm]") {
+  // The claim behind Note [deterministic runs] (docs/architecture.md): no
+  // library's split of the work across threads makes a result depend on timing.
+  const std::int64_t m = 64, n = 96, k = 1031;  // a long k, where a library may split it
+  const auto a = test::random_matrix(m * k, DType::f32, 4);
+  const auto b = test::random_matrix(k * n, DType::f32, 5);
+  kernels::cpu::set_gemm_threads(2);
+  for_each_library([&] {
+    std::vector<float> first(static_cast<std::size_t>(m * n)), again(first.size());
+    for (std::vector<float>* c : {&first, &again}) {
+      GemmArgs g;
+      g.m = m, g.n = n, g.k = k;
+      g.a = a.bytes.data(), g.lda = k;
+      g.b = b.bytes.data(), g.ldb = n;
+      g.c = c->data(), g.ldc = n;
+      for (int repeat = 0; repeat < 20; ++repeat) kernels::cpu::gemm(g);
+    }
+    CHECK(first == again);
+  });
+  kernels::cpu::set_gemm_threads(1);
 }

@@ -34,8 +34,19 @@ expect "$work/det" "deterministic on"
 head -n 1 "$work/det.jsonl" | grep -qF '"run": "start"' || fail "metrics do not open with the run record"
 head -n 1 "$work/det.jsonl" | grep -qF '"deterministic": true' || fail "the run record lacks deterministic"
 
-# Note [BLAS kernels]: the header names the kernels OpenBLAS runs, and OpenBLAS's
-# generic ones on a processor with AVX2 bring the warning that names the fix.
+# Note [CPU GEMM libraries]: the header names the library in use, the build's
+# default or LOCKSTEP_CPU_GEMM's; a name the build lacks is refused, naming
+# what it has.
+grep -qE "^  cpu gemm     (oneDNN|OpenBLAS) " "$work/plain" || fail "no cpu gemm line in the header"
+if LOCKSTEP_CPU_GEMM=mkl "$train" "${common[@]}" --steps 1 >"$work/mkl" 2>&1; then
+  fail "LOCKSTEP_CPU_GEMM=mkl did not fail"
+fi
+expect "$work/mkl" "LOCKSTEP_CPU_GEMM 'mkl' is not a CPU GEMM library; this build has"
+expect "$work/mkl" "openblas"
+# Note [BLAS kernels]: with OpenBLAS, the header names the kernels it runs,
+# and its generic ones on a processor with AVX2 bring the warning that names
+# the fix.
+export LOCKSTEP_CPU_GEMM=openblas
 OPENBLAS_CORETYPE=Prescott "$train" "${common[@]}" --batch-size 64 --steps 1 >"$work/generic" 2>&1
 expect "$work/generic" "cpu gemm     OpenBLAS"
 expect "$work/generic" "Prescott kernels"
@@ -49,6 +60,7 @@ if [ -n "$(OPENBLAS_CORETYPE= "$src/scripts/openblas-coretype.sh")" ]; then
 else
   grep -qF "does not recognise" "$work/plain" && fail "a warning about OpenBLAS's own choice"
 fi
+unset LOCKSTEP_CPU_GEMM
 
 # An error before the first step: the message alone, no header.
 if "$train" "${common[@]}" --resume auto >"$work/err.out" 2>"$work/err"; then
