@@ -24,7 +24,10 @@
 // the ranks by the step agreement itself (Note [sharded step checks],
 // engine/zero.h), then the scaler's update and clipping of the shard; the
 // optimizer updates the shard, and sync.gather brings every rank's shard
-// back. Everything that decides what happens next depends only on reduced
+// back. With zero_stage 2 (ZeRO-2) the same, but the gradients are the
+// synchroniser's packed shard (Note [transient gradients],
+// comm/gradient_synchronizer.h) and every micro-batch reduce-scatters.
+// Everything that decides what happens next depends only on reduced
 // or agreed values, so every rank decides alike with no further collective.
 //
 // Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
@@ -216,8 +219,13 @@ class DataParallelStep {
   // Unscale and check, then clip or measure: the norm, NaN for a step the loss
   // scaler skips (the unsharded form of measure_shard and decide_sharded, engine/zero.h).
   double unscale_and_clip();
-  // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
+  // ZeRO-1 and ZeRO-2 (StepOptions::sync.zero_stage 1, 2): each rank updates its shard.
   bool sharded() const { return sync_ && sync_->sharded(); }
+  // The gradients the sharded checks read: the flat buffer (ZeRO-1) or the
+  // packed shard (ZeRO-2, Note [transient gradients]).
+  core::Tensor& shard_grads() {
+    return sync_->transient_gradients() ? sync_->shard_gradients() : store_.grads();
+  }
   // Note [non-finite steps]: the error after the last allowed skip.
   [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
 
@@ -230,8 +238,8 @@ class DataParallelStep {
   StepOptions options_;
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
-  std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
-  std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
+  std::vector<comm::FlatRange> owned_;  // ZeRO-1: this rank's shard (ZeRO-2: in shard_grads())
+  std::unique_ptr<comm::StepAgreement> agreement_;  // null without a world
   std::shared_ptr<Loss> loss_;
   // [loss x counted rows, counted rows] summed over a step's micro-batches on
   // the device and read once after it; and one micro-batch's loss x rows.
