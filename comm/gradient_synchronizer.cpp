@@ -75,18 +75,10 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   std::int64_t largest = 0;
   for (const Bucket& bucket : buckets_) largest = std::max(largest, bucket.numel);
   const bool tail = sharded() && shards_.padded_numel() > shards_.buffer_numel;
-  if (transient_gradients()) {
-    std::int64_t largest_chunk = 0;
-    for (std::size_t b = 0; b < buckets_.size(); ++b)
-      largest_chunk = std::max(largest_chunk, shards_.chunk_numel(b));
-    {
-      core::MemoryKindScope kind(core::MemoryKind::gradients);  // Note [memory kinds]
-      shard_grads_ = core::Tensor::zeros({shards_.shard_numel()}, DType::f32, device, compute);
-    }
-    chunk_scratch_ = core::Tensor::empty({largest_chunk}, DType::f32, device, compute);
-    // The gradients are the caller's, group by group, from now on.
-    model_.gradients = core::Tensor();
-  }
+  // ZeRO-2: the gradients are the caller's, group by group, from now on; the
+  // shard is made in set_gradient_groups, once the caller has dropped its
+  // flat buffer (so that the two never exist together).
+  if (transient_gradients()) model_.gradients = core::Tensor();
   auto reduce = [this](std::size_t b, const core::Stream& stream) { reduce_bucket(b, stream); };
   if (device.is_cuda()) {
     comm_stream_ = core::Stream::create(device);
@@ -464,6 +456,13 @@ void GradientSynchronizer::reduce_scatter_group(std::size_t b, const core::Strea
   core::Tensor slice =
       gradient_groups_->group(group_of_[b]).view(bucket.offset - group.offset, {bucket.numel});
   core::Tensor target = shard_grads_.view(chunk_position_[b], {chunk});
+  if (!first_pass_ && !chunk_scratch_.defined()) {  // the first step with accumulation
+    std::int64_t largest = 0;
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      largest = std::max(largest, shards_.chunk_numel(i));
+    core::MemoryKindScope kind(core::MemoryKind::communication);  // Note [memory kinds]
+    chunk_scratch_ = core::Tensor::empty({largest}, DType::f32, comm.device(), stream);
+  }
   core::Tensor received = first_pass_ ? target : chunk_scratch_.view(0, {chunk});
   const DType wire = options_.wire_dtype;
   if (wire == DType::f32) {
@@ -510,6 +509,10 @@ void GradientSynchronizer::set_gradient_groups(GradientGroups& groups) {
         "GradientSynchronizer::set_gradient_groups needs zero_stage 2 (with stages 0 and 1 the "
         "gradients are the model's flat buffer)");
   gradient_groups_ = &groups;
+  if (shard_grads_.defined()) return;
+  core::MemoryKindScope kind(core::MemoryKind::gradients);  // Note [memory kinds]
+  shard_grads_ = core::Tensor::zeros({shards_.shard_numel()}, DType::f32, comm_.device(),
+                                     options_.compute_stream);
 }
 
 core::Tensor& GradientSynchronizer::shard_gradients() {

@@ -206,10 +206,12 @@ class GradientSynchronizer {
   // past the buffer over the layout's padding, which stays zero.
   const std::vector<FlatRange>& gradient_groups() const { return groups_; }
   // ZeRO-2: where the groups' gradients come from; `groups` must outlive the
-  // synchroniser's steps. Needed before the first begin_step.
+  // synchroniser's steps. Needed before the first begin_step; makes the
+  // shard (call it once the flat gradient buffer is gone).
   void set_gradient_groups(GradientGroups& groups);
   // ZeRO-2: this rank's averaged gradients after finish(), packed
-  // (shard_numel() elements, chunk after chunk in bucket order).
+  // (shard_numel() elements, chunk after chunk in bucket order); made by
+  // set_gradient_groups.
   core::Tensor& shard_gradients();
   // ZeRO-2: every rank's shard gathered into a new flat buffer of the
   // model's layout (padded size), for messages. Collective.
@@ -248,7 +250,7 @@ class GradientSynchronizer {
   ShardLayout shards_;                     // zero_stage 1, 2
   // Note [transient gradients] (zero_stage 2): the groups, each bucket's
   // group, the next group to drop, the shard, and a chunk of scratch for the
-  // later micro-batches' chunks.
+  // later micro-batches' chunks (made by the first step with accumulation).
   std::vector<FlatRange> groups_;
   std::vector<std::size_t> group_of_;     // per bucket
   std::vector<std::size_t> last_bucket_;  // per group
