@@ -22,12 +22,12 @@ std::vector<std::string> describe_model(const SynchronizedModel& model) {
   std::vector<std::string> entries;
   for (const GradientSegment& s : model.segments)
     entries.push_back(fmt::format("parameter '{}' {} {} at offset {}", s.name,
-                                  dtype_name(model.gradients.dtype()), core::shape_str(s.shape),
+                                  dtype_name(model.parameters.dtype()), core::shape_str(s.shape),
                                   s.offset));
   for (const NamedBuffer& b : model.buffers)
     entries.push_back(fmt::format("buffer '{}' {} {}", b.name, dtype_name(b.tensor.dtype()),
                                   core::shape_str(b.tensor.shape())));
-  entries.push_back(fmt::format("flat buffers of {} elements", model.gradients.numel()));
+  entries.push_back(fmt::format("flat buffers of {} elements", model.parameters.numel()));
   return entries;
 }
 
@@ -129,7 +129,7 @@ void GradientSynchronizer::pack_buffers() {
 // The bucket plan, and the per-step bookkeeping sized to it.
 void GradientSynchronizer::plan() {
   if (sharded()) {
-    shards_ = plan_shards(model_.segments, model_.gradients.numel(), comm_.size(), comm_.rank(),
+    shards_ = plan_shards(model_.segments, model_.parameters.numel(), comm_.size(), comm_.rank(),
                           options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
     buckets_ = shards_.buckets;
   } else {
@@ -183,17 +183,18 @@ void GradientSynchronizer::plan() {
 void GradientSynchronizer::check_model() const {
   const core::Tensor& params = model_.parameters;
   const core::Tensor& grads = model_.gradients;
-  if (!params.defined() || !grads.defined())
+  // ZeRO-2 may go without the flat gradients (Note [transient gradients]).
+  if (!params.defined() || (!grads.defined() && options_.zero_stage != 2))
     throw InvalidArgument(
         "GradientSynchronizer: the flat parameter and gradient buffers must both be given");
-  if (params.dtype() != DType::f32 || grads.dtype() != DType::f32 ||
-      params.numel() != grads.numel())
+  if (params.dtype() != DType::f32 ||
+      (grads.defined() && (grads.dtype() != DType::f32 || params.numel() != grads.numel())))
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: parameters ({} {}) and gradients ({} {}) must be f32 buffers of the "
         "same size",
         params.numel(), dtype_name(params.dtype()), grads.numel(), dtype_name(grads.dtype())));
   for (const core::Tensor* t : {&params, &grads})
-    if (!(t->device() == comm_.device()))
+    if (t->defined() && !(t->device() == comm_.device()))
       throw InvalidArgument(fmt::format(
           "GradientSynchronizer: the model is on {} but communicator '{}' ({}) takes buffers on "
           "{} (use World::for_device)",
@@ -206,7 +207,7 @@ void GradientSynchronizer::check_model() const {
   if (wire != DType::f32 && wire != DType::bf16 && wire != DType::f16)
     throw InvalidArgument(fmt::format("GradientSynchronizer: wire_dtype {} is not f32, bf16 or f16",
                                       dtype_name(wire)));
-  check_segments(model_.segments, grads.numel());
+  check_segments(model_.segments, params.numel());
   if (options_.ordered && (options_.average || wire != DType::f32))
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: ordered synchronisation sums f32 gradients in a fixed order (Note "

@@ -32,7 +32,8 @@ double with_step(std::int64_t step, Decide&& decide) {
 comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
   comm::SynchronizedModel m;
   m.parameters = store.values();
-  m.gradients = store.grads();
+  if (store.flat_gradients())
+    m.gradients = store.grads();  // ZeRO-2: none (Note [transient gradients])
   for (const ParameterStore::Slot& s : store.slots())
     m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
   for (Buffer* b : model.buffers()) m.buffers.push_back({b->name, b->value});

@@ -8,7 +8,8 @@
 
 namespace lockstep::engine {
 
-ParameterStore::ParameterStore(Module& model, core::Device device, const core::Stream& stream)
+ParameterStore::ParameterStore(Module& model, core::Device device, const core::Stream& stream,
+                               Gradients gradients)
     : device_(device) {
   model.assign_names();
   std::int64_t offset = 0;
@@ -30,7 +31,7 @@ ParameterStore::ParameterStore(Module& model, core::Device device, const core::S
     core::MemoryKindScope kind(core::MemoryKind::parameters);  // Note [memory kinds]
     values_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
   }
-  {
+  if (gradients == Gradients::flat) {
     core::MemoryKindScope kind(core::MemoryKind::gradients);
     grads_ = core::Tensor::zeros({offset}, DType::f32, device, stream);
   }
@@ -39,7 +40,7 @@ ParameterStore::ParameterStore(Module& model, core::Device device, const core::S
     core::Tensor view = values_.view(s.offset, p.value.shape());
     view.copy_from(p.value, stream);
     p.value = view;
-    p.grad = grads_.view(s.offset, view.shape());
+    p.grad = grads_.defined() ? grads_.view(s.offset, view.shape()) : core::Tensor();
     ++p.version;
   }
   for (Parameter* p : model.parameters()) {
@@ -66,7 +67,7 @@ ParameterStore::~ParameterStore() {
 
 void ParameterStore::zero_grad(const core::Stream& stream) {
   zero_stream_ = stream;
-  if (gradient_groups_used()) {  // Note [transient gradients]: made by their first writer
+  if (!flat_gradients()) {  // Note [transient gradients]: made by their first writer
     for (std::size_t g = 0; g < groups_.size(); ++g) release(g);
     return;
   }
@@ -76,7 +77,7 @@ void ParameterStore::zero_grad(const core::Stream& stream) {
 }
 
 core::Tensor& ParameterStore::grads() {
-  if (gradient_groups_used())
+  if (!flat_gradients())
     throw InvalidArgument(
         "ParameterStore::grads(): under ZeRO-2 there is no flat gradient buffer, only each "
         "rank's shard (GradientSynchronizer::shard_gradients; Note [transient gradients])");

@@ -29,11 +29,17 @@ class ParameterStore final : public comm::GradientGroups {
     std::int64_t numel;
   };
 
+  // Where gradients live: one flat buffer, or (ZeRO-2) the synchroniser's
+  // groups, so that the flat buffer is never made (Note [transient gradients]).
+  enum class Gradients { flat, groups };
+
   // Names the tree (Module::assign_names), moves every parameter and buffer of
   // `model` to `device`, and re-points trainable parameters into the flat
   // buffers (values copied, gradients zeroed). Frozen parameters keep their own
-  // value and no gradient.
-  ParameterStore(Module& model, core::Device device, const core::Stream& stream = {});
+  // value and no gradient. Gradients::groups: no gradient has storage until
+  // use_gradient_groups (the ZeRO-2 step calls it).
+  ParameterStore(Module& model, core::Device device, const core::Stream& stream = {},
+                 Gradients gradients = Gradients::flat);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ~ParameterStore() override;
@@ -44,6 +50,8 @@ class ParameterStore final : public comm::GradientGroups {
   // Zero-fills first any gradient still stale (Note [lazy zero_grad]).
   // Throws InvalidArgument under ZeRO-2, which keeps no flat gradient buffer.
   core::Tensor& grads();
+  // Whether grads() has a flat buffer to give.
+  bool flat_gradients() const { return grads_.defined(); }
   std::int64_t size() const { return values_.numel(); }  // elements, padding included
   // Position of `p` in slots(); throws InvalidArgument for a foreign parameter.
   std::size_t index_of(const Parameter& p) const;

@@ -345,7 +345,10 @@ int run(const Flags& flags, comm::World& world) {
   std::unique_ptr<Module> model =
       make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
   initialize(*model, f.seed);
-  ParameterStore store(*model, device);
+  // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]).
+  ParameterStore store(
+      *model, device, {},
+      f.zero == 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat);
   core::Stream stream = core::Stream::create(device);
   if (!f.init_from.empty()) load_weights(f.init_from, *model, stream);
 
