@@ -32,7 +32,8 @@
 //
 // Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
 // micro-batches of B rows give the update of one batch of K*B rows. Only the
-// last micro-batch communicates (no_sync before it). Dropout keys use the
+// last micro-batch communicates (no_sync before it; under ZeRO-2 every one
+// does, Note [transient gradients]). Dropout keys use the
 // row's position in the step's global batch, (k * world + rank) * B + row,
 // which is the same for any split of that batch (Note [dropout keys]).
 //

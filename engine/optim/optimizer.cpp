@@ -192,6 +192,8 @@ void Optimizer::set_state_tensor(const std::string& parameter, const std::string
 // after chunk in bucket order: shard_numel() elements per state buffer, the
 // unsharded size / ranks rounded up to 64 elements. A segment of the table
 // is a group run cut to one chunk; its state_offset is the packed position.
+// Under ZeRO-2 the gradients are packed the same way (the synchroniser's
+// shard), so a segment's grad_shift takes them from its packed position too.
 void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
                       const core::Stream& stream, core::Tensor packed_grads) {
   if (sharded()) throw InvalidArgument(type_name_ + ": shard() was called already");
