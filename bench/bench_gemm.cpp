@@ -221,10 +221,10 @@ int main(int argc, char** argv) {
                     bench::field("ratio", ratio)});
       }
     }
-    std::string cpu_baseline = "the fastest at each shape of";
+    std::string cpu_baseline = "the library call, at each shape the fastest of";
     for (kernels::cpu::GemmLibrary l : libraries)
       cpu_baseline += std::string(l == libraries.front() ? " " : ", ") +
-                      kernels::cpu::gemm_library_name(l) + "'s own sgemm";
+                      kernels::cpu::gemm_library_name(l) + "'s sgemm";
     bench::print_legend(
         device.is_cuda() ? "cublasGemmEx on the same buffers, timed in alternating batches"
                          : cpu_baseline +

@@ -10,6 +10,7 @@
 #include "comm/detail/bucket_runner.h"
 #include "comm/host_buffer.h"
 #include "comm/model_check.h"
+#include "engine/core/memory.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
 #include "kernels/error.h"
@@ -21,12 +22,12 @@ std::vector<std::string> describe_model(const SynchronizedModel& model) {
   std::vector<std::string> entries;
   for (const GradientSegment& s : model.segments)
     entries.push_back(fmt::format("parameter '{}' {} {} at offset {}", s.name,
-                                  dtype_name(model.gradients.dtype()), core::shape_str(s.shape),
+                                  dtype_name(model.parameters.dtype()), core::shape_str(s.shape),
                                   s.offset));
   for (const NamedBuffer& b : model.buffers)
     entries.push_back(fmt::format("buffer '{}' {} {}", b.name, dtype_name(b.tensor.dtype()),
                                   core::shape_str(b.tensor.shape())));
-  entries.push_back(fmt::format("flat buffers of {} elements", model.gradients.numel()));
+  entries.push_back(fmt::format("flat buffers of {} elements", model.parameters.numel()));
   return entries;
 }
 
@@ -43,7 +44,11 @@ GradientSynchronizer::NoSync::NoSync(GradientSynchronizer& sync) : sync_(&sync) 
 }
 
 GradientSynchronizer::NoSync::~NoSync() {
-  if (sync_) --sync_->no_sync_depth_;
+  if (!sync_) return;
+  // Note [transient gradients]: the micro-batch's backward ended; its
+  // buckets are completed before the next one reports (or in finish()).
+  if (--sync_->no_sync_depth_ == 0 && sync_->transient_gradients() && sync_->in_step_)
+    sync_->pass_ended_ = true;
 }
 
 GradientSynchronizer::NoSync::NoSync(NoSync&& other) noexcept
@@ -70,6 +75,10 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   std::int64_t largest = 0;
   for (const Bucket& bucket : buckets_) largest = std::max(largest, bucket.numel);
   const bool tail = sharded() && shards_.padded_numel() > shards_.buffer_numel;
+  // ZeRO-2: the gradients are the caller's, group by group, from now on; the
+  // shard is made in set_gradient_groups, once the caller has dropped its
+  // flat buffer (so that the two never exist together).
+  if (transient_gradients()) model_.gradients = core::Tensor();
   auto reduce = [this](std::size_t b, const core::Stream& stream) { reduce_bucket(b, stream); };
   if (device.is_cuda()) {
     comm_stream_ = core::Stream::create(device);
@@ -86,8 +95,10 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
     // Duplicated in both modes: ranks may choose differently (host_overlap
     // depends on each node's cores) and a duplicate is a collective.
     thread_comm_ = comm_.duplicate("gradients");
-    runner_ = options_.host_overlap ? detail::make_thread_runner(reduce)
-                                    : detail::make_deferred_runner(reduce);
+    // Note [transient gradients]: ZeRO-2 reduces each bucket on the caller's thread at once.
+    runner_ = options_.host_overlap && !transient_gradients()
+                  ? detail::make_thread_runner(reduce)
+                  : detail::make_deferred_runner(reduce);
   }
 }
 
@@ -118,7 +129,7 @@ void GradientSynchronizer::pack_buffers() {
 // The bucket plan, and the per-step bookkeeping sized to it.
 void GradientSynchronizer::plan() {
   if (sharded()) {
-    shards_ = plan_shards(model_.segments, model_.gradients.numel(), comm_.size(), comm_.rank(),
+    shards_ = plan_shards(model_.segments, model_.parameters.numel(), comm_.size(), comm_.rank(),
                           options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
     buckets_ = shards_.buckets;
   } else {
@@ -147,22 +158,43 @@ void GradientSynchronizer::plan() {
   }
   pending_.assign(buckets_.size(), 0);
   ready_.assign(model_.segments.size(), 0);
+  if (!transient_gradients()) return;
+  // Note [transient gradients]: a group ends where no segment straddles the
+  // edge between two buckets.
+  std::int64_t position = 0;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    const bool joins_previous = b > 0 && bucket.first_segment < bucket.end_segment &&
+                                buckets_[b - 1].first_segment < buckets_[b - 1].end_segment &&
+                                buckets_[b - 1].end_segment - 1 == bucket.first_segment;
+    if (joins_previous) {
+      groups_.back().numel += bucket.numel;
+      last_bucket_.back() = b;
+    } else {
+      groups_.push_back({bucket.offset, bucket.numel});
+      last_bucket_.push_back(b);
+    }
+    group_of_.push_back(groups_.size() - 1);
+    chunk_position_.push_back(position);
+    position += shards_.chunk_numel(b);
+  }
 }
 
 void GradientSynchronizer::check_model() const {
   const core::Tensor& params = model_.parameters;
   const core::Tensor& grads = model_.gradients;
-  if (!params.defined() || !grads.defined())
+  // ZeRO-2 may go without the flat gradients (Note [transient gradients]).
+  if (!params.defined() || (!grads.defined() && options_.zero_stage != 2))
     throw InvalidArgument(
         "GradientSynchronizer: the flat parameter and gradient buffers must both be given");
-  if (params.dtype() != DType::f32 || grads.dtype() != DType::f32 ||
-      params.numel() != grads.numel())
+  if (params.dtype() != DType::f32 ||
+      (grads.defined() && (grads.dtype() != DType::f32 || params.numel() != grads.numel())))
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: parameters ({} {}) and gradients ({} {}) must be f32 buffers of the "
         "same size",
         params.numel(), dtype_name(params.dtype()), grads.numel(), dtype_name(grads.dtype())));
   for (const core::Tensor* t : {&params, &grads})
-    if (!(t->device() == comm_.device()))
+    if (t->defined() && !(t->device() == comm_.device()))
       throw InvalidArgument(fmt::format(
           "GradientSynchronizer: the model is on {} but communicator '{}' ({}) takes buffers on "
           "{} (use World::for_device)",
@@ -175,18 +207,24 @@ void GradientSynchronizer::check_model() const {
   if (wire != DType::f32 && wire != DType::bf16 && wire != DType::f16)
     throw InvalidArgument(fmt::format("GradientSynchronizer: wire_dtype {} is not f32, bf16 or f16",
                                       dtype_name(wire)));
-  check_segments(model_.segments, grads.numel());
+  check_segments(model_.segments, params.numel());
   if (options_.ordered && (options_.average || wire != DType::f32))
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: ordered synchronisation sums f32 gradients in a fixed order (Note "
         "[ordered synchronisation]); it was given average = {} and wire_dtype {}: set average = "
         "false (divide each rank's gradient instead) and wire_dtype f32",
         options_.average, dtype_name(wire)));
-  if (options_.zero_stage != 0 && options_.zero_stage != 1)
+  if (options_.zero_stage < 0 || options_.zero_stage > 2)
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: zero_stage {} is not supported (use 0: allreduce every gradient, "
-        "or 1: ZeRO-1, reduce-scatter into per-rank shards)",
+        "1: ZeRO-1, reduce-scatter into per-rank shards, or 2: ZeRO-2, and keep only the shard's "
+        "gradients)",
         options_.zero_stage));
+  if (options_.zero_stage == 2 && options_.ordered)
+    throw InvalidArgument(
+        "GradientSynchronizer: ordered synchronisation sums the whole gradient buffer in "
+        "finish(), which ZeRO-2 does not keep (Note [transient gradients]): use zero_stage 1 "
+        "with it");
 }
 
 void GradientSynchronizer::broadcast_buffers() {
@@ -224,8 +262,14 @@ void GradientSynchronizer::begin_step(std::int64_t step) {
   broadcast_buffers();
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     pending_[b] = buckets_[b].end_segment - buckets_[b].first_segment;
+  if (transient_gradients() && !gradient_groups_)
+    throw InvalidArgument(
+        "begin_step: ZeRO-2 needs the gradients' owner: call set_gradient_groups first (Note "
+        "[transient gradients])");
   std::fill(ready_.begin(), ready_.end(), 0);
-  next_launch_ = 0;
+  next_launch_ = next_release_ = recorded_through_ = 0;
+  first_pass_ = true;
+  pass_ended_ = false;
   in_step_ = true;
 }
 
@@ -233,8 +277,17 @@ void GradientSynchronizer::mark_ready(std::size_t segment) {
   if (segment >= model_.segments.size())
     throw InvalidArgument(fmt::format("mark_ready({}): the model has {} gradient segments", segment,
                                       model_.segments.size()));
-  if (no_sync_depth_ > 0) return;
+  if (no_sync_depth_ > 0 && !transient_gradients()) return;
   const std::string& name = model_.segments[segment].name;
+  if (pass_ended_) {  // Note [transient gradients]: the previous micro-batch's buckets
+    pass_ended_ = false;
+    complete_pass();
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      pending_[b] = buckets_[b].end_segment - buckets_[b].first_segment;
+    next_launch_ = next_release_ = recorded_through_ = 0;
+    first_pass_ = false;
+  }
   if (!in_step_)
     throw InvalidArgument(fmt::format(
         "mark_ready('{}') outside a step: call begin_step(step) before the forward pass", name));
@@ -259,6 +312,49 @@ void GradientSynchronizer::launch_ready_buckets() {
       core::trace::instant(fmt::format("bucket {} ready", next_launch_), "comm");
     runner_->launch(next_launch_++);
   }
+  if (!transient_gradients()) return;
+  if (!comm_.device().is_cuda()) runner_->wait_all();  // Note [transient gradients]
+  release_reduced_groups(false);
+}
+
+void GradientSynchronizer::release_reduced_groups(bool all) {
+  std::size_t complete = 0;  // groups [0, complete) have all their buckets launched
+  while (complete < groups_.size() && last_bucket_[complete] < next_launch_) ++complete;
+  std::size_t through = complete;
+  if (comm_.device().is_cuda() && !all) {
+    // Note [stream-ordered free]: the compute stream waits for the groups
+    // before the latest complete one, then they may go.
+    if (complete == recorded_through_) return;
+    through = recorded_through_;
+    if (through > next_release_) options_.compute_stream.wait(group_reduced_);
+    group_reduced_.record(comm_stream_);
+    recorded_through_ = complete;
+  }
+  for (; next_release_ < through; ++next_release_) gradient_groups_->release(next_release_);
+}
+
+void GradientSynchronizer::complete_pass() {
+  std::vector<std::size_t> missing;
+  for (std::size_t s = 0; s < ready_.size(); ++s)
+    if (!ready_[s]) missing.push_back(s);
+  if (options_.ordered) {
+    ordered_->run(model_.gradients, options_.compute_stream);
+  } else {
+    while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
+    runner_->wait_all();
+    if (transient_gradients()) release_reduced_groups(true);
+  }
+  if (missing.empty()) return;
+  std::string others;
+  for (std::size_t i = 1; i < std::min<std::size_t>(missing.size(), 4); ++i)
+    others += fmt::format("{}'{}'", i > 1 ? ", " : "", model_.segments[missing[i]].name);
+  if (missing.size() > 4) others += fmt::format(" and {} more", missing.size() - 4);
+  throw InvalidArgument(fmt::format(
+      "finish() at step {}: parameter '{}' (segment {} of {}) was never reported ready in this "
+      "backward pass{}; the module that owns it must call mark_ready after writing its gradient, "
+      "also when the gradient is zero",
+      step_, model_.segments[missing.front()].name, missing.front(), model_.segments.size(),
+      others.empty() ? "" : " (nor were " + others + ")"));
 }
 
 // Note [missing readiness]: when a segment was never reported, this rank still
@@ -274,32 +370,18 @@ void GradientSynchronizer::finish() {
   if (!in_step_)
     throw InvalidArgument("finish() without an open step: call begin_step(step) first");
   in_step_ = false;
-  std::vector<std::size_t> missing;
-  for (std::size_t s = 0; s < ready_.size(); ++s)
-    if (!ready_[s]) missing.push_back(s);
-  if (options_.ordered) {
-    ordered_->run(model_.gradients, options_.compute_stream);
-  } else {
-    while (next_launch_ < buckets_.size()) runner_->launch(next_launch_++);
-    runner_->wait_all();
-  }
-  if (missing.empty()) return;
-  std::string others;
-  for (std::size_t i = 1; i < std::min<std::size_t>(missing.size(), 4); ++i)
-    others += fmt::format("{}'{}'", i > 1 ? ", " : "", model_.segments[missing[i]].name);
-  if (missing.size() > 4) others += fmt::format(" and {} more", missing.size() - 4);
-  throw InvalidArgument(fmt::format(
-      "finish() at step {}: parameter '{}' (segment {} of {}) was never reported ready in this "
-      "backward pass{}; the module that owns it must call mark_ready after writing its gradient, "
-      "also when the gradient is zero",
-      step_, model_.segments[missing.front()].name, missing.front(), model_.segments.size(),
-      others.empty() ? "" : " (nor were " + others + ")"));
+  pass_ended_ = false;
+  complete_pass();
 }
 
 // Note [wire scaling]: with a 16-bit wire format each rank divides by the
 // world size before rounding, as PyTorch's compression hooks do: the sum of N
 // f16 gradients could overflow 65504 where their mean does not.
 void GradientSynchronizer::reduce_bucket(std::size_t b, const core::Stream& stream) {
+  if (transient_gradients()) {
+    reduce_scatter_group(b, stream);
+    return;
+  }
   if (sharded()) {
     reduce_scatter_bucket(b, stream);
     return;
@@ -361,6 +443,44 @@ void GradientSynchronizer::reduce_scatter_bucket(std::size_t b, const core::Stre
   core::ops::cast(scratch.view(mine.offset - bucket.offset, {mine.numel}), back, stream);
 }
 
+// Note [transient gradients]: the bucket's slice of its group is every
+// rank's contribution; this rank's chunk of the sum lands in its place in the
+// shard, or, after the step's first micro-batch, in scratch that is added
+// there. The group covers the layout's padding, so no bucket needs the tail
+// scratch; a 16-bit wire (Note [wire scaling]) goes through wire_.
+void GradientSynchronizer::reduce_scatter_group(std::size_t b, const core::Stream& stream) {
+  const Bucket& bucket = buckets_[b];
+  OperationContext context(bucket_names_[b], static_cast<std::int64_t>(b));
+  Communicator& comm = bucket_comm();
+  const std::int64_t chunk = shards_.chunk_numel(b);
+  const FlatRange& group = groups_[group_of_[b]];
+  core::Tensor slice =
+      gradient_groups_->group(group_of_[b]).view(bucket.offset - group.offset, {bucket.numel});
+  core::Tensor target = shard_grads_.view(chunk_position_[b], {chunk});
+  if (!first_pass_ && !chunk_scratch_.defined()) {  // the first step with accumulation
+    std::int64_t largest = 0;
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      largest = std::max(largest, shards_.chunk_numel(i));
+    core::MemoryKindScope kind(core::MemoryKind::communication);  // Note [memory kinds]
+    chunk_scratch_ = core::Tensor::empty({largest}, DType::f32, comm.device(), stream);
+  }
+  core::Tensor received = first_pass_ ? target : chunk_scratch_.view(0, {chunk});
+  const DType wire = options_.wire_dtype;
+  if (wire == DType::f32) {
+    comm.reduce_scatter(slice.data(), received.data(), chunk, DType::f32,
+                        options_.average ? ReduceOp::avg : ReduceOp::sum, stream);
+  } else {
+    core::Tensor staged = wire_.view(0, {bucket.numel});
+    if (options_.average) core::ops::scale(slice, 1.0f / static_cast<float>(comm.size()), stream);
+    core::ops::cast(slice, staged, stream);
+    char* base = static_cast<char*>(staged.data());
+    comm.reduce_scatter(base, base + comm.rank() * chunk * dtype_size(wire), chunk, wire,
+                        ReduceOp::sum, stream);
+    core::ops::cast(staged.view(comm.rank() * chunk, {chunk}), received, stream);
+  }
+  if (!first_pass_) core::ops::add(target, received, target, stream);
+}
+
 void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
                                          const core::Stream& stream) {
   const Bucket& bucket = buckets_[b];
@@ -384,10 +504,37 @@ void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
   flat.view(bucket.offset, {in_buffer}).copy_from(scratch.view(0, {in_buffer}), stream);
 }
 
+void GradientSynchronizer::set_gradient_groups(GradientGroups& groups) {
+  if (!transient_gradients())
+    throw InvalidArgument(
+        "GradientSynchronizer::set_gradient_groups needs zero_stage 2 (with stages 0 and 1 the "
+        "gradients are the model's flat buffer)");
+  gradient_groups_ = &groups;
+  if (shard_grads_.defined()) return;
+  core::MemoryKindScope kind(core::MemoryKind::gradients);  // Note [memory kinds]
+  shard_grads_ = core::Tensor::zeros({shards_.shard_numel()}, DType::f32, comm_.device(),
+                                     options_.compute_stream);
+}
+
+core::Tensor& GradientSynchronizer::shard_gradients() {
+  if (!transient_gradients())
+    throw InvalidArgument(
+        "GradientSynchronizer::shard_gradients needs zero_stage 2 (with stages 0 and 1 the "
+        "gradients are the model's flat buffer)");
+  return shard_grads_;
+}
+
+core::Tensor GradientSynchronizer::gather_gradients() {
+  core::Tensor full = core::Tensor::empty({shards_.padded_numel()}, DType::f32, comm_.device(),
+                                          options_.compute_stream);
+  gather_shards(comm_, shards_, shard_gradients(), full, options_.compute_stream);
+  return full;
+}
+
 void GradientSynchronizer::gather(core::Tensor& flat) {
   if (!sharded())
     throw InvalidArgument(
-        "GradientSynchronizer::gather needs zero_stage 1 (the synchroniser "
+        "GradientSynchronizer::gather needs zero_stage 1 or 2 (the synchroniser "
         "allreduces every gradient: every rank holds every parameter already)");
   if (in_step_)
     throw InvalidArgument("GradientSynchronizer::gather inside a step: call finish() first");

@@ -3,7 +3,8 @@
 // reduced as soon as backward has written its last gradient, so that
 // communication overlaps the rest of backward; with ZeRO-1 it reduce-scatters
 // them into per-rank shards and all-gathers the updated parameters
-// (zero_stage, comm/shards.h). It depends on core types only
+// (zero_stage, comm/shards.h); with ZeRO-2 it also keeps the gradients of
+// this rank's shard only (Note [transient gradients]). It depends on core types only
 // (comm/ sits below engine/): the engine's ParameterStore hands it flat
 // buffers and a segment table, and its modules call mark_ready.
 #pragma once
@@ -43,6 +44,32 @@ struct SynchronizedModel {
   std::vector<NamedBuffer> buffers;       // broadcast from rank 0 at every begin_step
 };
 
+// Note [transient gradients]: under ZeRO-2 (zero_stage 2) the flat
+// gradient buffer does not exist during training. The shard layout's
+// buckets are grouped into gradient groups, runs of whole buckets that cut no
+// segment (gradient_groups()); the caller (engine's ParameterStore) keeps
+// each group's gradients in a buffer of its own, made when backward first
+// writes into the group and dropped (release) once its last bucket is
+// reduce-scattered. The reduced chunks land in shard_gradients(), this
+// rank's shard packed chunk after chunk like the optimizer's sharded state,
+// which alone persists through the step. On host buffers a bucket is
+// reduced on the caller's thread as soon as it is complete (no overlap, but
+// its group is freed at once); on GPU buffers on the communication stream,
+// and a group is dropped when the next one is complete (the compute stream
+// waits for the earlier group's reduce-scatter first: Note [stream-ordered
+// free], engine/core/memory.h), so two groups may be alive. Every micro-batch
+// reduce-scatters, under no_sync too (its gradients are not kept): the
+// later micro-batches' chunks are added into the shard.
+class GradientGroups {
+ public:
+  virtual ~GradientGroups() = default;
+  // Group `group`'s gradients (its FlatRange's numel elements), made and
+  // zero-filled if no writer made them in this backward.
+  virtual core::Tensor group(std::size_t group) = 0;
+  // The group's gradients are reduced: drop them.
+  virtual void release(std::size_t group) = 0;
+};
+
 struct SynchronizerOptions {
   // PyTorch DDP's defaults: 25 MiB buckets, the first one 1 MiB so that
   // communication starts early in backward.
@@ -71,6 +98,9 @@ struct SynchronizerOptions {
   // (Note [shard layout], comm/shards.h): each bucket is reduce-scattered,
   // every rank ends with the averaged gradients of its own shard only, and
   // gather() brings every rank's updated parameters back after the update.
+  // 2: ZeRO-2, as 1 and the gradients sharded too (Note [transient
+  // gradients]): the caller hands its gradients over in groups
+  // (set_gradient_groups) and reads them from shard_gradients().
   int zero_stage = 0;
   // Note [ordered synchronisation]: true sums the gradients over the ranks in
   // a fixed tree over the rank index (comm/ordered_reduce.h), the same bits
@@ -168,12 +198,29 @@ class GradientSynchronizer {
   // into every rank's copy, bucket by bucket, in place. Host buffers: on the
   // caller's thread, before returning. GPU buffers: on the communication
   // stream, after the work on the compute stream so far; the compute stream
-  // waits for it. Collective; throws InvalidArgument unless zero_stage is 1.
+  // waits for it. Collective; throws InvalidArgument unless zero_stage is 1 or 2.
   void gather(core::Tensor& flat);
 
+  // ZeRO-2 (Note [transient gradients]): the gradient groups, flat ranges of
+  // whole buckets in order, tiling [0, padded size); the last one reaches
+  // past the buffer over the layout's padding, which stays zero.
+  const std::vector<FlatRange>& gradient_groups() const { return groups_; }
+  // ZeRO-2: where the groups' gradients come from; `groups` must outlive the
+  // synchroniser's steps. Needed before the first begin_step; makes the
+  // shard (call it once the flat gradient buffer is gone).
+  void set_gradient_groups(GradientGroups& groups);
+  // ZeRO-2: this rank's averaged gradients after finish(), packed
+  // (shard_numel() elements, chunk after chunk in bucket order); made by
+  // set_gradient_groups.
+  core::Tensor& shard_gradients();
+  // ZeRO-2: every rank's shard gathered into a new flat buffer of the
+  // model's layout (padded size), for messages. Collective.
+  core::Tensor gather_gradients();
+
   const std::vector<GradientSegment>& segments() const { return model_.segments; }
-  bool sharded() const { return options_.zero_stage == 1; }
-  // The shard layout (zero_stage 1); throws InvalidArgument otherwise.
+  bool sharded() const { return options_.zero_stage >= 1; }
+  bool transient_gradients() const { return options_.zero_stage == 2; }
+  // The shard layout (zero_stage 1 or 2); throws InvalidArgument otherwise.
   const ShardLayout& shard_layout() const;
   const std::vector<Bucket>& buckets() const { return buckets_; }
   std::int64_t step() const { return step_; }
@@ -185,6 +232,11 @@ class GradientSynchronizer {
   void broadcast_buffers();
   void reduce_bucket(std::size_t bucket, const core::Stream& stream);
   void reduce_scatter_bucket(std::size_t bucket, const core::Stream& stream);
+  void reduce_scatter_group(std::size_t bucket, const core::Stream& stream);
+  // ZeRO-2: drops the groups whose buckets are all reduced (`all`: every one).
+  void release_reduced_groups(bool all);
+  // Launches and waits for every bucket, then throws for a segment never reported.
+  void complete_pass();
   void gather_bucket(core::Tensor& flat, std::size_t bucket, const core::Stream& stream);
   Communicator& bucket_comm() { return thread_comm_ ? *thread_comm_ : comm_; }
   void launch_ready_buckets();
@@ -193,9 +245,23 @@ class GradientSynchronizer {
   SynchronizedModel model_;
   SynchronizerOptions options_;
   std::vector<Bucket> buckets_;
-  std::vector<std::string> bucket_names_;                        // for watchdog messages
-  std::vector<std::string> gather_names_;                        // zero_stage 1: the same, gathers
-  ShardLayout shards_;                                           // zero_stage 1
+  std::vector<std::string> bucket_names_;  // for watchdog messages
+  std::vector<std::string> gather_names_;  // zero_stage 1: the same, gathers
+  ShardLayout shards_;                     // zero_stage 1, 2
+  // Note [transient gradients] (zero_stage 2): the groups, each bucket's
+  // group, the next group to drop, the shard, and a chunk of scratch for the
+  // later micro-batches' chunks (made by the first step with accumulation).
+  std::vector<FlatRange> groups_;
+  std::vector<std::size_t> group_of_;     // per bucket
+  std::vector<std::size_t> last_bucket_;  // per group
+  std::size_t next_release_ = 0;
+  GradientGroups* gradient_groups_ = nullptr;
+  core::Tensor shard_grads_, chunk_scratch_;
+  std::vector<std::int64_t> chunk_position_;  // per bucket: its chunk's place in the shard
+  core::Event group_reduced_;                 // GPU: after the latest complete group
+  std::size_t recorded_through_ = 0;          // GPU: groups [0, this) are before group_reduced_
+  bool first_pass_ = true;                    // no micro-batch of this step reduced yet
+  bool pass_ended_ = false;                   // a no_sync micro-batch's backward ended
   std::vector<std::pair<std::size_t, std::size_t>> buckets_of_;  // segment -> [first, end) bucket
   std::vector<std::size_t> pending_;        // per bucket: segments not yet ready
   std::vector<char> ready_;                 // per segment

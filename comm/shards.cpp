@@ -34,6 +34,16 @@ std::vector<FlatRange> ShardLayout::owned() const {
   return ranges;
 }
 
+std::vector<FlatRange> ShardLayout::owned_packed() const {
+  std::vector<FlatRange> ranges;
+  std::int64_t position = 0;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    ranges.push_back({position, chunk(b, rank).numel});
+    position += chunk_numel(b);
+  }
+  return ranges;
+}
+
 ShardLayout plan_shards(const std::vector<GradientSegment>& segments, std::int64_t buffer_numel,
                         int ranks, int rank, std::size_t first_bucket_cap_bytes,
                         std::size_t bucket_cap_bytes) {

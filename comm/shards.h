@@ -47,6 +47,9 @@ struct ShardLayout {
   FlatRange chunk(std::size_t bucket, int owner) const;
   // This rank's chunks, in bucket order: the elements it reduces, updates and keeps state for.
   std::vector<FlatRange> owned() const;
+  // The same chunks in the packed shard (shard_numel() elements, chunk after
+  // chunk in bucket order), as ZeRO-2 keeps gradients and ZeRO-1 state.
+  std::vector<FlatRange> owned_packed() const;
 };
 
 // Note [shard layout]. `segments` must pass check_segments against `buffer_numel`.

@@ -32,7 +32,8 @@ double with_step(std::int64_t step, Decide&& decide) {
 comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store) {
   comm::SynchronizedModel m;
   m.parameters = store.values();
-  m.gradients = store.grads();
+  if (store.flat_gradients())
+    m.gradients = store.grads();  // ZeRO-2: none (Note [transient gradients])
   for (const ParameterStore::Slot& s : store.slots())
     m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
   for (Buffer* b : model.buffers()) m.buffers.push_back({b->name, b->value});
@@ -74,15 +75,21 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   if (options_.max_consecutive_skips < 1)
     throw InvalidArgument("StepOptions::max_consecutive_skips must be at least 1, got " +
                           std::to_string(options_.max_consecutive_skips));
-  if (options_.sync.zero_stage != 0 && options_.sync.zero_stage != 1)
+  if (options_.sync.zero_stage < 0 || options_.sync.zero_stage > 2)
     throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage is " +
                           std::to_string(options_.sync.zero_stage) +
-                          "; use 0 (plain data parallelism) or 1 (ZeRO-1: optimizer state "
-                          "sharded over the ranks)");
-  if (options_.sync.zero_stage == 1 && !world_)
+                          "; use 0 (plain data parallelism), 1 (ZeRO-1: optimizer state "
+                          "sharded over the ranks) or 2 (ZeRO-2: and the gradients)");
+  if (options_.sync.zero_stage != 0 && !world_)
+    throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage " +
+                          std::to_string(options_.sync.zero_stage) +
+                          " shards over a world's ranks; a step without a world has none (use "
+                          "zero_stage 0)");
+  if (options_.sync.zero_stage == 2 && options_.rank_invariant)
     throw InvalidArgument(
-        "DataParallelStep: StepOptions::sync.zero_stage 1 shards the optimizer over a world's "
-        "ranks; a step without a world has none (use zero_stage 0)");
+        "DataParallelStep: StepOptions::rank_invariant sums every gradient in one tree order, "
+        "which needs the whole gradient buffer; ZeRO-2 keeps only each rank's shard (use "
+        "zero_stage 1 with it)");
   const int world_size = world_ ? world_->size() : 1;
   const std::int64_t chunks = std::int64_t{options_.accumulation} * world_size;
   if (options_.rank_invariant) {
@@ -118,7 +125,13 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     core::MemoryKindScope kind(core::MemoryKind::communication);  // Note [memory kinds]
     sync_ = std::make_unique<comm::GradientSynchronizer>(
         world_->for_device(store_.device()), synchronized_model(model_, store_), options_.sync);
-    if (sync_->sharded()) {
+    if (sync_->transient_gradients()) {  // Note [transient gradients]
+      store_.use_gradient_groups(sync_->gradient_groups());
+      sync_->set_gradient_groups(store_);
+      optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_,
+                       sync_->shard_gradients());
+      owned_ = sync_->shard_layout().owned_packed();
+    } else if (sync_->sharded()) {
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_);
       owned_ = sync_->shard_layout().owned();
     }
@@ -250,16 +263,16 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
 // Note [non-finite steps]: the scaler's flag (f16) or the norm (fp32, bf16)
 // says whether every gradient is finite. The step's device values come back
 // in one read (Note [one read per step]); the agreement gives the global loss
-// (and, under ZeRO-1, the shards' findings and norms); then the decision.
+// (and, under ZeRO-1 and ZeRO-2, the shards' findings and norms); then the decision.
 void DataParallelStep::update(StepResult& r) {
   r.loss_scale = scaler_.scale();
   const StepReadback::Values& local = [&]() -> const StepReadback::Values& {
     core::trace::Span unscale("unscale and measure", core::trace::Part::optimizer);
-    measure_gradients(store_.grads(), measured_, scaler_, *readback_, stream_);
+    measure_gradients(measured_grads(), measured_, scaler_, *readback_, stream_);
     return readback_->read(stream_);  // waits for the device
   }();
   GradientPayload gradients = gradient_payload(local);
-  // ZeRO-1: this rank's shard, summed over the ranks by the agreement.
+  // ZeRO-1 and ZeRO-2: this rank's shard, summed over the ranks by the agreement.
   std::span<double> sums = sharded() && !tree_ ? std::span<double>(gradients) : std::span<double>();
   if (tree_) {  // Note [rank-invariant step]: each chunk's loss at its chunk's slot
     const int k_total = options_.accumulation, rank = world_ ? world_->rank() : 0;
@@ -282,8 +295,8 @@ void DataParallelStep::update(StepResult& r) {
   {
     core::trace::Span decide("decide and schedule", core::trace::Part::optimizer);
     r.grad_norm = with_step(steps_ + 1, [&] {
-      return decide_gradients(store_.grads(), measured_, scaler_, options_.max_grad_norm, gradients,
-                              stream_)
+      return decide_gradients(measured_grads(), measured_, scaler_, options_.max_grad_norm,
+                              gradients, stream_)
           .grad_norm;
     });
     scheduler_.apply(optimizer_, steps_);
@@ -312,8 +325,10 @@ void DataParallelStep::update(StepResult& r) {
 void DataParallelStep::throw_nonfinite(std::int64_t step, double mean_loss) {
   // The gradients are the allreduced ones, the same on every rank, so every
   // rank names the same parameter; with ZeRO-1 every rank's shard first.
-  if (sharded()) sync_->gather(store_.grads());
-  const std::vector<float> g = store_.grads().to_vector<float>(stream_);
+  const bool transient = sync_ && sync_->transient_gradients();
+  if (sharded() && !transient) sync_->gather(store_.grads());
+  const std::vector<float> g =
+      (transient ? sync_->gather_gradients() : store_.grads()).to_vector<float>(stream_);
   std::string culprit = "every gradient is finite";
   for (const ParameterStore::Slot& s : store_.slots()) {
     const auto first = static_cast<std::size_t>(s.offset);

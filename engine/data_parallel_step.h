@@ -26,12 +26,16 @@
 // the ranks by the step agreement itself (Note [sharded step checks],
 // engine/zero.h), then the scaler's update and clipping of the shard; the
 // optimizer updates the shard, and sync.gather brings every rank's shard
-// back. Everything that decides what happens next depends only on reduced
+// back. With zero_stage 2 (ZeRO-2) the same, but the gradients are the
+// synchroniser's packed shard (Note [transient gradients],
+// comm/gradient_synchronizer.h) and every micro-batch reduce-scatters.
+// Everything that decides what happens next depends only on reduced
 // or agreed values, so every rank decides alike with no further collective.
 //
 // Note [accumulation]: each micro-batch's loss gradient is scale / K, so K
 // micro-batches of B rows give the update of one batch of K*B rows. Only the
-// last micro-batch communicates (no_sync before it). Dropout keys use the
+// last micro-batch communicates (no_sync before it; under ZeRO-2 every one
+// does, Note [transient gradients]). Dropout keys use the
 // row's position in the step's global batch, (k * world + rank) * B + row,
 // which is the same for any split of that batch (Note [dropout keys]).
 //
@@ -216,8 +220,16 @@ class DataParallelStep {
   // Unscale, the inf decision, clipping or the norm, the schedule, the step
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
-  // ZeRO-1 (StepOptions::sync.zero_stage 1): each rank updates its shard.
+  // ZeRO-1 and ZeRO-2 (StepOptions::sync.zero_stage 1, 2): each rank updates its shard.
   bool sharded() const { return sync_ && sync_->sharded(); }
+  // The gradients the sharded checks read: the flat buffer (ZeRO-1) or the
+  // packed shard (ZeRO-2, Note [transient gradients]).
+  core::Tensor& shard_grads() {
+    return sync_->transient_gradients() ? sync_->shard_gradients() : store_.grads();
+  }
+  // The buffer measured_'s ranges are of: the shard's under ZeRO-1 and ZeRO-2
+  // (without the rank-invariant tree), the whole flat buffer otherwise.
+  core::Tensor& measured_grads() { return sharded() && !tree_ ? shard_grads() : store_.grads(); }
   // Note [non-finite steps]: the error after the last allowed skip.
   [[noreturn]] void throw_nonfinite(std::int64_t step, double mean_loss);
 
@@ -230,8 +242,8 @@ class DataParallelStep {
   StepOptions options_;
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
-  std::vector<comm::FlatRange> owned_;                // ZeRO-1: this rank's shard, kept
-  std::unique_ptr<comm::StepAgreement> agreement_;    // null without a world
+  std::vector<comm::FlatRange> owned_;  // ZeRO-1: this rank's shard (ZeRO-2: in shard_grads())
+  std::unique_ptr<comm::StepAgreement> agreement_;  // null without a world
   std::shared_ptr<Loss> loss_;
   // The ranges whose unscale and sum of squares the step measures: the whole
   // gradient buffer, or this rank's ZeRO-1 shard (Note [sharded step checks]).

@@ -5,6 +5,8 @@
 // Consequences, all intended: a gradient bucket is a contiguous slice (no copy
 // for an f32 allreduce); zero_grad skips the bulk (Note [lazy zero_grad]); optimizer state gets
 // flat buffers of the same layout, updated by a few launches driven by slots().
+// Under ZeRO-2 the gradients live in transient groups instead (Note
+// [transient gradients], comm/gradient_synchronizer.h).
 #pragma once
 
 #include <cstdint>
@@ -12,11 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "comm/gradient_synchronizer.h"
 #include "engine/nn/module.h"
 
 namespace lockstep::engine {
 
-class ParameterStore {
+class ParameterStore final : public comm::GradientGroups {
  public:
   static constexpr std::int64_t kAlignElements = 64;  // 256 bytes of f32
 
@@ -26,19 +29,29 @@ class ParameterStore {
     std::int64_t numel;
   };
 
+  // Where gradients live: one flat buffer, or (ZeRO-2) the synchroniser's
+  // groups, so that the flat buffer is never made (Note [transient gradients]).
+  enum class Gradients { flat, groups };
+
   // Names the tree (Module::assign_names), moves every parameter and buffer of
   // `model` to `device`, and re-points trainable parameters into the flat
   // buffers (values copied, gradients zeroed). Frozen parameters keep their own
-  // value and no gradient.
-  ParameterStore(Module& model, core::Device device, const core::Stream& stream = {});
+  // value and no gradient. Gradients::groups: no gradient has storage until
+  // use_gradient_groups (the ZeRO-2 step calls it).
+  ParameterStore(Module& model, core::Device device, const core::Stream& stream = {},
+                 Gradients gradients = Gradients::flat);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
+  ~ParameterStore() override;
 
   core::Device device() const { return device_; }
   const std::vector<Slot>& slots() const { return slots_; }  // ready order
   core::Tensor& values() { return values_; }
   // Zero-fills first any gradient still stale (Note [lazy zero_grad]).
+  // Throws InvalidArgument under ZeRO-2, which keeps no flat gradient buffer.
   core::Tensor& grads();
+  // Whether grads() has a flat buffer to give.
+  bool flat_gradients() const { return grads_.defined(); }
   std::int64_t size() const { return values_.numel(); }  // elements, padding included
   // Position of `p` in slots(); throws InvalidArgument for a foreign parameter.
   std::size_t index_of(const Parameter& p) const;
@@ -54,6 +67,17 @@ class ParameterStore {
   // step or a load wrote the flat value buffer.
   void bump_versions();
 
+  // ZeRO-2 (Note [transient gradients]): drops the flat gradient buffer;
+  // from now on a gradient has storage only while its group (`groups`, flat
+  // ranges of whole slots in order, covering the buffer) lives: made by the
+  // first accumulate_grad or grad_to_add of one of its parameters (or by
+  // group()), zero-filled as zero_grad would, and dropped by release().
+  // Every slot's grad is undefined in between. Once only.
+  void use_gradient_groups(std::vector<comm::FlatRange> groups);
+  bool gradient_groups_used() const { return !groups_.empty(); }
+  core::Tensor group(std::size_t group) override;
+  void release(std::size_t group) override;
+
  private:
   core::Device device_;
   std::vector<Slot> slots_;
@@ -62,6 +86,14 @@ class ParameterStore {
   std::vector<std::pair<std::int64_t, std::int64_t>>
       eager_ranges_;          // (offset, count) zero_grad fills
   core::Stream zero_stream_;  // where zero_grad's deferred fills go
+  // Note [transient gradients]: each group's range, buffer (undefined while
+  // released) and slots [first, end).
+  struct Group {
+    comm::FlatRange range;
+    core::Tensor gradients;
+    std::size_t first_slot = 0, end_slot = 0;
+  };
+  std::vector<Group> groups_;
 };
 
 }  // namespace lockstep::engine

@@ -12,14 +12,17 @@
 namespace lockstep::kernels {
 
 // A run of the flat buffers whose elements all belong to one parameter group.
-// Parameters and gradients are read at `offset`, the optimizer state at
-// `state_offset`: the same place for state in the flat layout, another when
-// a rank keeps state for its ZeRO shard only, packed (engine's Optimizer::shard).
+// Parameters are read at `offset`, gradients at `offset + grad_shift`, the
+// optimizer state at `state_offset`: the same place for state in the flat
+// layout, another when a rank keeps state for its ZeRO shard only, packed
+// (engine's Optimizer::shard); gradients move too under ZeRO-2, whose rank
+// keeps only its shard of them, packed like the state.
 struct OptimizerSegment {
-  std::int64_t offset;        // elements into the flat parameter and gradient buffers
-  std::int64_t length;        // elements
-  std::int32_t group;         // index into the per-group hyper-parameters
-  std::int64_t state_offset;  // elements into the state buffers
+  std::int64_t offset;          // elements into the flat parameter buffer
+  std::int64_t length;          // elements
+  std::int32_t group;           // index into the per-group hyper-parameters
+  std::int64_t state_offset;    // elements into the state buffers
+  std::int64_t grad_shift = 0;  // gradient index minus parameter index
 };
 
 // CUDA gives each segment one thread block, so callers split longer runs into

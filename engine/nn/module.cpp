@@ -104,12 +104,14 @@ void Module::report_ready(Context& ctx) {
 }
 
 bool accumulate_grad(Parameter& p) {
+  if (!p.grad.defined() && p.make_grad) p.make_grad();  // Note [transient gradients]
   const bool accumulate = !p.grad_stale;
   p.grad_stale = false;
   return accumulate;
 }
 
 float* grad_to_add(Parameter& p, const core::Stream& stream) {
+  if (!p.grad.defined() && p.make_grad) p.make_grad();  // Note [transient gradients]
   if (p.grad_stale) p.grad.fill_(0.0, stream);
   p.grad_stale = false;
   return p.grad.data_as<float>();

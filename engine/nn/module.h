@@ -56,6 +56,10 @@ struct Parameter {
   // holds stale values that count as zero.
   bool lazy_zero_grad = false;
   bool grad_stale = false;
+  // Note [transient gradients] (engine/parameter_store.h): set under ZeRO-2,
+  // where `grad` is undefined until a writer needs it; accumulate_grad and
+  // grad_to_add call it to give `grad` its storage.
+  std::function<void()> make_grad;
 };
 
 // Note [lazy zero_grad]: ParameterStore::zero_grad fills most gradients with
@@ -69,7 +73,8 @@ struct Parameter {
 // writer reached is zero-filled before anyone reads it: when its module
 // reports it ready (Module::report_ready) and in ParameterStore::grads().
 // Modules written elsewhere own parameters without the flag: their gradients
-// are zero-filled as before, so they may add to them directly.
+// are zero-filled as before, so they may add to them directly (except under
+// ZeRO-2, Note [transient gradients]: there a writer calls grad_to_add first).
 //
 // For a writer that can overwrite: false when `p`'s gradient is stale (write
 // it, do not add to it), and marks it written.

@@ -46,7 +46,7 @@ void AdamW::launch(const core::Stream& stream) {
     groups.push_back(h);
   }
   float* params = store().values().data_as<float>();
-  const float* grads = store().grads().data_as<float>();
+  const float* grads = gradient_data();
   float *exp_avg = state_data(0), *exp_avg_sq = state_data(1);
   const auto segment_count = static_cast<std::int64_t>(segments().size());
   const int group_count = static_cast<int>(groups.size());

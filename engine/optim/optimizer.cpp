@@ -192,8 +192,10 @@ void Optimizer::set_state_tensor(const std::string& parameter, const std::string
 // after chunk in bucket order: shard_numel() elements per state buffer, the
 // unsharded size / ranks rounded up to 64 elements. A segment of the table
 // is a group run cut to one chunk; its state_offset is the packed position.
+// Under ZeRO-2 the gradients are packed the same way (the synchroniser's
+// shard), so a segment's grad_shift takes them from its packed position too.
 void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
-                      const core::Stream& stream) {
+                      const core::Stream& stream, core::Tensor packed_grads) {
   if (sharded()) throw InvalidArgument(type_name_ + ": shard() was called already");
   if (layout.buffer_numel != store_.size() || layout.ranks != comm.size() ||
       layout.rank != comm.rank())
@@ -202,6 +204,11 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
                     "elements) and communicator '{}' (rank {} of {})",
                     type_name_, layout.rank, layout.ranks, layout.buffer_numel, store_.size(),
                     comm.label(), comm.rank(), comm.size()));
+  if (packed_grads.defined() &&
+      (packed_grads.numel() != layout.shard_numel() || packed_grads.dtype() != DType::f32))
+    throw InvalidArgument(fmt::format(
+        "{}: ZeRO-2's packed gradients are {} {} elements, the shard layout's shard {} f32",
+        type_name_, packed_grads.numel(), dtype_name(packed_grads.dtype()), layout.shard_numel()));
   std::vector<kernels::OptimizerSegment> packed;
   std::int64_t position = 0;
   for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
@@ -210,7 +217,8 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
       const std::int64_t start = std::max(mine.offset, segment.offset);
       const std::int64_t end = std::min(mine.offset + mine.numel, segment.offset + segment.length);
       if (start < end)
-        packed.push_back({start, end - start, segment.group, position + start - mine.offset});
+        packed.push_back({start, end - start, segment.group, position + start - mine.offset,
+                          packed_grads.defined() ? position - mine.offset : 0});
     }
     position += layout.chunk_numel(b);
   }
@@ -230,6 +238,11 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
   set_segments(std::move(packed), stream);
   shard_comm_ = &comm;
   shard_layout_ = layout;
+  packed_grads_ = std::move(packed_grads);
+}
+
+const float* Optimizer::gradient_data() {
+  return packed_grads_.defined() ? packed_grads_.data_as<float>() : store_.grads().data_as<float>();
 }
 
 std::int64_t Optimizer::state_bytes() const {

@@ -70,8 +70,11 @@ class Optimizer {
   // of `layout` (the GradientSynchronizer's) and keep state for it alone,
   // packed; the state so far is kept. `comm` (on the store's device) gathers
   // the state for state_tensors() and must outlive the optimizer. Once only.
+  // ZeRO-2: `packed_grads` (defined) is this rank's shard of the gradients,
+  // packed like the state (GradientSynchronizer::shard_gradients), which the
+  // update reads instead of store.grads().
   void shard(comm::Communicator& comm, const comm::ShardLayout& layout,
-             const core::Stream& stream = {});
+             const core::Stream& stream = {}, core::Tensor packed_grads = {});
   bool sharded() const { return shard_comm_ != nullptr; }
   // Bytes of optimizer state this rank holds (every state buffer together).
   std::int64_t state_bytes() const;
@@ -103,6 +106,8 @@ class Optimizer {
   virtual void launch(const core::Stream& stream) = 0;
 
   ParameterStore& store() { return store_; }
+  // What launch() reads the gradients from: store().grads(), or ZeRO-2's packed shard.
+  const float* gradient_data();
   const std::vector<kernels::OptimizerSegment>& segments() const { return segments_; }
   // The same table in GPU memory; null on the CPU.
   const kernels::OptimizerSegment* device_segments() const;
@@ -125,6 +130,7 @@ class Optimizer {
   std::int64_t steps_ = 0;
   comm::Communicator* shard_comm_ = nullptr;  // set by shard()
   comm::ShardLayout shard_layout_;
+  core::Tensor packed_grads_;  // ZeRO-2: set by shard()
 };
 
 }  // namespace lockstep::engine

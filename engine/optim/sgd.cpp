@@ -33,7 +33,7 @@ void SGD::launch(const core::Stream& stream) {
                       static_cast<float>(1.0 - options_.dampening), options_.nesterov,
                       steps() == 0});
   float* params = store().values().data_as<float>();
-  const float* grads = store().grads().data_as<float>();
+  const float* grads = gradient_data();
   float* momentum = options_.momentum != 0.0 ? state_data(0) : nullptr;
   const auto segment_count = static_cast<std::int64_t>(segments().size());
   const int group_count = static_cast<int>(groups.size());

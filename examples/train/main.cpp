@@ -345,7 +345,10 @@ int run(const Flags& flags, comm::World& world) {
   std::unique_ptr<Module> model =
       make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
   initialize(*model, f.seed);
-  ParameterStore store(*model, device);
+  // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]).
+  ParameterStore store(
+      *model, device, {},
+      f.zero == 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat);
   core::Stream stream = core::Stream::create(device);
   if (!f.init_from.empty()) load_weights(f.init_from, *model, stream);
 
@@ -661,8 +664,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--zero", f.zero,
-                 "ZeRO stage: 0 (every rank keeps all optimizer state) or 1 (each rank keeps "
-                 "its shard's; checkpoints are the same either way)")
+                 "ZeRO stage: 0 (every rank keeps all optimizer state), 1 (each rank keeps "
+                 "its shard's) or 2 (and only its shard's gradients); checkpoints are the same "
+                 "in every stage")
       ->capture_default_str();
   app.add_flag("--activation-checkpointing", f.activation_checkpointing,
                "recompute each transformer block (gpt-tiny, gpt2) or stage (resnet) in backward "
@@ -748,7 +752,7 @@ int main(int argc, char** argv) {
   app.get_option("--warmup")->check(within(0, kMaxSteps));
   app.get_option("--clip")->check(within(0, 1e12));
   app.get_option("--precision")->check(precision_name());
-  app.get_option("--zero")->check(within(0, 1));
+  app.get_option("--zero")->check(within(0, 2));
   app.get_option("--device")->check(device_name());
   app.get_option("--seed")->check(seed_value());
   app.get_option("--shuffle")->check(one_of({"on", "off"}));

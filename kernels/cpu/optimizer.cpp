@@ -16,7 +16,7 @@ void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, cons
     const OptimizerSegment& segment = segments[s];
     const SgdGroup& h = groups[segment.group];
     float* p = params + segment.offset;
-    const float* g = grads + segment.offset;
+    const float* g = grads + (segment.offset + segment.grad_shift);
     const std::int64_t n = segment.length;
     const float lr = h.lr, weight_decay = h.weight_decay, mu = h.momentum;
     // PyTorch adds weight_decay * p only when weight_decay != 0 (an inf
@@ -49,7 +49,7 @@ void adamw_step(const OptimizerSegment* segments, std::int64_t segment_count,
     const OptimizerSegment& segment = segments[s];
     const AdamwGroup& h = groups[segment.group];
     float* p = params + segment.offset;
-    const float* g = grads + segment.offset;
+    const float* g = grads + (segment.offset + segment.grad_shift);
     float* m = exp_avg + segment.state_offset;
     float* v = exp_avg_sq + segment.state_offset;
     const std::int64_t n = segment.length;

@@ -51,7 +51,8 @@ __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segmen
     float* buf = momentum + (segment.state_offset - segment.offset);  // indexed like params
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
       const float p = params[i];
-      const float d = h.weight_decay != 0.0f ? grads[i] + h.weight_decay * p : grads[i];
+      const float g = grads[i + segment.grad_shift];
+      const float d = h.weight_decay != 0.0f ? g + h.weight_decay * p : g;
       if (h.momentum == 0.0f) {
         params[i] = p - h.lr * d;
         continue;
@@ -73,7 +74,7 @@ __global__ void adamw_kernel(const OptimizerSegment* segments, std::int64_t segm
     const std::int64_t end = segment.offset + segment.length;
     const std::int64_t to_state = segment.state_offset - segment.offset;
     for (std::int64_t i = segment.offset + threadIdx.x; i < end; i += blockDim.x) {
-      const float g = grads[i];
+      const float g = grads[i + segment.grad_shift];
       const float m = h.beta1 * exp_avg[i + to_state] + h.one_minus_beta1 * g;
       const float v = h.beta2 * exp_avg_sq[i + to_state] + h.one_minus_beta2 * (g * g);
       exp_avg[i + to_state] = m;

@@ -96,6 +96,15 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(has_line(lines, "10 samples, inputs f32 [3], labels i64, 2 shards read in parallel"));
   CHECK(has_line(lines, "checkpoints  none"));
   CHECK(has_line(lines, "ZeRO-1: optimizer state sharded over 8 ranks"));
+  // ZeRO-2 on 8 ranks: 4P + 4P / 8 + 8P / 8 = 4 + 0.5 + 1 MiB (docs/memory.md).
+  RunHeader two = h;
+  two.zero_stage = 2;
+  const auto two_lines = format_run_header(two, 8, {{0, "h", "cpu"}});
+  CHECK(has_line(two_lines,
+                 "model state per rank 5.5 MiB expected (--zero 2): parameters 4.0 MiB + "
+                 "gradients 4.0 MiB / 8 ranks + optimizer state 8.0 MiB / 8 ranks; "
+                 "--activation-checkpointing on"));
+  CHECK(has_line(two_lines, "ZeRO-2: optimizer state and gradients sharded over 8 ranks"));
   // Shards that are not read by pread say so, with io's reason.
   const io::Dataset locked = io::Dataset::open(dir, {.force_hdf5 = true});
   CHECK(describe_dataset(locked) ==

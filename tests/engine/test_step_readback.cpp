@@ -1,7 +1,7 @@
 // StepReadback and Note [one read per step]: the slots come back in one copy,
 // and a data-parallel step, in every mode that reads the device (f16's
-// scaler, clipping, ZeRO-1, accumulation, the rank-invariant tree), copies to
-// the host exactly once. On the CPU the copy is a memcpy; the count is the
+// scaler, clipping, ZeRO-1 and ZeRO-2, accumulation, the rank-invariant
+// tree), copies to the host exactly once. On the CPU the copy is a memcpy; the count is the
 // same code path a GPU step takes, where each copy would wait for the stream.
 #include <catch2/catch.hpp>
 #include <optional>
@@ -78,6 +78,8 @@ TEST_CASE("a data-parallel step reads the device's values once, in every mode",
                            Mode{"f16 autocast, clipping", DType::f16, 0.5},
                            Mode{"bf16 autocast, ZeRO-1, clipping", DType::bf16, 0.5, 1},
                            Mode{"f16 autocast, ZeRO-1", DType::f16, 0.0, 1},
+                           Mode{"f16 autocast, ZeRO-2, clipping", DType::f16, 0.5, 2},
+                           Mode{"ZeRO-2, accumulation 2", std::nullopt, 0.5, 2, 2},
                            Mode{"accumulation 3", std::nullopt, 0.5, 0, 3},
                            Mode{"rank-invariant, accumulation 2", std::nullopt, 0.5, 0, 2, true}}) {
     INFO(mode.name);

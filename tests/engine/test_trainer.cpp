@@ -504,7 +504,9 @@ TEST_CASE("a step's peak is split into the store's buffers, the optimizer's stat
   // what the model keeps) holds the store's parameters and gradients and
   // AdamW's two state buffers, each at least the store's size in f32 (at
   // least: whatever else this process keeps alive counts too), the
-  // parameters unchanged by the step, and new activations.
+  // parameters unchanged by the step, and new activations. The peaks start
+  // here: earlier tests in this process may have held more.
+  core::reset_peak_memory(core::Device::cpu());
   Run run(true, false, std::nullopt, 1);
   io::TensorDataset data = source(16);
   data.start_epoch(0);

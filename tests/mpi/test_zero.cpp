@@ -1,10 +1,11 @@
-// ZeRO-1 end to end (StepOptions::sync.zero_stage = 1): each rank keeps
-// the optimizer state of its shard only, and training gives the parameters
-// of plain data parallelism: bit for bit on 1 and 2 ranks (a sum of two
-// gradients is the same whichever rank adds it), within a stated tolerance on
-// 3 ranks; with accumulation and clipping, f16 loss scaling, and through a
-// checkpoint taken under ZeRO and resumed with it, without it, and by one
-// process alone (another world size).
+// ZeRO-1 and ZeRO-2 end to end (StepOptions::sync.zero_stage = 1, 2): each
+// rank keeps the optimizer state (ZeRO-2: and the gradients) of its shard
+// only, and training gives the parameters of plain data parallelism: bit for
+// bit on 1 and 2 ranks (a sum of two gradients is the same whichever rank
+// adds it), within a stated tolerance on 3 ranks and for ZeRO-2 with
+// accumulation; with clipping, f16 loss scaling, activation checkpointing,
+// and through checkpoints taken in one stage and resumed in another, and by
+// one process alone (another world size).
 #include <fmt/core.h>
 #include <catch2/catch.hpp>
 
@@ -19,6 +20,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
 #include "engine/nn/activation.h"
+#include "engine/nn/checkpointed.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/linear.h"
 #include "engine/optim/adamw.h"
@@ -57,12 +59,21 @@ io::TensorDataset rows(std::int64_t micro_batch, int world_size, int rank) {
 
 // 17 blocks of 64 f32 (1088 elements): on 2 and 3 ranks the shard layout has
 // a tail past the buffer, and buckets of 512 bytes cut fc2.weight apart.
-std::unique_ptr<Module> net() {
+// `checkpointed`: fc2 and relu inside a Checkpointed (the same names and
+// layout, Note [activation checkpointing]).
+std::unique_ptr<Module> net(bool checkpointed = false) {
   auto n = std::make_unique<Sequential>();
   n->emplace<Linear>("fc1", 6, 40);
   n->emplace<GELU>("act");
-  n->emplace<Linear>("fc2", 40, 13);
-  n->emplace<ReLU>("relu");
+  if (checkpointed) {
+    auto middle = std::make_unique<Sequential>();
+    middle->emplace<Linear>("fc2", 40, 13);
+    middle->emplace<ReLU>("relu");
+    n->add("", std::make_unique<Checkpointed>(std::move(middle)));
+  } else {
+    n->emplace<Linear>("fc2", 40, 13);
+    n->emplace<ReLU>("relu");
+  }
   n->emplace<Linear>("fc3", 13, 4);
   n->set_input_grad(false);
   initialize(*n, 5);
@@ -89,6 +100,10 @@ struct Config {
   std::optional<DType> autocast;
   float init_scale = 1.0f;  // f16 only
   int steps = 20;
+  bool checkpointed = false;
+  // ZeRO-2: a store built with its flat gradient buffer, which the step drops
+  // (otherwise one that never makes it).
+  bool flat_store = false;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const Config& c, ParameterStore& store) {
@@ -103,14 +118,20 @@ struct Result {
   std::int64_t skipped = 0;
   float loss_scale = 1.0f;
   double max_grad_norm_seen = 0.0;
+  // Between steps: whether any parameter holds a gradient (ZeRO-2 keeps only the shard).
+  bool gradients_held = false;
+  std::int64_t shard_gradient_numel = 0;  // ZeRO-2
+  std::size_t gradient_groups = 0;        // ZeRO-2
 };
 
 // Trains c.steps steps from the start, or from `resume` to c.steps;
 // captures a checkpoint after step `save_at` (every rank: a collective under ZeRO).
 Result train(const Config& c, int save_at = -1, const CheckpointContents* resume = nullptr) {
   comm::World& world = test::mpi_world();
-  auto model = net();
-  ParameterStore store(*model, core::Device::cpu());
+  auto model = net(c.checkpointed);
+  ParameterStore store(*model, core::Device::cpu(), {},
+                       c.zero == 2 && !c.flat_store ? ParameterStore::Gradients::groups
+                                                    : ParameterStore::Gradients::flat);
   auto optimizer = make_optimizer(c, store);
   LossScalerOptions scaling{.enabled = c.autocast == DType::f16, .init_scale = c.init_scale};
   LossScaler scaler(scaling);
@@ -153,6 +174,13 @@ Result train(const Config& c, int save_at = -1, const CheckpointContents* resume
   r.parameters = store.values().to_vector<float>();
   r.state_bytes = optimizer->state_bytes();
   r.loss_scale = scaler.scale();
+  for (const ParameterStore::Slot& s : store.slots())
+    r.gradients_held = r.gradients_held || s.parameter->grad.defined();
+  if (c.zero == 2) {
+    comm::GradientSynchronizer& sync = trainer.data_parallel_step().synchronizer();
+    r.shard_gradient_numel = sync.shard_gradients().numel();
+    r.gradient_groups = sync.gradient_groups().size();
+  }
   return r;
 }
 
@@ -353,18 +381,12 @@ TEST_CASE("ZeRO-1's shard norms of finite gradients past FLT_MAX clip like float
 // per bucket (the gradients), one allgather of the step agreement's records
 // (loss, rows, stop, and the shards' inf finding and sum of squares: 5
 // eight-byte slots), and one allgather per bucket (the updated parameters).
-// Nothing else: the shards' checks ride in the agreement.
-TEST_CASE("a ZeRO-1 step issues the buckets' collectives and one agreement, nothing else",
+// Nothing else: the shards' checks ride in the agreement. ZeRO-2 issues the
+// same, with the reduce-scatters once per micro-batch (docs/memory.md:
+// accumulation's cost).
+TEST_CASE("a ZeRO step issues the buckets' collectives and one agreement, nothing else",
           "[mpi][zero]") {
   comm::World& world = test::mpi_world();
-  Config c = Config::of("sgd").with_zero(1);
-  c.clip = 0.2;
-  c.steps = 3;
-  // Only this run's collectives, and none of its set-up numbered as a step.
-  const std::vector<comm::FlightRecord> earlier = world.watchdog().flight_records();
-  const std::uint64_t first_ticket = earlier.empty() ? 0 : earlier.back().ticket + 1;
-  world.watchdog().set_step(-1);
-  train(c);
   auto model = net();
   ParameterStore store(*model, core::Device::cpu());
   const comm::ShardLayout layout =
@@ -377,19 +399,6 @@ TEST_CASE("a ZeRO-1 step issues the buckets' collectives and one agreement, noth
     std::int64_t bucket;
     bool operator==(const Call&) const = default;
   };
-  std::vector<Call> expected;
-  for (std::size_t b = 0; b < layout.buckets.size(); ++b)
-    expected.push_back(
-        {"reduce_scatter", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
-  expected.push_back({"allgather", 5, DType::i64, -1});
-  for (std::size_t b = 0; b < layout.buckets.size(); ++b)
-    expected.push_back(
-        {"allgather", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
-
-  std::vector<Call> last_step;  // the watchdog numbers steps from 0
-  for (const comm::FlightRecord& f : world.watchdog().flight_records())
-    if (f.ticket >= first_ticket && f.step == c.steps - 1)
-      last_step.push_back({f.kind, f.count, f.dtype, f.bucket});
   auto show = [](const std::vector<Call>& calls) {
     std::string text;
     for (const Call& call : calls)
@@ -397,9 +406,36 @@ TEST_CASE("a ZeRO-1 step issues the buckets' collectives and one agreement, noth
                           call.bucket);
     return text;
   };
-  INFO("issued: " << show(last_step));
-  INFO("expected: " << show(expected));
-  CHECK(last_step == expected);
+  for (const auto& [stage, accumulation] : {std::pair{1, 1}, {2, 1}, {2, 2}}) {
+    INFO("ZeRO-" << stage << ", accumulation " << accumulation);
+    Config c = Config::of("sgd").with_zero(stage);
+    c.clip = 0.2;
+    c.steps = 3;
+    c.accumulation = accumulation;
+    // Only this run's collectives, and none of its set-up numbered as a step.
+    const std::vector<comm::FlightRecord> earlier = world.watchdog().flight_records();
+    const std::uint64_t first_ticket = earlier.empty() ? 0 : earlier.back().ticket + 1;
+    world.watchdog().set_step(-1);
+    train(c);
+    std::vector<Call> expected;
+    const int passes = stage == 2 ? accumulation : 1;
+    for (int k = 0; k < passes; ++k)
+      for (std::size_t b = 0; b < layout.buckets.size(); ++b)
+        expected.push_back(
+            {"reduce_scatter", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
+    expected.push_back({"allgather", 5, DType::i64, -1});
+    for (std::size_t b = 0; b < layout.buckets.size(); ++b)
+      expected.push_back(
+          {"allgather", layout.chunk_numel(b), DType::f32, static_cast<std::int64_t>(b)});
+
+    std::vector<Call> last_step;  // the watchdog numbers steps from 0
+    for (const comm::FlightRecord& f : world.watchdog().flight_records())
+      if (f.ticket >= first_ticket && f.step == c.steps - 1)
+        last_step.push_back({f.kind, f.count, f.dtype, f.bucket});
+    INFO("issued: " << show(last_step));
+    INFO("expected: " << show(expected));
+    CHECK(last_step == expected);
+  }
 }
 
 TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one process",
@@ -441,18 +477,24 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one
   }
 }
 
-TEST_CASE("a zero stage other than 0 or 1 is refused, naming the option", "[mpi][zero]") {
+TEST_CASE("a zero stage other than 0, 1 or 2 is refused, naming the option", "[mpi][zero]") {
   comm::World& world = test::mpi_world();
   auto model = net();
   ParameterStore store(*model, core::Device::cpu());
   SGD sgd(store, single_group(store, 0.1, 0.0));
   LossScaler scaler(LossScalerOptions{.enabled = false});
   StepOptions o;
-  o.sync.zero_stage = 2;
+  o.sync.zero_stage = 3;
   CHECK_THROWS_WITH(
       Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
-      Catch::Contains("StepOptions::sync.zero_stage is 2; use 0") &&
-          Catch::Contains("or 1 (ZeRO-1"));
+      Catch::Contains("StepOptions::sync.zero_stage is 3; use 0") &&
+          Catch::Contains("or 2 (ZeRO-2"));
+  o.sync.zero_stage = 2;
+  o.rank_invariant = true;
+  CHECK_THROWS_WITH(
+      Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
+      Catch::Contains("use zero_stage 1 with it"));
+  o.rank_invariant = false;
   o.sync.zero_stage = 1;
   CHECK_THROWS_WITH(DataParallelStep(*model, store, sgd, make_scheduler("constant", {}), scaler,
                                      nullptr, o, core::Stream()),
@@ -462,5 +504,113 @@ TEST_CASE("a zero stage other than 0 or 1 is refused, naming the option", "[mpi]
                     Catch::Contains("zero_stage -1 is not supported"));
   // Unsharded, there is nothing to gather.
   comm::GradientSynchronizer plain(world.host(), m);
-  CHECK_THROWS_WITH(plain.gather(store.values()), Catch::Contains("needs zero_stage 1"));
+  CHECK_THROWS_WITH(plain.gather(store.values()), Catch::Contains("needs zero_stage 1 or 2"));
+}
+
+// Note [accumulation tolerance]: ZeRO-2 with K micro-batches adds each
+// micro-batch's sum over the ranks into the shard, (a1 + b1) + (a2 + b2),
+// where plain data parallelism sums each rank's micro-batches first, (a1 +
+// a2) + (b1 + b2) (the second in the weight GEMM's beta = 1, Note [lazy
+// zero_grad]). Both are sums of the same K x N terms, each within (K N - 1)
+// f32 roundings of the exact sum, relative to the sum of the terms'
+// magnitudes, which is at most the largest per-row gradient here (each term
+// is a mean over its rows divided by K N; gradients <= 1): two orders differ
+// by at most 2 (K N - 1) 2^-24 ~ 6e-7 a step for K = 2, N = 3. SGD (lr 0.1,
+// momentum's 10x) carries 20 steps of it to 20 x 0.1 x 10 x 6e-7 = 1.2e-5,
+// AdamW's update (lr 1e-2 times a ratio moved relatively by that much)
+// less. 4e-5 allows 3x that; a lost or doubled micro-batch moves parameters
+// by >= 1e-3. Without accumulation ZeRO-2 issues ZeRO-1's reduce-scatters on
+// the same values: the same bits on any number of ranks.
+constexpr double kAccumulationTolerance = 4e-5;
+
+TEST_CASE("ZeRO-2 trains to the parameters of plain data parallelism, keeping only its shard",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " on " << n << " ranks");
+    const Result plain = train(Config::of(optimizer));
+    const Result one = train(Config::of(optimizer).with_zero(1));
+    const Result two = train(Config::of(optimizer).with_zero(2));
+    require_same(two.parameters, plain.parameters, n);
+    CHECK(same_bits(two.parameters, one.parameters));
+    CHECK(two.state_bytes == one.state_bytes);
+    // Note [shard layout]: the padded flat size / ranks; no full gradient between steps.
+    CHECK(plain.gradients_held);
+    CHECK_FALSE(two.gradients_held);
+    CHECK(two.shard_gradient_numel == (kFlatElements + 64 * n - 1) / (64 * n) * 64);
+    // 512-byte buckets: several groups, each made and dropped every step.
+    CHECK(two.gradient_groups > 1);
+  }
+}
+
+TEST_CASE("ZeRO-2 clips by the global norm as ZeRO-1 does, with and without accumulation",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  Config c;
+  c.clip = 0.2;
+  const Result plain = train(c);
+  REQUIRE(plain.max_grad_norm_seen > 0.2);  // clipping happened
+  CHECK(same_bits(train(c.with_zero(2)).parameters, train(c.with_zero(1)).parameters));
+  // The shards' partial sums of squares: ZeRO-1's clipping test's 1e-5.
+  CHECK(max_difference(train(c.with_zero(2)).parameters, plain.parameters) <= kThreeRankTolerance);
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " with accumulation on " << n << " ranks");
+    Config accumulated = Config::of(optimizer);
+    accumulated.accumulation = 2;
+    accumulated.clip = optimizer == "sgd" ? 0.2 : 0.0;
+    const Result reference = train(accumulated);
+    const Result two = train(accumulated.with_zero(2));
+    // Note [accumulation tolerance]; clipping adds ZeRO-1's ~1e-8 a step.
+    CHECK(max_difference(two.parameters, reference.parameters) <= kAccumulationTolerance);
+  }
+}
+
+TEST_CASE("ZeRO-2 in f16 takes the loss scaler's skip decisions of plain data parallelism",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  Config c;
+  c.autocast = DType::f16;
+  c.init_scale = 16777216.0f;
+  const Result plain = train(c);
+  const Result two = train(c.with_zero(2));
+  REQUIRE(plain.skipped > 0);
+  CHECK(two.skipped == plain.skipped);
+  CHECK(two.loss_scale == plain.loss_scale);
+  require_same(two.parameters, plain.parameters, n);
+}
+
+TEST_CASE("activation checkpointing composes with ZeRO-2", "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  Config c = Config::of("adamw");
+  c.steps = 10;
+  const Result plain = train(c);
+  c.checkpointed = true;
+  require_same(train(c.with_zero(2)).parameters, plain.parameters, n);
+  c.flat_store = true;
+  require_same(train(c.with_zero(2)).parameters, plain.parameters, n);
+}
+
+TEST_CASE("a run that switches between ZeRO stages at a resume ends where the unswitched run ends",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " on " << n << " ranks");
+    const Config plain_config = Config::of(optimizer);
+    const Result plain = train(plain_config, 10);
+    const Result two = train(plain_config.with_zero(2), 10);
+    REQUIRE(plain.saved);
+    REQUIRE(two.saved);
+    // Resumed in its own stage: exactly the uninterrupted run.
+    CHECK(same_bits(train(plain_config.with_zero(2), -1, &*two.saved).parameters, two.parameters));
+    // 0 -> 2 and 2 -> 1: the checkpoints keep the plain layout.
+    require_same(train(plain_config.with_zero(2), -1, &*plain.saved).parameters, plain.parameters,
+                 n);
+    CHECK(same_bits(train(plain_config.with_zero(1), -1, &*two.saved).parameters, two.parameters));
+    // With accumulation the resumed ZeRO-2 run is the straight one exactly.
+    Config accumulated = plain_config.with_zero(2);
+    accumulated.accumulation = 2;
+    const Result straight = train(accumulated, 10);
+    REQUIRE(straight.saved);
+    CHECK(same_bits(train(accumulated, -1, &*straight.saved).parameters, straight.parameters));
+  }
 }

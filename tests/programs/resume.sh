@@ -13,8 +13,9 @@
 #                1 rank to step 30 equals 4 ranks straight to step 30, bit for
 #                bit: checkpoints and loss lines; a world size the global batch
 #                does not support (3 ranks) is refused naming 1, 2, 4 or 8
-#   zero         --zero 1 on 2 ranks: exact resume; the checkpoint is the one
-#                --zero 0 writes, bit for bit; resumed without ZeRO on 1 rank
+#   zero         --zero 1 and 2 on 2 ranks: exact resume; the checkpoint is the one
+#                --zero 0 writes, bit for bit (a --zero 0 one resumed with
+#                --zero 2 ends on it); resumed without ZeRO on 1 rank
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
 #   checkpointing  gpt-tiny (dropout 0.1) with --activation-checkpointing makes
 #                the checkpoints of the plain run bit for bit; each resumes
@@ -144,15 +145,24 @@ case $mode in
     grep -q "run 8 chunks on 1, 2, 4 or 8 ranks" "$work/three.out"
     ;;
   zero)
-    exact_resume 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --zero 1
-    echo "exact resume: 2 ranks, --zero 1: identical"
-    for stage in 0 1; do
+    for stage in 1 2; do
+      exact_resume 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --zero "$stage"
+      echo "exact resume: 2 ranks, --zero $stage: identical"
+    done
+    for stage in 0 1 2; do
       launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
         --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/z$stage" --zero "$stage" >/dev/null
     done
     # Two summands add alike in an allreduce and a reduce-scatter: the same bits.
     same_checkpoints "$work/z1/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
-    echo "--zero 1 and --zero 0 write the same checkpoint"
+    same_checkpoints "$work/z2/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
+    echo "--zero 2, --zero 1 and --zero 0 write the same checkpoint"
+    # A stage switched at a resume (0 -> 2) ends where the unswitched run ends.
+    mkdir -p "$work/s" && cp "$work"/z0/ckpt-6.h5* "$work/s/"
+    launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
+      --checkpoint-dir "$work/s" --resume auto --zero 2 >/dev/null
+    same_checkpoints "$work/z0/ckpt-12.h5" "$work/s/ckpt-12.h5" 0
+    echo "a --zero 0 checkpoint resumed with --zero 2 ends where --zero 0 ends"
     mkdir -p "$work/b" && cp "$work"/z1/ckpt-6.h5* "$work/b/"
     launch 1 "${common[@]}" --batch-size 32 --optimizer adamw --lr 0.001 --steps 12 \
       --checkpoint-dir "$work/b" --resume auto >/dev/null
