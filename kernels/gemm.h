@@ -47,9 +47,10 @@ void gemm(const GemmArgs& args);
 void set_gemm_threads(int threads);
 
 // Note [CPU GEMM libraries]: the f32 GEMM under every CPU layer is one
-// library's sgemm. At one thread on a 2-vCPU Intel Xeon (family 6, model 207,
-// AVX-512), GF/s at the Linear, attention and im2col shapes of the presets,
-// median of 7 interleaved blocks (docs/benchmarks.md, "CPU GEMM libraries"):
+// library's sgemm. At one thread on a 2-vCPU Intel Xeon VM (family 6, model
+// 167 as it reports itself; AVX-512), GF/s at the Linear, attention and
+// im2col shapes of the presets, median of 7 interleaved blocks
+// (docs/benchmarks.md, "CPU GEMM libraries"):
 // oneDNN 2.6 (Debian's libdnnl) 183-215 and MKL 2026 (PyPI's mkl) 194-215
 // at the seven Linear shapes, OpenBLAS 0.3.21 (SkylakeX kernels) 168-188,
 // BLIS 0.9 84-118; at attention's 128x128x32 scores OpenBLAS 129 against
