@@ -55,9 +55,9 @@ std::optional<Library> load(const Candidate& c, int threads) {
       l.dnnl = reinterpret_cast<DnnlSgemm>(dlsym(handle, "dnnl_sgemm"));
     else
       l.cblas = reinterpret_cast<CblasSgemm>(dlsym(handle, "cblas_sgemm"));
-    // OpenMP's setter acts on the calling thread, which makes every call.
-    void* setter = dlsym(c.threads_symbol ? handle : RTLD_DEFAULT,
-                         c.threads_symbol ? c.threads_symbol : "omp_set_num_threads");
+    // OpenMP's setter (found through the library's own dependencies) acts on
+    // the calling thread, which makes every call.
+    void* setter = dlsym(handle, c.threads_symbol ? c.threads_symbol : "omp_set_num_threads");
     if ((!l.cblas && !l.dnnl) || !setter) {
       fmt::print("{}: {} lacks sgemm or its thread setter, left out\n", c.name, path);
       return std::nullopt;
