@@ -80,8 +80,10 @@
 //   - each chunk's loss x rows rides in the step agreement at its chunk's
 //     slot of C f64 sums (exact: every other rank adds zero), and the loss
 //     sum is their tree; row counts are integers.
-// The model may not hold buffers (BatchNorm's running statistics, which the
-// step broadcasts from rank 0 rather than combining over chunks): refused.
+//   - the model's buffers (BatchNorm's running statistics) move once per
+//     step, by the mean over the chunks of each chunk's own move, in the
+//     same tree (Note [chunk buffers], comm/chunk_buffers.h); each chunk
+//     normalises with its own batch statistics.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +93,7 @@
 #include <vector>
 
 #include "comm/agreement.h"
+#include "comm/chunk_buffers.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/ordered_reduce.h"
 #include "comm/step_agreement.h"
@@ -237,9 +240,10 @@ class DataParallelStep {
   // the device and read once after it; and one micro-batch's loss x rows.
   core::Tensor step_totals_, weighted_loss_;
   int loss_gradient_divisor_ = 1;  // RankMean's
-  // Note [rank-invariant step]: the chunks' tree; each chunk's loss x rows
-  // [K] on the device; the agreement's C per-chunk sums.
+  // Note [rank-invariant step]: the chunks' tree, and the buffers'; each
+  // chunk's loss x rows [K] on the device; the agreement's C per-chunk sums.
   std::unique_ptr<comm::ChunkTree> tree_;
+  std::unique_ptr<comm::ChunkBuffers> chunk_buffers_;  // null for a model without buffers
   core::Tensor chunk_losses_;
   std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
