@@ -31,14 +31,14 @@ namespace lockstep::comm {
 // statistics move once per step towards the mean over the chunks of each
 // chunk's batch statistics (biased mean, unbiased variance, per chunk of B
 // rows, as the chunk normalised with). A buffer no chunk moves stays b0 bit
-// for bit (its differences are 0). Other dtypes (num_batches_tracked, i64):
-// every chunk starts from b0 too, and the buffer keeps the value this rank's
-// last chunk leaves, so a counter counts steps, not chunks; a non-f32 buffer
-// whose move depends on the rows would differ between world sizes.
-// Memory: the f32 buffers three times over (b0, the chunk's difference, the
-// partial sums of ceil(log2 K) levels, and OrderedAllreduce's receive
-// buffer); work: per chunk, a copy of every buffer (the restore, from the
-// second chunk on) and one difference per f32 buffer.
+// for bit (its differences are 0; finite b0, and -0 becomes +0). Other dtypes (num_batches_tracked,
+// i64): every chunk starts from b0 too, and the buffer keeps the value this rank's last chunk
+// leaves, so a counter counts steps, not chunks; a non-f32 buffer whose move depends on the rows
+// would differ between world sizes. Memory, in copies of the buffers: one for b0 (every dtype), one
+// for the chunk's differences, ceil(log2 K) partial sums (ChunkTree) and about one for
+// OrderedAllreduce's receive buffer (f32 only). Work per chunk: a copy of every buffer (the
+// restore, from the second chunk on) and one difference per f32 buffer; per step, the tree and the
+// ordered allreduce over the f32 buffers' elements.
 class ChunkBuffers {
  public:
   // `buffers` on `comm`'s device (or on any device when `comm` is null: a

@@ -13,6 +13,7 @@
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"
 #include "engine/zero.h"
+#include "kernels/conv.h"
 
 namespace lockstep::engine {
 namespace {
@@ -95,6 +96,12 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
           "ranks",
           options_.accumulation, world_size, chunks, chunks,
           comm::world_sizes_text(comm::invariant_world_sizes(chunks)), chunks));
+    if (store_.device().is_cuda() && !kernels::deterministic())
+      throw InvalidArgument(
+          "DataParallelStep: StepOptions::rank_invariant on CUDA needs the deterministic kernels "
+          "(cuDNN's deterministic algorithms, cuBLASLt without split-K reduction passes: Note "
+          "[deterministic gemm]); call kernels::set_deterministic(true) (lockstep-train's "
+          "--rank-invariant does) before building the step");
     options_.sync.ordered = true;
   }
   if (world_) {

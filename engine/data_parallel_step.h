@@ -66,8 +66,10 @@
 // order on any world size the chunk count supports (Note [invariant world
 // sizes], comm/ordered_reduce.h; others are refused at construction):
 //   - each chunk's forward and backward is the same computation (same rows,
-//     same shapes, same keys); its loss gradient is scale / C on every device
-//     (never a division after the sum, Note [mean in the loss gradient]);
+//     same shapes, same keys; on CUDA the deterministic kernels, which the
+//     step requires: kernels::set_deterministic, Note [deterministic gemm]);
+//     its loss gradient is scale / C on every device (never a division after
+//     the sum, Note [mean in the loss gradient]);
 //   - the chunks' gradients combine in the tree of Note [chunk tree]
 //     (comm::ChunkTree: zero, backward, add, per chunk; ceil(log2 K)
 //     partial buffers the size of the flat gradients);
