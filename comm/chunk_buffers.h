@@ -53,7 +53,6 @@ class ChunkBuffers {
   void end_chunk(const core::Stream& stream);
   // After the last chunk, on every rank (collective): the combined update.
   void finish(const core::Stream& stream);
-  std::int64_t f32_numel() const { return f32_numel_; }
 
  private:
   std::vector<NamedBuffer> buffers_;
