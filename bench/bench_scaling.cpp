@@ -20,7 +20,8 @@
 // --rank-invariant also times the rank-invariant step (StepOptions::
 // rank_invariant, docs/reproducibility.md) beside the default synchronised
 // step, alternating, at the same micro-batch and world size, with the memory
-// each holds.
+// each holds; on CUDA both with the deterministic kernels the mode requires
+// (Note [deterministic gemm]), so that the ratio is the mode's own cost.
 #include <fmt/core.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -48,6 +49,7 @@
 #include "engine/optim/loss_scaler.h"
 #include "engine/parameter_store.h"
 #include "examples/common/flags.h"
+#include "kernels/conv.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -664,6 +666,7 @@ int run(comm::World& world, const Options& o, const Config& config) {
     }
   }
   if (o.rank_invariant) {
+    if (device.is_cuda()) kernels::set_deterministic(true);
     // Both runners built afresh here, so that each one's memory is its own.
     std::optional<StepRunner> plain, invariant;
     const RunnerMemory plain_memory = measure_memory(

@@ -13,6 +13,7 @@
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"
 #include "engine/zero.h"
+#include "kernels/conv.h"
 
 namespace lockstep::engine {
 namespace {
@@ -102,14 +103,12 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
           "ranks",
           options_.accumulation, world_size, chunks, chunks,
           comm::world_sizes_text(comm::invariant_world_sizes(chunks)), chunks));
-    const std::vector<Buffer*> buffers = model_.buffers();
-    if (!buffers.empty())
-      throw InvalidArgument(fmt::format(
-          "DataParallelStep: StepOptions::rank_invariant does not cover models with buffers; "
-          "this one has '{}' ({} in all: BatchNorm's running statistics, which are rank 0's "
-          "rather than combined over the chunks). Train it without the mode, or use a model "
-          "without BatchNorm (Note [rank-invariant step])",
-          buffers.front()->name, buffers.size()));
+    if (store_.device().is_cuda() && !kernels::deterministic())
+      throw InvalidArgument(
+          "DataParallelStep: StepOptions::rank_invariant on CUDA needs the deterministic kernels "
+          "(cuDNN's deterministic algorithms, cuBLASLt without split-K reduction passes: Note "
+          "[deterministic gemm]); call kernels::set_deterministic(true) (lockstep-train's "
+          "--rank-invariant does) before building the step");
     options_.sync.ordered = true;
   }
   if (world_) {
@@ -142,6 +141,12 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   }
   if (options_.rank_invariant) {
     tree_ = std::make_unique<comm::ChunkTree>(store_.grads(), options_.accumulation, stream_);
+    std::vector<comm::NamedBuffer> buffers;
+    for (Buffer* b : model_.buffers()) buffers.push_back({b->name, b->value});
+    if (!buffers.empty())  // Note [chunk buffers]
+      chunk_buffers_ = std::make_unique<comm::ChunkBuffers>(
+          std::move(buffers), options_.accumulation,
+          world_ ? &world_->for_device(store_.device()) : nullptr, stream_);
     chunk_sums_.assign(static_cast<std::size_t>(chunks), 0.0);
   }
   core::trace::set_stream_name(stream_, "cuda compute stream");
@@ -230,6 +235,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     core::MemoryKindScope kind(core::MemoryKind::activations);  // Note [memory kinds]
     Context ctx = context(k, batch.inputs.dim(0));
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
+    if (chunk_buffers_) chunk_buffers_->begin_chunk(k, stream_);
     {
       core::trace::Span forward("forward", core::trace::Part::compute);
       const core::NamedTensors tensors = batch.tensors();
@@ -245,6 +251,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       }
       core::ops::add(rows_total, loss_->counted_rows(), rows_total, stream_);
     }
+    if (chunk_buffers_) chunk_buffers_->end_chunk(stream_);
     core::trace::Span backward("backward", core::trace::Part::compute);
     model_.backward_named(loss_->backward_named(dloss, ctx), ctx);
     model_.report_ready(ctx);
@@ -254,6 +261,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     core::trace::Span wait("gradient sync wait", core::trace::Part::comm);
     sync_->finish();
   }
+  if (chunk_buffers_) chunk_buffers_->finish(stream_);
   StepResult r;
   update(r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -72,8 +72,10 @@
 // order on any world size the chunk count supports (Note [invariant world
 // sizes], comm/ordered_reduce.h; others are refused at construction):
 //   - each chunk's forward and backward is the same computation (same rows,
-//     same shapes, same keys); its loss gradient is scale / C on every device
-//     (never a division after the sum, Note [mean in the loss gradient]);
+//     same shapes, same keys; on CUDA the deterministic kernels, which the
+//     step requires: kernels::set_deterministic, Note [deterministic gemm]);
+//     its loss gradient is scale / C on every device (never a division after
+//     the sum, Note [mean in the loss gradient]);
 //   - the chunks' gradients combine in the tree of Note [chunk tree]
 //     (comm::ChunkTree: zero, backward, add, per chunk; ceil(log2 K)
 //     partial buffers the size of the flat gradients);
@@ -86,8 +88,10 @@
 //   - each chunk's loss x rows rides in the step agreement at its chunk's
 //     slot of C f64 sums (exact: every other rank adds zero), and the loss
 //     sum is their tree; row counts are integers.
-// The model may not hold buffers (BatchNorm's running statistics, which the
-// step broadcasts from rank 0 rather than combining over chunks): refused.
+//   - the model's buffers (BatchNorm's running statistics) move once per
+//     step, by the mean over the chunks of each chunk's own move, in the
+//     same tree (Note [chunk buffers], comm/chunk_buffers.h); each chunk
+//     normalises with its own batch statistics.
 #pragma once
 
 #include <cstdint>
@@ -97,6 +101,7 @@
 #include <vector>
 
 #include "comm/agreement.h"
+#include "comm/chunk_buffers.h"
 #include "comm/gradient_synchronizer.h"
 #include "comm/ordered_reduce.h"
 #include "comm/step_agreement.h"
@@ -254,9 +259,10 @@ class DataParallelStep {
   std::unique_ptr<StepReadback> readback_;
   core::Tensor weighted_loss_;
   int loss_gradient_divisor_ = 1;  // RankMean's
-  // Note [rank-invariant step]: the chunks' tree; the agreement's C
-  // per-chunk sums (each chunk's loss x rows is in readback_).
+  // Note [rank-invariant step]: the chunks' tree, and the buffers'; the
+  // agreement's C per-chunk sums (each chunk's loss x rows is in readback_).
   std::unique_ptr<comm::ChunkTree> tree_;
+  std::unique_ptr<comm::ChunkBuffers> chunk_buffers_;  // null for a model without buffers
   std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;

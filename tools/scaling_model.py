@@ -5,9 +5,10 @@ From a measured backward pass (bench_scaling's per-bucket ready times) or the bu
 ResNet-50, and an alpha-beta model of NCCL's allreduce on NVLink + InfiniBand nodes, it
 predicts weak-scaling efficiency from 8 to 4096 GPUs, then names and estimates what the
 ideal model leaves out (bandwidth knee, compute interference, stragglers, loader stalls).
+--rank-invariant adds the rank-invariant mode's step (all-to-all + all-gather, the tree).
 --check compares the model with bench_scaling's own multi-rank measurements.
 
-usage: scaling_model.py [--profile FILE] [--json OUT] [--plot OUT.png] ...
+usage: scaling_model.py [--profile FILE] [--json OUT] [--plot OUT.png] [--rank-invariant] ...
        scaling_model.py --check FILE
 """
 import argparse
@@ -93,6 +94,61 @@ class Network:
             ring += 2.0 * (nodes - 1) / nodes * self.inter_half_bytes / be
             tree += 2.0 * self.inter_half_bytes / (TREE_BUSBW_FACTOR * be)
         return (ring, "ring") if ring <= tree else (tree, "tree")
+
+
+    def ordered_allreduce_ms(self, nbytes, ranks):
+        """Milliseconds of the rank-invariant mode's reduction of nbytes among `ranks` GPUs
+        (comm/ordered_reduce.h, Note [ordered allreduce]): an all-to-all, in which each GPU
+        sends 1/p of the buffer to each other GPU, those on other nodes through its own NIC
+        while those in its node go over NVLink (at the same time, p-1 messages), then a ring
+        all-gather of the p summed shards (p-1 steps, (p-1)/p of the buffer at the ring's bus
+        bandwidth). The bytes are a ring allreduce's, 2(p-1)/p of the buffer, but the
+        all-to-all's inter-node share cannot use the other GPUs' NICs, and none of it
+        overlaps backward (Note [ordered synchronisation])."""
+        if ranks <= 1:
+            return 0.0
+        g = min(ranks, self.gpus_per_node)
+        if ranks % g:
+            raise InputError(f"{ranks} GPUs do not fill nodes of {self.gpus_per_node} GPUs "
+                             "(use multiples of --gpus-per-node)")
+        nodes = ranks // g
+        bi, be = self.intra_busbw_gbs * 1e6, self.inter_busbw_gbs * 1e6  # bytes per ms
+        ai, ae = self.intra_alpha_us * 1e-3, self.inter_alpha_us * 1e-3   # ms
+        shard = nbytes / ranks
+        alltoall = max((g - 1) * shard / bi, (ranks - g) * shard / be)
+        alltoall += (ranks - 1) * (ae if nodes > 1 else ai)
+        bus = bi if nodes == 1 else min(bi, g * be)
+        allgather = (ranks - 1) * shard / bus
+        allgather += (ranks - nodes) * ai + (nodes - 1) * ae
+        return alltoall + allgather
+
+
+def tree_adds_ms(nbytes, ranks, chunks_per_rank, memory_gbs):
+    """Milliseconds of the rank-invariant mode's local sums (comm::ChunkTree, Note [chunk
+    tree]): per step K - 1 adds (read two buffers, write one) and K - 1 copies (read one,
+    write one) of the gradient buffer, and at each shard's owner p - 1 adds of a 1/p shard,
+    all memory-bound at memory_gbs."""
+    k = chunks_per_rank
+    moved = (3 + 2) * (k - 1) * nbytes + 3 * (ranks - 1) * nbytes / ranks
+    return moved / (memory_gbs * 1e6)
+
+
+def predict_invariant(profile, network, ranks, chunks_per_rank, memory_gbs):
+    """The rank-invariant step at `ranks` GPUs, K chunks per rank, beside the default step
+    with the same K micro-batches (ideal terms only: no knee, no interference): the mode's
+    step is K forwards and backwards, then the reduction and the tree's adds, then the
+    optimizer; the default overlaps its allreduce with the last micro-batch's backward."""
+    nbytes = sum(b for b, _ in profile.buckets)
+    chunk_ms = profile.forward_ms + profile.backward_ms
+    comm = network.ordered_allreduce_ms(nbytes, ranks)
+    tree = tree_adds_ms(nbytes, ranks, chunks_per_rank, memory_gbs)
+    step = chunks_per_rank * chunk_ms + comm + tree + profile.optimizer_ms
+    costs = [network.allreduce_ms(b, ranks, False)[0] for b, _ in profile.buckets]
+    default = (chunks_per_rank - 1) * chunk_ms + simulate_step(profile, costs)[0]
+    compute = chunks_per_rank * chunk_ms + profile.optimizer_ms
+    return {"invariant_comm_ms": comm, "invariant_tree_ms": tree, "invariant_step_ms": step,
+            "default_step_ms": default, "invariant_efficiency": compute / step,
+            "invariant_over_default": step / default}
 
 
 def flat_network(link, ranks):
@@ -417,6 +473,17 @@ def print_table(profile, rows):
               f"{100 * r['efficiency']:>8.1f}%")
 
 
+def print_invariant(chunks_per_rank, rows):
+    print(f"  --rank-invariant, {chunks_per_rank} chunk(s) per rank (ideal terms): "
+          "all-to-all + all-gather after backward, and the tree's adds")
+    print(f"  {'GPUs':>5} {'comm ms':>8} {'tree ms':>8} {'step ms':>8} {'default':>8} "
+          f"{'ratio':>6} {'efficiency':>10}")
+    for r in rows:
+        print(f"  {r['gpus']:>5} {r['invariant_comm_ms']:>8.3g} {r['invariant_tree_ms']:>8.3g} "
+              f"{r['invariant_step_ms']:>8.3g} {r['default_step_ms']:>8.3g} "
+              f"{r['invariant_over_default']:>6.3f} {100 * r['invariant_efficiency']:>9.1f}%")
+
+
 def plot(path, series):
     import matplotlib
     matplotlib.use("Agg")
@@ -501,6 +568,11 @@ def run_model(args):
     for profile in profiles:
         rows = [predict(profile, network, p, terms) for p in args.gpus]
         print_table(profile, rows)
+        if args.rank_invariant:
+            for r in rows:
+                r.update(predict_invariant(profile, network, r["gpus"], args.chunks_per_rank,
+                                           args.memory_gbs))
+            print_invariant(args.chunks_per_rank, rows)
         series[profile.model] = rows
         records += rows
     if args.json:
@@ -668,6 +740,14 @@ def parse_args(argv):
                      help="hierarchical phases in sequence instead of pipelined as NCCL does")
     net.add_argument("--wire-dtype", choices=["f32", "bf16"], default="f32",
                      help="gradient dtype on the wire (GradientSynchronizer's wire_dtype)")
+    mode = ap.add_argument_group("the rank-invariant mode (docs/reproducibility.md)")
+    mode.add_argument("--rank-invariant", action="store_true",
+                      help="also predict the mode's step: its all-to-all + all-gather and tree")
+    mode.add_argument("--chunks-per-rank", type=int, default=1,
+                      help="K: micro-batches (chunks) per rank per step, in both steps")
+    mode.add_argument("--memory-gbs", type=float, default=2600.0,
+                      help="achievable device memory bandwidth for the tree's adds (H100 HBM3, "
+                      "3350 GB/s nominal)")
     comp = ap.add_argument_group("compute")
     comp.add_argument("--target-tflops", type=float, default=400.0,
                       help="achieved training TFLOP/s of the target GPU (H100 bf16)")
@@ -698,6 +778,11 @@ def parse_args(argv):
                  "interference", "jitter", "stall_ms", "resnet50_optimizer_ms"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must not be negative")
+    if args.chunks_per_rank < 1 or args.memory_gbs <= 0:
+        ap.error("--chunks-per-rank and --memory-gbs must be positive")
+    if args.rank_invariant and args.wire_dtype != "f32":
+        ap.error("--rank-invariant sums f32 gradients (Note [ordered synchronisation]); "
+                 "leave --wire-dtype at f32")
     if not 0 <= args.stall_prob <= 1:
         ap.error("--stall-prob is a probability, between 0 and 1")
     if args.resnet50_optimizer_ms >= args.resnet50_step_ms:

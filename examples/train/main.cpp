@@ -327,7 +327,8 @@ int run(const Flags& flags, comm::World& world) {
   }
   core::set_log_level(core::parse_log_level(f.log_level));
   use_cpu_threads(f.threads, lead);
-  set_deterministic_run(f.deterministic);
+  // Note [rank-invariant step]: on CUDA the mode needs the deterministic kernels.
+  set_deterministic_run(f.deterministic || f.rank_invariant);
   install_signal_handlers();
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);

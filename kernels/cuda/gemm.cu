@@ -3,6 +3,16 @@
 // shape (sizes, strides, types, transposes, pointer alignment) is planned once:
 // descriptors and the heuristic's first algorithm are cached, so a training
 // step makes no heuristic queries after the first.
+//
+// Note [deterministic gemm]: with kernels::deterministic() (--deterministic,
+// --rank-invariant) the heuristic may only offer algorithms whose split-K
+// reduction is none or in place (mask CUBLASLT_REDUCTION_SCHEME_INPLACE; NONE
+// is 0, no bit: the parts are added in the output buffer in a sequence
+// cuBLASLt's counters fix), never one that reduces in a separate pass over a
+// workspace of the compute or output type.
+// The setting is part of the plan's key, so each setting keeps its own plans;
+// a shape gets one algorithm per setting, the same on every rank of a job on
+// one GPU model (the key holds the shape and the workspace, not the rank).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -10,6 +20,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/conv.h"
 #include "kernels/cuda/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -52,9 +63,11 @@ struct PlanKey {
   std::uint32_t align_a, align_b, align_c;
   std::size_t workspace_bytes;
   std::int64_t batch, stride_a, stride_b, stride_c;
+  bool deterministic;  // Note [deterministic gemm]
   auto tie() const {
     return std::tie(device, trans_a, trans_b, m, n, k, lda, ldb, ldc, ab_type, c_type, align_a,
-                    align_b, align_c, workspace_bytes, batch, stride_a, stride_b, stride_c);
+                    align_b, align_c, workspace_bytes, batch, stride_a, stride_b, stride_c,
+                    deterministic);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -131,6 +144,12 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof key.align_c));
   LOCKSTEP_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof key.align_c));
+  if (key.deterministic) {  // Note [deterministic gemm]
+    const std::uint32_t schemes =
+        CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_INPLACE;
+    LOCKSTEP_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes));
+  }
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
@@ -141,6 +160,7 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key) {
                        "cuBLASLt has no algorithm for gemm m=" + std::to_string(key.m) +
                            " n=" + std::to_string(key.n) + " k=" + std::to_string(key.k) + " " +
                            dtype_name(key.ab_type) + "->" + dtype_name(key.c_type) +
+                           (key.deterministic ? " in deterministic mode" : "") +
                            " (check leading dimensions and buffer alignment)");
   }
   plan->algo = result.algo;
@@ -183,7 +203,8 @@ void gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes, CudaS
                     g.batch,
                     g.batch > 1 ? g.stride_a : 0,
                     g.batch > 1 ? g.stride_b : 0,
-                    g.batch > 1 ? g.stride_c : 0};
+                    g.batch > 1 ? g.stride_c : 0,
+                    deterministic()};
   Cache& c = cache();
   cublasLtHandle_t handle;
   const Plan* plan;

@@ -8,6 +8,12 @@
 #   hosts_make N          makes hosts 0..N-1 (HOST_NS[i], HOST_ADDR[i]) or
 #                         exits 77 (ctest's skip) saying why it cannot
 #   hosts_mpirun N ARGS   mpirun of N ranks, one per host, over TCP only
+#   hosts_mpirun_slots N SLOTS ARGS  mpirun of N x SLOTS ranks, SLOTS on each
+#                         of hosts 0..N-1, each host with a hostname of its
+#                         own (its address, in a UTS namespace): with one
+#                         hostname for all, OpenMPI 4.1's TCP transport
+#                         crashes in the MPI_Comm_dup after
+#                         MPI_Comm_split_type when a host runs two ranks
 #   hosts_pids            the processes still running in any host
 #   hosts_skip REASON     prints the reason and exits 77
 #   hosts_remove          kills what runs in the hosts, removes them (EXIT trap)
@@ -83,7 +89,10 @@ hosts_make() {
     echo 'esac'
     echo 'exec ip netns exec "$ns" /bin/sh -c "$*"'
   } >"$hosts_work/agent"
-  chmod +x "$hosts_work/agent"
+  # The same, each host with its own hostname (hosts_mpirun_slots).
+  sed 's|^exec ip netns exec "$ns" /bin/sh -c "$\*"$|exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $host; $*"|' \
+    "$hosts_work/agent" >"$hosts_work/agent-uts"
+  chmod +x "$hosts_work/agent" "$hosts_work/agent-uts"
 }
 
 hosts_mpirun() {
@@ -93,6 +102,16 @@ hosts_mpirun() {
   ip netns exec "${HOST_NS[0]}" mpirun --mca plm_rsh_agent "$hosts_work/agent" \
     --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$HOSTS_SUBNET" \
     --mca oob_tcp_if_include "$HOSTS_SUBNET" -H "$list" -np "$n" "$@"
+}
+
+hosts_mpirun_slots() {
+  local n=$1 slots=$2 i list=""
+  shift 2
+  for ((i = 0; i < n; i++)); do list+="${list:+,}${HOST_ADDR[$i]}:$slots"; done
+  ip netns exec "${HOST_NS[0]}" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' \
+    "${HOST_ADDR[0]}" mpirun --mca plm_rsh_agent "$hosts_work/agent-uts" \
+    --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$HOSTS_SUBNET" \
+    --mca oob_tcp_if_include "$HOSTS_SUBNET" -H "$list" -np "$((n * slots))" "$@"
 }
 
 hosts_pids() {

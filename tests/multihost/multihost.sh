@@ -4,6 +4,9 @@
 # multihost.sh BUILD_DIR MODE, MODE one of
 #   equivalence  2 hosts x 1 rank == 2 ranks on one host, bit for bit: every
 #                step's metrics and every step's checkpoint (fp32, cnn)
+#   invariant    --rank-invariant: 2 hosts x 2 ranks == 1 rank, bit for bit:
+#                every step's metrics and the last checkpoint, for the cnn
+#                preset (bf16, clipping) and resnet (BatchNorm, fp16)
 #   link|stop|kill  3 hosts; after 3 steps host 1 loses its link, or rank 1
 #                is stopped (SIGSTOP) or killed (SIGKILL): every process of
 #                the job ends within LOCKSTEP_COMM_TIMEOUT + 30 s, non-zero,
@@ -75,6 +78,35 @@ print(sum(d.nbytes for d in h5py.File(sys.argv[1])['model'].values()))" "$work/h
   [ "$received" -ge "$least" ] || fail "host 1 received $received bytes on eth0, less than $least"
   echo "2 hosts x 1 rank == 1 host x 2 ranks: 6 steps' metrics and checkpoints identical;" \
     "host 1 received $received bytes on eth0 ($param_bytes bytes of parameters)"
+}
+
+invariant() {
+  hosts_make 2
+  make_data
+  "$build/examples/shard/lockstep-shard" synthetic --out "$work/images" --count 64 \
+    --shape 3,32,32 --dtype u8 --classes 10 --shards 2 --seed 1 >/dev/null || fail "lockstep-shard"
+  local model args
+  for model in cnn resnet; do
+    if [ "$model" = cnn ]; then
+      args=(--data "$work/data" --precision bf16 --clip 0.5 --global-batch 64 --batch-size 16
+        --steps 3)
+    else
+      args=(--data "$work/images" --precision fp16 --global-batch 8 --batch-size 2 --steps 2)
+    fi
+    args+=(--model "$model" --rank-invariant --device cpu --seed 5 --log-every 1000
+      --checkpoint-every 0)
+    hosts_mpirun_slots 2 2 "$train" "${args[@]}" --checkpoint-dir "$work/$model-hosts" \
+      --metrics "$work/$model-hosts.jsonl" >/dev/null || fail "the 2 x 2-rank $model job"
+    "$train" "${args[@]}" --checkpoint-dir "$work/$model-one" --metrics "$work/$model-one.jsonl" \
+      >/dev/null || fail "the 1-rank $model job"
+    diff <(losses "$work/$model-hosts.jsonl") <(losses "$work/$model-one.jsonl") ||
+      fail "$model: the loss sequences differ"
+    local last
+    last=$(basename "$(ls "$work/$model-one"/ckpt-*.h5)")
+    /usr/bin/python3 "$here/../programs/same_checkpoints.py" "$work/$model-hosts/$last" \
+      "$work/$model-one/$last" 0 || fail "$model: the checkpoints differ"
+    echo "--rank-invariant $model: 2 hosts x 2 ranks == 1 rank, metrics and checkpoint identical"
+  done
 }
 
 fault() {
@@ -253,6 +285,7 @@ latency() {
 
 case $mode in
   equivalence) equivalence ;;
+  invariant) invariant ;;
   bandwidth)
     hosts_make 2
     shaped bandwidth tbf rate 100mbit burst 64kb latency 200ms

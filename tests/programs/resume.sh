@@ -13,6 +13,10 @@
 #                1 rank to step 30 equals 4 ranks straight to step 30, bit for
 #                bit: checkpoints and loss lines; a world size the global batch
 #                does not support (3 ranks) is refused naming 1, 2, 4 or 8
+#   invariant-models  --rank-invariant with the cnn preset (bf16, clipping,
+#                --zero 1 on 4 ranks) and resnet (BatchNorm, fp16 with the loss
+#                scaler) on tiny shards: 1, 2 and 4 ranks write the same
+#                checkpoints (running statistics included) and loss lines
 #   zero         --zero 1 and 2 on 2 ranks: exact resume; the checkpoint is the one
 #                --zero 0 writes, bit for bit (a --zero 0 one resumed with
 #                --zero 2 ends on it); resumed without ZeRO on 1 rank
@@ -143,6 +147,34 @@ case $mode in
       exit 1
     fi
     grep -q "run 8 chunks on 1, 2, 4 or 8 ranks" "$work/three.out"
+    ;;
+  invariant-models)
+    "$shard" synthetic --out "$work/images" --count 64 --shape 3,32,32 --dtype u8 --classes 10 \
+      --shards 2 --seed 1 >/dev/null
+    lines() { grep '"loss":' "$1" | sed 's/"samples_per_s.*//'; }
+    for model in cnn resnet; do
+      if [ "$model" = cnn ]; then
+        flags=(--data "$work/data" --model cnn --precision bf16 --clip 0.5 --global-batch 32
+          --batch-size 8 --steps 3)
+      else
+        flags=(--data "$work/images" --model resnet --precision fp16 --global-batch 8
+          --batch-size 2 --steps 2)
+      fi
+      for ranks in 1 2 4; do
+        zero=0
+        [ "$model" = cnn ] && [ "$ranks" -eq 4 ] && zero=1
+        launch "$ranks" "${flags[@]}" --rank-invariant --zero "$zero" --seed 7 --log-every 1000 \
+          --device cpu --checkpoint-every 0 --checkpoint-dir "$work/$model$ranks" \
+          --metrics "$work/$model$ranks.jsonl" >/dev/null
+        lines "$work/$model$ranks.jsonl" >"$work/$model$ranks.losses"
+      done
+      last=$(ls "$work/${model}1"/ckpt-*.h5)
+      for ranks in 2 4; do
+        same_checkpoints "$last" "$work/$model$ranks/$(basename "$last")" 0
+        cmp "$work/${model}1.losses" "$work/$model$ranks.losses"
+      done
+      echo "--rank-invariant $model: 1, 2 and 4 ranks, the same checkpoints and loss lines"
+    done
     ;;
   zero)
     for stage in 1 2; do

@@ -1,7 +1,8 @@
 """tools/scaling_model.py --check on crafted bench_scaling files with hand-computed answers: the
 terms added one at a time (ideal, contention, measured stragglers, communication in the step,
 ZeRO-1's sharded optimizer, compute after communication) and the fallbacks of a record that lacks the measured terms (the
-straggler from jitter, no in-step terms); bad input named by file and line. The arithmetic is
+straggler from jitter, no in-step terms); bad input named by file and line; the rank-invariant
+mode's terms (all-to-all + all-gather, the tree's adds) on hand-computed networks. The arithmetic is
 exact up to float rounding, so results are compared to 1e-9. Run by ctest (tools_python)."""
 import json
 import os
@@ -90,6 +91,50 @@ class ScalingCheckTest(unittest.TestCase):
             with self.assertRaises(SystemExit) as e:
                 run_main(scaling_model.main, ["--check", bench])
             self.assertIn("'straggler_ms' is 'fast', expected a number", str(e.exception.code))
+
+
+class RankInvariantTest(unittest.TestCase):
+    # 2 GPUs a node; NVLink 1 GB/s (1e6 B/ms) and 10 us a step, NICs 0.5 GB/s and 100 us.
+    NET = scaling_model.Network(gpus_per_node=2, intra_alpha_us=10.0, intra_busbw_gbs=1.0,
+                                inter_alpha_us=100.0, inter_busbw_gbs=0.5, intra_half_bytes=0.0,
+                                inter_half_bytes=0.0)
+
+    def test_one_node_moves_a_ring_allreduce(self):
+        # 2 GPUs, 2 MB: all-to-all 1 MB + 10 us, all-gather 1 MB + 10 us: the ring's 2.02 ms.
+        self.assertAlmostEqual(self.NET.ordered_allreduce_ms(2e6, 2), 2.02, places=9)
+        ring, _ = self.NET.allreduce_ms(2e6, 2, False)
+        self.assertAlmostEqual(self.NET.ordered_allreduce_ms(2e6, 2), ring, places=9)
+        self.assertEqual(self.NET.ordered_allreduce_ms(2e6, 1), 0.0)
+
+    def test_across_nodes_the_alltoall_uses_one_nic(self):
+        # 4 GPUs on 2 nodes, 4 MB (1 MB shards): all-to-all max(1 MB NVLink, 2 MB NIC) = 4 ms
+        # + 3 messages x 100 us; all-gather 3 MB at min(1, 2 x 0.5) GB/s = 3 ms + 2 x 10 us
+        # + 1 x 100 us.
+        self.assertAlmostEqual(self.NET.ordered_allreduce_ms(4e6, 4), 4.3 + 3.12, places=9)
+
+    def test_tree_adds(self):
+        # K = 3: 2 adds (3 buffers each) + 2 copies (2) of 1 MB, and 3 adds of a 1/4 shard at
+        # the owner, at 1 GB/s: (10 + 2.25) MB / 1e6 B/ms.
+        self.assertAlmostEqual(scaling_model.tree_adds_ms(1e6, 4, 3, 1.0), 12.25, places=9)
+
+    def test_step_beside_the_default(self):
+        profile = scaling_model.Profile("mlp", "test", forward_ms=0.5, backward_ms=1.0,
+                                        optimizer_ms=0.5, buckets=[(2000000, 1.0)])
+        r = scaling_model.predict_invariant(profile, self.NET, 2, 2, 1.0)
+        # 2 chunks of 1.5 ms, the reduction 2.02, the tree 13 (5 x 2 MB + 3 x 1 MB), 0.5.
+        self.assertAlmostEqual(r["invariant_step_ms"], 3.0 + 2.02 + 13.0 + 0.5, places=9)
+        # The default: one micro-batch more, then 0.5 + the allreduce after backward + 0.5.
+        self.assertAlmostEqual(r["default_step_ms"], 1.5 + 0.5 + 1.0 + 2.02 + 0.5, places=9)
+        self.assertAlmostEqual(r["invariant_over_default"], 18.52 / 5.52, places=9)
+        self.assertAlmostEqual(r["invariant_efficiency"], 3.5 / 18.52, places=9)
+
+    def test_flags(self):
+        status, stdout, _ = run_main(scaling_model.main, ["--rank-invariant", "--gpus", "8,64",
+                                                          "--chunks-per-rank", "2"])
+        self.assertIsNone(status)
+        self.assertIn("--rank-invariant, 2 chunk(s) per rank", stdout)
+        with self.assertRaises(SystemExit):
+            run_main(scaling_model.main, ["--rank-invariant", "--wire-dtype", "bf16"])
 
 
 if __name__ == "__main__":
