@@ -52,18 +52,22 @@ class Network:
     inter_half_bytes: float
     phased: bool = False     # hierarchical phases one after another instead of pipelined
 
+    def _layout(self, ranks):
+        """(GPUs per node used, nodes, intra and inter bandwidth in bytes per ms, intra and
+        inter latency in ms) of `ranks` GPUs, which must fill whole nodes."""
+        g = min(ranks, self.gpus_per_node)
+        if ranks % g:
+            raise InputError(f"{ranks} GPUs do not fill nodes of {self.gpus_per_node} GPUs "
+                             "(use multiples of --gpus-per-node)")
+        return (g, ranks // g, self.intra_busbw_gbs * 1e6, self.inter_busbw_gbs * 1e6,
+                self.intra_alpha_us * 1e-3, self.inter_alpha_us * 1e-3)
+
     def allreduce_ms(self, nbytes, ranks, knee):
         """(milliseconds, algorithm) of an nbytes allreduce among `ranks` GPUs: the faster
         of ring and tree, as NCCL's tuner picks per message."""
         if ranks <= 1:
             return 0.0, "none"
-        g = min(ranks, self.gpus_per_node)
-        if ranks % g:
-            raise InputError(f"{ranks} GPUs do not fill nodes of {self.gpus_per_node} GPUs "
-                             "(use multiples of --gpus-per-node)")
-        nodes = ranks // g
-        bi, be = self.intra_busbw_gbs * 1e6, self.inter_busbw_gbs * 1e6  # bytes per ms
-        ai, ae = self.intra_alpha_us * 1e-3, self.inter_alpha_us * 1e-3   # ms
+        g, nodes, bi, be, ai, ae = self._layout(ranks)
         ring_factor = 2.0 * (ranks - 1) / ranks  # bytes each GPU sends per message byte
         if nodes == 1:
             # NCCL's tree inside a node is a chain: the same 2(p-1) steps as the ring at 0.9
@@ -107,13 +111,7 @@ class Network:
         overlaps backward (Note [ordered synchronisation])."""
         if ranks <= 1:
             return 0.0
-        g = min(ranks, self.gpus_per_node)
-        if ranks % g:
-            raise InputError(f"{ranks} GPUs do not fill nodes of {self.gpus_per_node} GPUs "
-                             "(use multiples of --gpus-per-node)")
-        nodes = ranks // g
-        bi, be = self.intra_busbw_gbs * 1e6, self.inter_busbw_gbs * 1e6  # bytes per ms
-        ai, ae = self.intra_alpha_us * 1e-3, self.inter_alpha_us * 1e-3   # ms
+        g, nodes, bi, be, ai, ae = self._layout(ranks)
         shard = nbytes / ranks
         alltoall = max((g - 1) * shard / bi, (ranks - g) * shard / be)
         alltoall += (ranks - 1) * (ae if nodes > 1 else ai)
