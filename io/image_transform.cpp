@@ -398,6 +398,31 @@ void columns_first(const PixelView& s, ResampleScratch& scratch, const ImageOpti
     out[ox] = static_cast<std::uint8_t>(w0[ox] * mixed[x0[ox]] + w1[ox] * mixed[x1[ox]] + 0.5f);
 }
 
+// The same for three interleaved channels at once (mixed channel c at +c):
+// each column's taps are loaded once for the three.
+[[gnu::target_clones("avx2", "default")]] void mix_columns3(const float* __restrict mixed,
+                                                            const Taps& columns, std::int64_t width,
+                                                            std::int64_t plane, const Output& out,
+                                                            std::int64_t at) {
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  const float* scale = out.affine.scale;
+  const float* bias = out.affine.bias;
+  for (std::int64_t ox = 0; ox < width; ++ox) {
+    const float* a = mixed + x0[ox];
+    const float* b = mixed + x1[ox];
+    for (int c = 0; c < 3; ++c) {
+      const float value = w0[ox] * a[c] + w1[ox] * b[c];
+      if (out.f32)
+        out.f32[at + c * plane + ox] = value * scale[c] + bias[c];
+      else
+        out.u8[at + c * plane + ox] = static_cast<std::uint8_t>(value + 0.5f);
+    }
+  }
+}
+
 void rows_first(const PixelView& s, ResampleScratch& scratch, const ImageOptions& o,
                 const Output& out) {
   // The source columns the taps reach, [low, high], and the mixed row's
@@ -421,6 +446,10 @@ void rows_first(const PixelView& s, ResampleScratch& scratch, const ImageOptions
     for (std::int64_t r = 0; r < runs; ++r)
       mix_source_rows(top + r * s.channel_stride, bottom + r * s.channel_stride, v0, v1, run,
                       mixed + r * run);
+    if (interleaved && o.channels == 3 && mixed_channel_stride == 1) {
+      mix_columns3(mixed, columns, o.width, o.height * o.width, out, oy * o.width);
+      continue;
+    }
     for (std::int64_t c = 0; c < o.channels; ++c) {
       const std::int64_t at = (c * o.height + oy) * o.width;
       const float* channel = mixed + c * mixed_channel_stride;
