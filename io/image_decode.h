@@ -29,10 +29,22 @@ struct DecodedImage {
   std::vector<std::uint8_t> pixels;  // [height, width, channels], row-major
 };
 
+// What decode_image gives at full size, from the header alone (no pixels
+// decoded); the same checks and DecodeErrors as decode_image's header.
+struct ImageHeader {
+  std::int64_t channels = 0, height = 0, width = 0;
+  bool jpeg = false;  // a JPEG, which decode_image can decode at 1/2, 1/4 or 1/8 of each side
+};
+ImageHeader read_image_header(std::span<const std::uint8_t> bytes);
+
 // Decodes `bytes` into `out` (its buffer reused). JPEG: grayscale stays one
 // channel, YCbCr and RGB become RGB, CMYK is refused. PNG: palette and
 // 16-bit images become 8-bit; alpha is dropped (as PIL's convert("RGB")).
+// scale_denominator d (1, 2, 4 or 8): a JPEG is decoded at 1/d of each side,
+// ceil(side / d) pixels, by TurboJPEG's scaled inverse DCT (Note [scaled
+// decode] in image_transform.cpp); a PNG is always decoded at full size.
 // Thread-safe (each thread keeps its own TurboJPEG handle).
-void decode_image(std::span<const std::uint8_t> bytes, DecodedImage& out);
+void decode_image(std::span<const std::uint8_t> bytes, DecodedImage& out,
+                  int scale_denominator = 1);
 
 }  // namespace lockstep::io

@@ -21,6 +21,27 @@
 // intermediate image. A position more than half a pixel outside the source
 // (the zero padding of random_padded, or a centre crop larger than the image)
 // reads 0, as torchvision's fill=0 padding does before normalisation.
+//
+// Note [separable resampling]: the bilinear crop runs as two passes, one
+// along each axis, from per-row and per-column taps (offsets and weights)
+// made once per image. When the box is shrunk vertically (box.h > height),
+// rows first: for each output row, its two source rows are mixed over the
+// columns the taps reach (a contiguous loop over bytes that the compiler
+// vectorises), then the columns are mixed and the value finished
+// (normalised to f32, or rounded to u8) into the output. Otherwise columns
+// first: each source row that an output row reads is resampled to the
+// output's width once and kept while the next output rows read it (two are
+// kept; the source rows only move down), then two such rows are mixed per
+// output row and finished, a contiguous loop. So each pass touches at most
+// one mixed value per output value along the other axis. The passes round
+// differently (rows first: v0 a + v1 b down a column, then w0 and w1 across;
+// columns first the other way round; no fused multiply-add, as the build
+// contracts none); which one runs is a function of the box and the options,
+// so the crop stays a function of the image and the draw, and both are
+// within f32 rounding of the float64 bilinear value (tests/io/test_images.cpp).
+// The flip mirrors the column taps. Taps and rows live in per-thread buffers
+// that only grow: a loader thread allocates nothing per image once it has
+// made its largest crop.
 #include "io/image_transform.h"
 
 #include <fmt/format.h>
@@ -52,32 +73,33 @@ const char* crop_name(CropKind kind) {
 
 // Source offsets (positions times `stride`) of the two neighbours of each
 // output position along one axis, and their weights: 0 and 0 where the
-// position reads the zero padding, so the inner loop has no branch.
+// position reads the zero padding, so the inner loop has no branch. Mirrored,
+// output position o takes the taps of out - 1 - o.
 struct Taps {
   std::vector<std::int64_t> first, second;
   std::vector<float> first_weight, second_weight;
-};
 
-Taps taps(double start, double extent, std::int64_t out, std::int64_t size, std::int64_t stride) {
-  Taps t;
-  t.first.resize(out);
-  t.second.resize(out);
-  t.first_weight.resize(out);
-  t.second_weight.resize(out);
-  for (std::int64_t o = 0; o < out; ++o) {
-    const double at =
-        start + (static_cast<double>(o) + 0.5) * extent / static_cast<double>(out) - 0.5;
-    const bool inside = at >= -0.5 && at <= static_cast<double>(size) - 0.5;
-    const double lower = std::floor(at);
-    const auto weight = static_cast<float>(at - lower);
-    const auto base = static_cast<std::int64_t>(lower);
-    t.first[o] = std::clamp<std::int64_t>(base, 0, size - 1) * stride;
-    t.second[o] = std::clamp<std::int64_t>(base + 1, 0, size - 1) * stride;
-    t.first_weight[o] = inside ? 1.0f - weight : 0.0f;
-    t.second_weight[o] = inside ? weight : 0.0f;
+  void fill(double start, double extent, std::int64_t out, std::int64_t size, std::int64_t stride,
+            bool mirror) {
+    first.resize(out);
+    second.resize(out);
+    first_weight.resize(out);
+    second_weight.resize(out);
+    for (std::int64_t o = 0; o < out; ++o) {
+      const double at =
+          start + (static_cast<double>(o) + 0.5) * extent / static_cast<double>(out) - 0.5;
+      const bool inside = at >= -0.5 && at <= static_cast<double>(size) - 0.5;
+      const double lower = std::floor(at);
+      const auto weight = static_cast<float>(at - lower);
+      const auto base = static_cast<std::int64_t>(lower);
+      const std::int64_t to = mirror ? out - 1 - o : o;
+      first[to] = std::clamp<std::int64_t>(base, 0, size - 1) * stride;
+      second[to] = std::clamp<std::int64_t>(base + 1, 0, size - 1) * stride;
+      first_weight[to] = inside ? 1.0f - weight : 0.0f;
+      second_weight[to] = inside ? weight : 0.0f;
+    }
   }
-  return t;
-}
+};
 
 }  // namespace
 
@@ -191,6 +213,33 @@ CropBox choose_crop(const ImageOptions& o, std::int64_t source_height, std::int6
   return box;
 }
 
+// Note [scaled decode]: when the crop's box is at least 2, 4 or 8 times the
+// output on both sides, a JPEG is decoded at 1/2, 1/4 or 1/8 of each side
+// (TurboJPEG's scaled inverse DCT, as PIL's draft mode and torchvision's
+// decode_jpeg do not: a fraction of the full decode's work) and the box
+// divided by the same d, so the bilinear pass still shrinks (it never
+// enlarges what the decode shrank). Scaled pixel i covers full pixels
+// [d i, d (i + 1)), so its centre (i + 0.5) d - 0.5 maps to i, and a box edge
+// e to e / d. The box is drawn from the full size before the decode, so every
+// draw is unchanged (Note [keyed augmentation]) and the crop is still a
+// function of the image and the draw alone. The pixels are not the full
+// decode's: a scaled pixel is close to the mean of its d x d block where the
+// full path samples two of every d pixels along each axis, so on fine
+// texture it aliases less (it is nearer PIL's antialiased resize, Note
+// [bilinear resampling]); on a smooth image the two agree within the
+// tolerance tests/io/test_images.cpp states. PNGs are decoded at full size.
+int decode_scale(const CropBox& box, const ImageOptions& o) {
+  for (const int d : {8, 4, 2})
+    if (box.w >= static_cast<double>(d * o.width) && box.h >= static_cast<double>(d * o.height))
+      return d;
+  return 1;
+}
+
+CropBox scaled_box(const CropBox& box, int d) {
+  const auto scale = static_cast<double>(d);
+  return {box.x / scale, box.y / scale, box.w / scale, box.h / scale, box.flip};
+}
+
 kernels::ChannelAffine channel_affine(const ImageOptions& o) {
   kernels::ChannelAffine affine;
   affine.channels = static_cast<int>(o.channels);
@@ -205,53 +254,234 @@ kernels::ChannelAffine channel_affine(const ImageOptions& o) {
 
 namespace {
 
-// The bilinear value of every output pixel (0 outside the source), through
-// finish(channel, value), into out [C, H, W].
-template <typename T, typename Finish>
-void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, T* out,
-              Finish finish) {
-  const Taps xs = taps(box.x, box.w, o.width, s.width, s.column_stride);
-  const Taps ys = taps(box.y, box.h, o.height, s.height, s.row_stride);
-  const std::int64_t width = o.width;
-  const std::int64_t* __restrict x0 = xs.first.data();
-  const std::int64_t* __restrict x1 = xs.second.data();
-  const float* __restrict w0 = xs.first_weight.data();
-  const float* __restrict w1 = xs.second_weight.data();
-  for (std::int64_t c = 0; c < o.channels; ++c) {
-    const std::uint8_t* plane = s.data + c * s.channel_stride;
-    for (std::int64_t oy = 0; oy < o.height; ++oy) {
-      T* __restrict row = out + (c * o.height + oy) * width;
-      const std::uint8_t* __restrict top = plane + ys.first[oy];
-      const std::uint8_t* __restrict bottom = plane + ys.second[oy];
-      const float v0 = ys.first_weight[oy], v1 = ys.second_weight[oy];
-      const std::int64_t step = box.flip ? -1 : 1;
-      T* __restrict dst = box.flip ? row + width - 1 : row;
-      for (std::int64_t ox = 0; ox < width; ++ox, dst += step) {
-        const float upper =
-            w0[ox] * static_cast<float>(top[x0[ox]]) + w1[ox] * static_cast<float>(top[x1[ox]]);
-        const float lower = w0[ox] * static_cast<float>(bottom[x0[ox]]) +
-                            w1[ox] * static_cast<float>(bottom[x1[ox]]);
-        *dst = finish(c, v0 * upper + v1 * lower);
+// The buffers of one thread's crops (Note [separable resampling]).
+struct ResampleScratch {
+  Taps columns, rows;
+  std::vector<float> resampled;  // columns first: two rows [2][C][width]; rows first: one mix
+};
+
+ResampleScratch& thread_scratch() {
+  thread_local ResampleScratch scratch;
+  return scratch;
+}
+
+// Where a crop's values go: normalised f32 (f32 set) or u8 rounded half up.
+struct Output {
+  float* f32 = nullptr;
+  std::uint8_t* u8 = nullptr;
+  kernels::ChannelAffine affine{};
+};
+
+// Columns first, the horizontal pass: source row `row` (every channel) at
+// the output's width, into out [C, width]. Interleaved pixels (decoded
+// images, [H, W, C]) take each column's taps once for all C channels.
+template <int kChannels>
+void resample_interleaved_row(const std::uint8_t* __restrict row, const Taps& columns,
+                              std::int64_t width, float* __restrict out) {
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  for (std::int64_t ox = 0; ox < width; ++ox) {
+    const std::uint8_t* a = row + x0[ox];
+    const std::uint8_t* b = row + x1[ox];
+    for (int c = 0; c < kChannels; ++c)
+      out[c * width + ox] = w0[ox] * static_cast<float>(a[c]) + w1[ox] * static_cast<float>(b[c]);
+  }
+}
+
+[[gnu::target_clones("avx2", "default")]] void resample_row(const PixelView& s,
+                                                            const std::uint8_t* row,
+                                                            const Taps& columns, std::int64_t width,
+                                                            float* out) {
+  if (s.channel_stride == 1 && s.column_stride == 3 && s.channels == 3)
+    return resample_interleaved_row<3>(row, columns, width, out);
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  for (std::int64_t c = 0; c < s.channels; ++c) {
+    const std::uint8_t* __restrict source = row + c * s.channel_stride;
+    float* __restrict dst = out + c * width;
+    for (std::int64_t ox = 0; ox < width; ++ox)
+      dst[ox] =
+          w0[ox] * static_cast<float>(source[x0[ox]]) + w1[ox] * static_cast<float>(source[x1[ox]]);
+  }
+}
+
+// Columns first, the vertical pass into f32: v0 upper + v1 lower, then x * scale + bias.
+[[gnu::target_clones("avx2", "default")]] void mix_rows(const float* __restrict upper,
+                                                        const float* __restrict lower, float v0,
+                                                        float v1, float scale, float bias,
+                                                        std::int64_t width, float* __restrict out) {
+  for (std::int64_t ox = 0; ox < width; ++ox)
+    out[ox] = (v0 * upper[ox] + v1 * lower[ox]) * scale + bias;
+}
+
+// The same into u8: a convex mix of u8 values lies in [0, 255], rounded half up.
+[[gnu::target_clones("avx2", "default")]] void mix_rows(const float* __restrict upper,
+                                                        const float* __restrict lower, float v0,
+                                                        float v1, std::int64_t width,
+                                                        std::uint8_t* __restrict out) {
+  for (std::int64_t ox = 0; ox < width; ++ox)
+    out[ox] = static_cast<std::uint8_t>(v0 * upper[ox] + v1 * lower[ox] + 0.5f);
+}
+
+void columns_first(const PixelView& s, ResampleScratch& scratch, const ImageOptions& o,
+                   const Output& out) {
+  const std::int64_t row_values = o.channels * o.width;
+  scratch.resampled.resize(static_cast<std::size_t>(2 * row_values));
+  float* upper = scratch.resampled.data();
+  float* lower = upper + row_values;
+  std::int64_t upper_row = -1, lower_row = -1;  // the source rows (offsets) they hold
+  for (std::int64_t oy = 0; oy < o.height; ++oy) {
+    const std::int64_t first = scratch.rows.first[oy], second = scratch.rows.second[oy];
+    if (upper_row != first) {
+      if (lower_row == first) {
+        std::swap(upper, lower);
+        std::swap(upper_row, lower_row);
+      } else {
+        resample_row(s, s.data + first, scratch.columns, o.width, upper);
+        upper_row = first;
       }
     }
+    const float* bottom = upper;
+    if (second != upper_row) {
+      if (lower_row != second) {
+        resample_row(s, s.data + second, scratch.columns, o.width, lower);
+        lower_row = second;
+      }
+      bottom = lower;
+    }
+    const float v0 = scratch.rows.first_weight[oy], v1 = scratch.rows.second_weight[oy];
+    for (std::int64_t c = 0; c < o.channels; ++c) {
+      const std::int64_t at = (c * o.height + oy) * o.width;
+      if (out.f32)
+        mix_rows(upper + c * o.width, bottom + c * o.width, v0, v1, out.affine.scale[c],
+                 out.affine.bias[c], o.width, out.f32 + at);
+      else
+        mix_rows(upper + c * o.width, bottom + c * o.width, v0, v1, o.width, out.u8 + at);
+    }
   }
+}
+
+// Rows first, the vertical pass: v0 top + v1 bottom over a run of source bytes.
+[[gnu::target_clones("avx2", "default")]] void mix_source_rows(
+    const std::uint8_t* __restrict top, const std::uint8_t* __restrict bottom, float v0, float v1,
+    std::int64_t n, float* __restrict out) {
+  for (std::int64_t k = 0; k < n; ++k)
+    out[k] = v0 * static_cast<float>(top[k]) + v1 * static_cast<float>(bottom[k]);
+}
+
+// Rows first, the horizontal pass into f32 (w0 a + w1 b, then x * scale +
+// bias) or u8, from the mixed row (the column taps are offsets into it).
+[[gnu::target_clones("avx2", "default")]] void mix_columns(const float* __restrict mixed,
+                                                           const Taps& columns, std::int64_t width,
+                                                           float scale, float bias,
+                                                           float* __restrict out) {
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  for (std::int64_t ox = 0; ox < width; ++ox)
+    out[ox] = (w0[ox] * mixed[x0[ox]] + w1[ox] * mixed[x1[ox]]) * scale + bias;
+}
+
+[[gnu::target_clones("avx2", "default")]] void mix_columns(const float* __restrict mixed,
+                                                           const Taps& columns, std::int64_t width,
+                                                           std::uint8_t* __restrict out) {
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  for (std::int64_t ox = 0; ox < width; ++ox)
+    out[ox] = static_cast<std::uint8_t>(w0[ox] * mixed[x0[ox]] + w1[ox] * mixed[x1[ox]] + 0.5f);
+}
+
+// The same for three interleaved channels at once (mixed channel c at +c):
+// each column's taps are loaded once for the three.
+[[gnu::target_clones("avx2", "default")]] void mix_columns3(const float* __restrict mixed,
+                                                            const Taps& columns, std::int64_t width,
+                                                            std::int64_t plane, const Output& out,
+                                                            std::int64_t at) {
+  const std::int64_t* __restrict x0 = columns.first.data();
+  const std::int64_t* __restrict x1 = columns.second.data();
+  const float* __restrict w0 = columns.first_weight.data();
+  const float* __restrict w1 = columns.second_weight.data();
+  const float* scale = out.affine.scale;
+  const float* bias = out.affine.bias;
+  for (std::int64_t ox = 0; ox < width; ++ox) {
+    const float* a = mixed + x0[ox];
+    const float* b = mixed + x1[ox];
+    for (int c = 0; c < 3; ++c) {
+      const float value = w0[ox] * a[c] + w1[ox] * b[c];
+      if (out.f32)
+        out.f32[at + c * plane + ox] = value * scale[c] + bias[c];
+      else
+        out.u8[at + c * plane + ox] = static_cast<std::uint8_t>(value + 0.5f);
+    }
+  }
+}
+
+void rows_first(const PixelView& s, ResampleScratch& scratch, const ImageOptions& o,
+                const Output& out) {
+  // The source columns the taps reach, [low, high], and the mixed row's
+  // layout: interleaved pixels mix as one run of bytes (channel c at +c),
+  // planar ones as a run per channel (channel c at +c * span).
+  Taps& columns = scratch.columns;
+  const std::int64_t low = *std::min_element(columns.first.begin(), columns.first.end());
+  const std::int64_t high = *std::max_element(columns.second.begin(), columns.second.end());
+  const bool interleaved = s.channel_stride < s.column_stride;
+  const std::int64_t run = high - low + 1 + (interleaved ? (s.channels - 1) * s.channel_stride : 0);
+  const std::int64_t runs = interleaved ? 1 : s.channels;
+  const std::int64_t mixed_channel_stride = interleaved ? s.channel_stride : run;
+  for (std::int64_t& x : columns.first) x -= low;
+  for (std::int64_t& x : columns.second) x -= low;
+  scratch.resampled.resize(static_cast<std::size_t>(runs * run));
+  float* mixed = scratch.resampled.data();
+  for (std::int64_t oy = 0; oy < o.height; ++oy) {
+    const std::uint8_t* top = s.data + scratch.rows.first[oy] + low;
+    const std::uint8_t* bottom = s.data + scratch.rows.second[oy] + low;
+    const float v0 = scratch.rows.first_weight[oy], v1 = scratch.rows.second_weight[oy];
+    for (std::int64_t r = 0; r < runs; ++r)
+      mix_source_rows(top + r * s.channel_stride, bottom + r * s.channel_stride, v0, v1, run,
+                      mixed + r * run);
+    if (interleaved && o.channels == 3 && mixed_channel_stride == 1) {
+      mix_columns3(mixed, columns, o.width, o.height * o.width, out, oy * o.width);
+      continue;
+    }
+    for (std::int64_t c = 0; c < o.channels; ++c) {
+      const std::int64_t at = (c * o.height + oy) * o.width;
+      const float* channel = mixed + c * mixed_channel_stride;
+      if (out.f32)
+        mix_columns(channel, columns, o.width, out.affine.scale[c], out.affine.bias[c],
+                    out.f32 + at);
+      else
+        mix_columns(channel, columns, o.width, out.u8 + at);
+    }
+  }
+}
+
+void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, const Output& out) {
+  ResampleScratch& scratch = thread_scratch();
+  scratch.columns.fill(box.x, box.w, o.width, s.width, s.column_stride, box.flip);
+  scratch.rows.fill(box.y, box.h, o.height, s.height, s.row_stride, false);
+  if (box.h > static_cast<double>(o.height))
+    rows_first(s, scratch, o, out);
+  else
+    columns_first(s, scratch, o, out);
 }
 
 }  // namespace
 
 void crop_resize_normalize(const PixelView& s, const CropBox& box, const ImageOptions& o,
                            float* out) {
-  const kernels::ChannelAffine affine = channel_affine(o);
-  resample(s, box, o, out, [&affine](std::int64_t c, float value) {
-    return value * affine.scale[c] + affine.bias[c];
-  });
+  resample(s, box, o, {.f32 = out, .affine = channel_affine(o)});
 }
 
 void crop_resize_u8(const PixelView& s, const CropBox& box, const ImageOptions& o,
                     std::uint8_t* out) {
-  // A convex mix of u8 values lies in [0, 255]: rounded half up.
-  resample(s, box, o, out,
-           [](std::int64_t, float value) { return static_cast<std::uint8_t>(value + 0.5f); });
+  resample(s, box, o, {.u8 = out});
 }
 
 }  // namespace lockstep::io

@@ -55,6 +55,13 @@ struct CropBox {
 CropBox choose_crop(const ImageOptions& options, std::int64_t source_height,
                     std::int64_t source_width, std::int64_t epoch, std::int64_t sample);
 
+// The JPEG decode's scale for `box` (Note [scaled decode] in
+// image_transform.cpp): the largest d of 8, 4 and 2 for which the box is at
+// least d times the output on both sides, else 1; and the box in the pixels
+// of an image decoded at 1/d of each side.
+int decode_scale(const CropBox& box, const ImageOptions& options);
+CropBox scaled_box(const CropBox& box, int scale_denominator);
+
 // A source image of 8-bit pixels with arbitrary strides (decoded images are
 // [H, W, C], shard rows [C, H, W]).
 struct PixelView {

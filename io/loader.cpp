@@ -195,7 +195,9 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
 // Note [image batches]: each row of an image batch is read (an encoded
 // shard's file, decoded in this worker thread; or a u8 shard's [C, H, W]
 // row), its crop chosen from (seed, epoch, global sample index) alone (Note
-// [keyed augmentation] in image_transform.cpp), and resampled, flipped and
+// [keyed augmentation] in image_transform.cpp) and the image's full size
+// (from its header: a JPEG is then decoded at the scale the crop allows,
+// Note [scaled decode]), and resampled, flipped and
 // normalised straight into the f32 batch: no intermediate image. The labels
 // come from memory as for any shard. For a cuda loader the crop is rounded
 // to u8 instead, copied (a quarter of the bytes over PCIe) and normalised on
@@ -210,14 +212,29 @@ void DataLoader::State::assemble_images(Slot& slot) const {
   auto* out = static_cast<float*>(slot.host_inputs);
   auto* out_u8 = static_cast<std::uint8_t*>(slot.host_inputs);
   const std::int64_t per_image = o.channels * o.height * o.width;
+  const auto check_channels = [&](std::int64_t row, std::int64_t channels) {
+    if (channels != o.channels)
+      throw InvalidArgument(fmt::format(
+          "{}: the image has {} channel{} ({}), but the model takes {} (images decode to 1 "
+          "channel when grayscale and 3 when colour: convert the images, or pick a model of {} "
+          "input channel{})",
+          dataset.describe_row(row), channels, channels == 1 ? "" : "s",
+          channels == 1 ? "grayscale" : "colour", o.channels, channels, channels == 1 ? "" : "s"));
+  };
   for (std::size_t i = 0; i < slot.rows.indices.size(); ++i) {
     const std::int64_t row = slot.rows.indices[i];
     out_labels[i] = labels[static_cast<std::size_t>(row)];
     PixelView view;
+    CropBox box;
     if (format.encoded) {
       dataset.read_encoded(row, slot.encoded);
       try {
-        decode_image(slot.encoded, slot.decoded);
+        const ImageHeader header = read_image_header(slot.encoded);
+        check_channels(row, header.channels);
+        box = choose_crop(o, header.height, header.width, epoch, row);
+        const int scale = header.jpeg ? decode_scale(box, o) : 1;  // Note [scaled decode]
+        decode_image(slot.encoded, slot.decoded, scale);
+        box = scaled_box(box, scale);
       } catch (const DecodeError& e) {
         throw IoError(
             fmt::format("{}, dataset 'inputs': {} (re-encode the image, or leave it "
@@ -231,16 +248,9 @@ void DataLoader::State::assemble_images(Slot& slot) const {
       dataset.read_inputs(std::span(&row, 1), slot.encoded.data());
       const core::Shape& shape = format.sample_shape;
       view = {slot.encoded.data(), shape[0], shape[1], shape[2], shape[1] * shape[2], shape[2], 1};
+      check_channels(row, view.channels);
+      box = choose_crop(o, view.height, view.width, epoch, row);
     }
-    if (view.channels != o.channels)
-      throw InvalidArgument(fmt::format(
-          "{}: the image has {} channel{} ({}), but the model takes {} (images decode to 1 "
-          "channel when grayscale and 3 when colour: convert the images, or pick a model of {} "
-          "input channel{})",
-          dataset.describe_row(row), view.channels, view.channels == 1 ? "" : "s",
-          view.channels == 1 ? "grayscale" : "colour", o.channels, view.channels,
-          view.channels == 1 ? "" : "s"));
-    const CropBox box = choose_crop(o, view.height, view.width, epoch, row);
     const auto at = static_cast<std::int64_t>(i) * per_image;
     if (host_dtype == DType::u8)
       crop_resize_u8(view, box, o, out_u8 + at);
