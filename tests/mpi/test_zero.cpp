@@ -273,7 +273,7 @@ TEST_CASE("ZeRO-1 with accumulation and clipping by the global norm of the shard
   CHECK(max_difference(zero.parameters, plain.parameters) <= kThreeRankTolerance);
 }
 
-TEST_CASE("ZeRO-1 and ZeRO-2 in f16 take the loss scaler's skip decisions of plain data parallelism",
+TEST_CASE("ZeRO-1 and ZeRO-2 in f16 take plain data parallelism's loss scaler skips",
           "[mpi][zero]") {
   const int n = test::mpi_world().size();
   // 2^24 overflows f16's backward at first: the scaler backs off step after
