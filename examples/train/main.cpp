@@ -693,7 +693,8 @@ int main(int argc, char** argv) {
                  "rewrite this file (rank 0's) at every step boundary and every second of a save "
                  "with the step, phase and time, for liveness checks (docs/container.md)");
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
-  app.add_option("--threads", f.threads, "CPU threads per rank (OpenBLAS)")->capture_default_str();
+  app.add_option("--threads", f.threads, "CPU threads per rank (the CPU GEMM library's)")
+      ->capture_default_str();
   auto* trace = app.add_option("--trace", f.trace,
                                "write a timeline of each rank to DIR/rank-<r>.json (Perfetto; "
                                "tools/trace.py)");
