@@ -74,14 +74,26 @@ TEST_CASE("a data-parallel step reads the device's values once, in every mode",
   std::vector<std::int64_t> labels(rows);
   for (std::int64_t i = 0; i < rows; ++i) labels[static_cast<std::size_t>(i)] = i % 4;
   const MicroBatch batch{x, core::Tensor::from_vector(labels, {rows}, DType::i64)};
-  for (const Mode& mode : {Mode{"fp32"}, Mode{"fp32, clipping", std::nullopt, 0.5},
-                           Mode{"f16 autocast, clipping", DType::f16, 0.5},
-                           Mode{"bf16 autocast, ZeRO-1, clipping", DType::bf16, 0.5, 1},
-                           Mode{"f16 autocast, ZeRO-1", DType::f16, 0.0, 1},
-                           Mode{"f16 autocast, ZeRO-2, clipping", DType::f16, 0.5, 2},
-                           Mode{"ZeRO-2, accumulation 2", std::nullopt, 0.5, 2, 2},
-                           Mode{"accumulation 3", std::nullopt, 0.5, 0, 3},
-                           Mode{"rank-invariant, accumulation 2", std::nullopt, 0.5, 0, 2, true}}) {
+  const Mode modes[] = {
+      {.name = "fp32"},
+      {.name = "fp32, clipping", .max_grad_norm = 0.5},
+      {.name = "f16 autocast, clipping", .autocast = DType::f16, .max_grad_norm = 0.5},
+      {.name = "bf16 autocast, ZeRO-1, clipping",
+       .autocast = DType::bf16,
+       .max_grad_norm = 0.5,
+       .zero_stage = 1},
+      {.name = "f16 autocast, ZeRO-1", .autocast = DType::f16, .zero_stage = 1},
+      {.name = "f16 autocast, ZeRO-2, clipping",
+       .autocast = DType::f16,
+       .max_grad_norm = 0.5,
+       .zero_stage = 2},
+      {.name = "ZeRO-2, accumulation 2", .max_grad_norm = 0.5, .zero_stage = 2, .accumulation = 2},
+      {.name = "accumulation 3", .max_grad_norm = 0.5, .accumulation = 3},
+      {.name = "rank-invariant, accumulation 2",
+       .max_grad_norm = 0.5,
+       .accumulation = 2,
+       .rank_invariant = true}};
+  for (const Mode& mode : modes) {
     INFO(mode.name);
     Sequential model;
     model.emplace<Linear>("fc1", 6, 16);
