@@ -58,7 +58,7 @@ namespace {
 
 struct Mode {
   const char* name;
-  std::optional<DType> autocast;
+  std::optional<DType> autocast = std::nullopt;
   double max_grad_norm = 0.0;
   int zero_stage = 0;
   int accumulation = 1;
