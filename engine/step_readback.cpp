@@ -46,11 +46,12 @@ const StepReadback::Values& StepReadback::read(const core::Stream& stream) {
   values_.loss_total = loss;
   values_.rows_total = static_cast<std::int64_t>(rows);
   values_.nonfinite = flag != 0;
-  std::memcpy(values_.sum_squares.data(), host_.data() + 16,
-              values_.sum_squares.size() * sizeof(double));
-  std::memcpy(values_.chunk_losses.data(),
-              host_.data() + 16 + values_.sum_squares.size() * sizeof(double),
-              values_.chunk_losses.size() * sizeof(float));
+  // An empty slot's vector has no storage: memcpy may not be given its null.
+  const std::size_t sums_bytes = values_.sum_squares.size() * sizeof(double);
+  if (sums_bytes > 0) std::memcpy(values_.sum_squares.data(), host_.data() + 16, sums_bytes);
+  if (!values_.chunk_losses.empty())
+    std::memcpy(values_.chunk_losses.data(), host_.data() + 16 + sums_bytes,
+                values_.chunk_losses.size() * sizeof(float));
   return values_;
 }
 
