@@ -34,7 +34,8 @@ void enqueue_sum_squares(const core::Tensor& grads, const std::vector<comm::Flat
     throw InvalidArgument("enqueue_sum_squares: totals hold " + std::to_string(totals.numel()) +
                           " f64 slots for " + std::to_string(count) + " ranges");
   if (count == 0) return;
-  core::Tensor(totals).fill_(0.0, stream);  // an empty range's total is 0
+  for (std::int64_t i = 0; i < count; ++i)  // an empty range's total is 0; the rest are written
+    if (ranges[i].numel == 0) totals.view(i, {1}).fill_(0.0, stream);
   auto* out = reinterpret_cast<double*>(totals.data_as<std::int64_t>());
   core::dispatch_stream(
       grads.device(), stream,
