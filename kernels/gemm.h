@@ -76,7 +76,8 @@ void use_gemm_library(GemmLibrary library);
 // the value and the libraries this build has.
 GemmLibrary parse_gemm_library(const std::string& name, const std::string& what);
 // Row-major f32 C = alpha op(A) op(B) + beta C through `library`'s own call:
-// what a benchmark's baseline calls.
+// what a benchmark's baseline calls. Like gemm(), it blocks the asynchronous
+// signals around oneDNN's call (Note [GEMM signal mask], kernels/cpu/gemm.cpp).
 void raw_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
                std::int64_t ldb, float beta, float* c, std::int64_t ldc);

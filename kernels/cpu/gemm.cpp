@@ -3,12 +3,15 @@
 // when asked); f16/bf16 operands are widened to f32 scratch first, since
 // neither library's sgemm takes half precision.
 #include <cblas.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cctype>
+#include <csignal>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,16 +72,86 @@ const char* onednn_isa() {
 }
 #endif
 
-void sgemm(const GemmArgs& g, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-           float* c, std::int64_t ldc) {
-  raw_sgemm(current_library.load(std::memory_order_relaxed), g.trans_a, g.trans_b, g.m, g.n, g.k,
-            g.alpha, a, lda, b, ldb, g.beta, c, ldc);
+// Note [GEMM signal mask]: oneDNN 2.6's f32 GEMM kernels (the AVX2 and
+// AVX-512 "nocopy" ones dnnl_sgemm picks for small-batch shapes such as
+// mlp's) move the stack pointer into a workspace they take from the heap
+// whenever a block's K exceeds what fits on the stack (84 in the AVX-512
+// kernel): the JIT code does `mov rsp, ws` for its packing buffer. A signal
+// handled on that thread meanwhile has its frame (a few KB with the AVX-512
+// and AMX state) written below rsp, over the heap chunks before the
+// workspace (oneDNN issue 4845, fixed in 3.11.2; Debian 12 ships 2.6.3).
+// lockstep-train handles SIGINT, SIGTERM and SIGUSR1 (engine/run_control.cpp)
+// and SIGUSR2 (the flight recorder), and Linux gives a signal sent to the
+// process to its main thread first, the one that runs the GEMMs: mpirun's
+// abort (SIGTERM to the ranks in mid-step) once left programs_stop's
+// "mpirun, SIGINT" case dead in glibc's "corrupted size vs. prev_size" at a
+// later free in Linear::backward. Measured on the 2-vCPU VM: 2-rank mlp runs
+// of lockstep-train with SIGUSR2 sent to both ranks every 2 ms died so in 4
+// of 4 runs (a free() inside dnnl_sgemm, from Linear::backward); with
+// LOCKSTEP_CPU_GEMM=openblas in 0 of 2, with this mask in 0 of 5 (3000
+// steps, about 5000 rounds of signals each). dnnl_sgemm alone, with
+// pthread_kill in a loop corrupted the heap at m=16 n=10 k=512 (mlp's fc3) in
+// 2 of 2 runs, and in 0 of 2 with the mask. So every call into oneDNN runs
+// with the asynchronous signals blocked on the calling thread: a signal sent
+// meanwhile waits the length of one GEMM, or goes to another thread of the
+// process. OpenMP's workers, made by libgomp inside a multi-threaded call,
+// inherit the blocked mask and so never take one. The faults a kernel itself
+// raises (SIGSEGV and the like) stay deliverable. The mask costs two system
+// calls per gemm() (0.19 us together on that VM, against mlp's step of 9
+// calls in about 8 ms). OpenBLAS keeps rsp on the stack: no mask there.
+class AsyncSignalsBlocked {
+ public:
+  AsyncSignalsBlocked() {
+    sigset_t blocked;
+    sigfillset(&blocked);
+    for (int fault : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
+      sigdelset(&blocked, fault);
+    pthread_sigmask(SIG_BLOCK, &blocked, &previous_);
+  }
+  ~AsyncSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  AsyncSignalsBlocked(const AsyncSignalsBlocked&) = delete;
+  AsyncSignalsBlocked& operator=(const AsyncSignalsBlocked&) = delete;
+
+ private:
+  sigset_t previous_;
+};
+
+// One library's sgemm, without the guard of Note [GEMM signal mask]: callers hold it.
+void library_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                   std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
+                   std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+#if LOCKSTEP_WITH_ONEDNN
+  if (library == GemmLibrary::onednn) {
+    const int threads = gemm_threads.load(std::memory_order_relaxed);
+    if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
+                                            alpha, a, lda, b, ldb, beta, c, ldc);
+    if (status != dnnl_success)
+      throw InvalidArgument("dnnl_sgemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                            " k=" + std::to_string(k) + " failed with status " +
+                            std::to_string(static_cast<int>(status)));
+    return;
+  }
+#endif
+  (void)library;
+  std::call_once(openblas_default_threads,
+                 [] { openblas_set_num_threads(gemm_threads.load(std::memory_order_relaxed)); });
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void sgemm(GemmLibrary library, const GemmArgs& g, const float* a, std::int64_t lda, const float* b,
+           std::int64_t ldb, float* c, std::int64_t ldc) {
+  library_sgemm(library, g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, a, lda, b, ldb, g.beta, c,
+                ldc);
 }
 
 // One GEMM of a batch (g.batch is ignored).
-void gemm_one(const GemmArgs& g) {
+void gemm_one(GemmLibrary library, const GemmArgs& g) {
   if (g.ab_type == DType::f32) {
-    sgemm(g, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb,
+    sgemm(library, g, static_cast<const float*>(g.a), g.lda, static_cast<const float*>(g.b), g.ldb,
           static_cast<float*>(g.c), g.ldc);
     return;
   }
@@ -89,13 +162,13 @@ void gemm_one(const GemmArgs& g) {
   const std::int64_t lda = std::max<std::int64_t>(1, a_cols),
                      ldb = std::max<std::int64_t>(1, b_cols);
   if (g.c_type == DType::f32) {
-    sgemm(g, a.data(), lda, b.data(), ldb, static_cast<float*>(g.c), g.ldc);
+    sgemm(library, g, a.data(), lda, b.data(), ldb, static_cast<float*>(g.c), g.ldc);
     return;
   }
   // 16-bit C: compute in f32 (reading C only when beta needs it), round once.
   std::vector<float> c = g.beta != 0.0f ? widen(g.c, g.c_type, g.m, g.n, g.ldc)
                                         : std::vector<float>(static_cast<std::size_t>(g.m * g.n));
-  sgemm(g, a.data(), lda, b.data(), ldb, c.data(), g.n);
+  sgemm(library, g, a.data(), lda, b.data(), ldb, c.data(), g.n);
   for (std::int64_t r = 0; r < g.m; ++r)
     for (std::int64_t col = 0; col < g.n; ++col)
       detail::store_f32(g.c, g.c_type, r * g.ldc + col, c[r * g.n + col]);
@@ -106,12 +179,16 @@ void gemm_one(const GemmArgs& g) {
 void gemm(const GemmArgs& g) {
   validate_gemm(g);
   if (g.m == 0 || g.n == 0) return;
+  // Note [GEMM signal mask]: once for the whole batch.
+  const GemmLibrary library = current_library.load(std::memory_order_relaxed);
+  std::optional<AsyncSignalsBlocked> quiet;
+  if (library == GemmLibrary::onednn) quiet.emplace();
   GemmArgs one = g;
   for (std::int64_t i = 0; i < g.batch; ++i) {
     one.a = static_cast<const char*>(g.a) + i * g.stride_a * dtype_size(g.ab_type);
     one.b = static_cast<const char*>(g.b) + i * g.stride_b * dtype_size(g.ab_type);
     one.c = static_cast<char*>(g.c) + i * g.stride_c * dtype_size(g.c_type);
-    gemm_one(one);
+    gemm_one(library, one);
   }
 }
 
@@ -177,26 +254,9 @@ GemmLibrary parse_gemm_library(const std::string& name, const std::string& what)
 void raw_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b,
                std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-#if LOCKSTEP_WITH_ONEDNN
-  if (library == GemmLibrary::onednn) {
-    const int threads = gemm_threads.load(std::memory_order_relaxed);
-    if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
-                                            alpha, a, lda, b, ldb, beta, c, ldc);
-    if (status != dnnl_success)
-      throw InvalidArgument("dnnl_sgemm m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                            " k=" + std::to_string(k) + " failed with status " +
-                            std::to_string(static_cast<int>(status)));
-    return;
-  }
-#endif
-  (void)library;
-  std::call_once(openblas_default_threads,
-                 [] { openblas_set_num_threads(gemm_threads.load(std::memory_order_relaxed)); });
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  std::optional<AsyncSignalsBlocked> quiet;  // Note [GEMM signal mask]
+  if (library == GemmLibrary::onednn) quiet.emplace();
+  library_sgemm(library, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Note [BLAS kernels].
