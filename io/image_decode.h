@@ -1,8 +1,9 @@
 // decode_image: one JPEG (libjpeg-turbo's TurboJPEG API) or PNG (libpng's
 // simplified API) file, sniffed by its signature, to 8-bit pixels: grayscale
-// to one channel, colour to three. Hostile and truncated files are errors
-// (DecodeError), never a crash or a partial image (Note [decoding hostile
-// images] in image_decode.cpp).
+// to one channel, colour to three; decode_image_region: only the rows and
+// columns of a JPEG that a crop needs (libjpeg's API, Note [cropped decode]).
+// Hostile and truncated files are errors (DecodeError), never a crash or a
+// partial image (Note [decoding hostile images] in image_decode.cpp).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,15 @@ class DecodeError : public IoError {
 struct DecodedImage {
   std::int64_t channels = 0, height = 0, width = 0;
   std::vector<std::uint8_t> pixels;  // [height, width, channels], row-major
+  // Where the pixels lie in the whole image (at the decode's scale): its rows
+  // [y0, y0 + height) and columns [x0, x0 + width) of image_height x
+  // image_width. decode_image: 0, 0 and the image's own size.
+  std::int64_t x0 = 0, y0 = 0, image_height = 0, image_width = 0;
+};
+
+// The pixels [x, x + width) x [y, y + height) of an image.
+struct PixelRegion {
+  std::int64_t x = 0, y = 0, width = 0, height = 0;
 };
 
 // What decode_image gives at full size, from the header alone (no pixels
@@ -46,5 +56,14 @@ ImageHeader read_image_header(std::span<const std::uint8_t> bytes);
 // Thread-safe (each thread keeps its own TurboJPEG handle).
 void decode_image(std::span<const std::uint8_t> bytes, DecodedImage& out,
                   int scale_denominator = 1);
+
+// As decode_image, but of a JPEG only a part at least as large as `region`
+// (in pixels of the image decoded at 1/scale_denominator; it must lie within
+// that image) is decoded, and each of the region's pixels is exactly the
+// full decode's (Note [cropped decode] in image_decode.cpp); out.x0 and
+// out.y0 say where the part lies. A PNG is decoded whole. Rows below the
+// region are not read, so damage there goes unseen.
+void decode_image_region(std::span<const std::uint8_t> bytes, DecodedImage& out,
+                         int scale_denominator, const PixelRegion& region);
 
 }  // namespace lockstep::io

@@ -48,6 +48,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/error.h"
 #include "kernels/philox.h"
@@ -79,25 +80,43 @@ struct Taps {
   std::vector<std::int64_t> first, second;
   std::vector<float> first_weight, second_weight;
 
+  // `origin`: the first position the source holds (PixelView::first_row or
+  // first_column); positions and weights are the whole image's, so a view of
+  // part of it resamples to the same values.
   void fill(double start, double extent, std::int64_t out, std::int64_t size, std::int64_t stride,
-            bool mirror) {
+            bool mirror, std::int64_t origin) {
     first.resize(out);
     second.resize(out);
     first_weight.resize(out);
     second_weight.resize(out);
     for (std::int64_t o = 0; o < out; ++o) {
-      const double at =
-          start + (static_cast<double>(o) + 0.5) * extent / static_cast<double>(out) - 0.5;
+      const double at = tap_position(start, extent, o, out);
       const bool inside = at >= -0.5 && at <= static_cast<double>(size) - 0.5;
       const double lower = std::floor(at);
       const auto weight = static_cast<float>(at - lower);
       const auto base = static_cast<std::int64_t>(lower);
       const std::int64_t to = mirror ? out - 1 - o : o;
-      first[to] = std::clamp<std::int64_t>(base, 0, size - 1) * stride;
-      second[to] = std::clamp<std::int64_t>(base + 1, 0, size - 1) * stride;
+      first[to] = (std::clamp<std::int64_t>(base, 0, size - 1) - origin) * stride;
+      second[to] = (std::clamp<std::int64_t>(base + 1, 0, size - 1) - origin) * stride;
       first_weight[to] = inside ? 1.0f - weight : 0.0f;
       second_weight[to] = inside ? weight : 0.0f;
     }
+  }
+
+  // Where output position o of `out` samples the source (Note [bilinear resampling]).
+  static double tap_position(double start, double extent, std::int64_t o, std::int64_t out) {
+    return start + (static_cast<double>(o) + 0.5) * extent / static_cast<double>(out) - 0.5;
+  }
+
+  // The source positions [low, high] that fill's taps reach, clamped.
+  static std::pair<std::int64_t, std::int64_t> reach(double start, double extent, std::int64_t out,
+                                                     std::int64_t size) {
+    // The position rises with o, so the first and last outputs bound it.
+    const auto lower = [&](std::int64_t o) {
+      return static_cast<std::int64_t>(std::floor(tap_position(start, extent, o, out)));
+    };
+    return {std::clamp<std::int64_t>(lower(0), 0, size - 1),
+            std::clamp<std::int64_t>(lower(out - 1) + 1, 0, size - 1)};
   }
 };
 
@@ -238,6 +257,13 @@ int decode_scale(const CropBox& box, const ImageOptions& o) {
 CropBox scaled_box(const CropBox& box, int d) {
   const auto scale = static_cast<double>(d);
   return {box.x / scale, box.y / scale, box.w / scale, box.h / scale, box.flip};
+}
+
+PixelRegion crop_source_region(const CropBox& box, const ImageOptions& o,
+                               std::int64_t source_height, std::int64_t source_width) {
+  const auto [x_low, x_high] = Taps::reach(box.x, box.w, o.width, source_width);
+  const auto [y_low, y_high] = Taps::reach(box.y, box.h, o.height, source_height);
+  return {x_low, y_low, x_high - x_low + 1, y_high - y_low + 1};
 }
 
 kernels::ChannelAffine channel_affine(const ImageOptions& o) {
@@ -464,8 +490,8 @@ void rows_first(const PixelView& s, ResampleScratch& scratch, const ImageOptions
 
 void resample(const PixelView& s, const CropBox& box, const ImageOptions& o, const Output& out) {
   ResampleScratch& scratch = thread_scratch();
-  scratch.columns.fill(box.x, box.w, o.width, s.width, s.column_stride, box.flip);
-  scratch.rows.fill(box.y, box.h, o.height, s.height, s.row_stride, false);
+  scratch.columns.fill(box.x, box.w, o.width, s.width, s.column_stride, box.flip, s.first_column);
+  scratch.rows.fill(box.y, box.h, o.height, s.height, s.row_stride, false, s.first_row);
   if (box.h > static_cast<double>(o.height))
     rows_first(s, scratch, o, out);
   else

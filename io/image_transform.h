@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "io/image_decode.h"
 #include "kernels/image.h"
 
 namespace lockstep::io {
@@ -68,7 +69,17 @@ struct PixelView {
   const std::uint8_t* data = nullptr;
   std::int64_t channels = 0, height = 0, width = 0;
   std::int64_t channel_stride = 0, row_stride = 0, column_stride = 0;
+  // A view of part of the height x width image (a cropped decode, Note
+  // [cropped decode] in image_decode.cpp): `data` is its pixel (first_row,
+  // first_column), and the view holds at least crop_source_region's pixels.
+  std::int64_t first_row = 0, first_column = 0;
 };
+
+// The pixels of a source_height x source_width image that
+// crop_resize_normalize and crop_resize_u8 read for `box` (every tap,
+// clamped to the image as Note [bilinear resampling] clamps it; never empty).
+PixelRegion crop_source_region(const CropBox& box, const ImageOptions& options,
+                               std::int64_t source_height, std::int64_t source_width);
 
 // Writes options.channels x height x width f32 values to `out` ([C, H, W]):
 // `box` of `source` resampled bilinearly (Note [bilinear resampling]),

@@ -197,7 +197,8 @@ void DataLoader::State::assemble(std::int64_t batch, Slot& slot) {
 // row), its crop chosen from (seed, epoch, global sample index) alone (Note
 // [keyed augmentation] in image_transform.cpp) and the image's full size
 // (from its header: a JPEG is then decoded at the scale the crop allows,
-// Note [scaled decode]), and resampled, flipped and
+// Note [scaled decode], and only the rows and columns the crop reads, Note
+// [cropped decode] in image_decode.cpp), and resampled, flipped and
 // normalised straight into the f32 batch: no intermediate image. The labels
 // come from memory as for any shard. For a cuda loader the crop is rounded
 // to u8 instead, copied (a quarter of the bytes over PCIe) and normalised on
@@ -233,8 +234,15 @@ void DataLoader::State::assemble_images(Slot& slot) const {
         check_channels(row, header.channels);
         box = choose_crop(o, header.height, header.width, epoch, row);
         const int scale = header.jpeg ? decode_scale(box, o) : 1;  // Note [scaled decode]
-        decode_image(slot.encoded, slot.decoded, scale);
         box = scaled_box(box, scale);
+        if (header.jpeg) {  // Note [cropped decode] in image_decode.cpp
+          const std::int64_t height = (header.height + scale - 1) / scale;
+          const std::int64_t width = (header.width + scale - 1) / scale;
+          decode_image_region(slot.encoded, slot.decoded, scale,
+                              crop_source_region(box, o, height, width));
+        } else {
+          decode_image(slot.encoded, slot.decoded);
+        }
       } catch (const DecodeError& e) {
         throw IoError(
             fmt::format("{}, dataset 'inputs': {} (re-encode the image, or leave it "
@@ -242,7 +250,8 @@ void DataLoader::State::assemble_images(Slot& slot) const {
                         dataset.describe_row(row), e.what()));
       }
       const DecodedImage& d = slot.decoded;
-      view = {d.pixels.data(), d.channels, d.height, d.width, 1, d.width * d.channels, d.channels};
+      view = {d.pixels.data(),      d.channels, d.image_height, d.image_width, 1,
+              d.width * d.channels, d.channels, d.y0,           d.x0};
     } else {
       slot.encoded.resize(format.sample_bytes());
       dataset.read_inputs(std::span(&row, 1), slot.encoded.data());

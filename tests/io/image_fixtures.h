@@ -28,15 +28,19 @@ inline std::vector<std::uint8_t> image_pixels(int seed, int height, int width, i
   return pixels;
 }
 
-// A JPEG of `pixels` ([height, width, channels], 1 or 3 channels), 4:4:4 at `quality`.
+// A JPEG of `pixels` ([height, width, channels], 1 or 3 channels) at
+// `quality`, colour ones at TurboJPEG's `subsampling` (4:4:4 unless given),
+// progressive when `progressive`.
 inline std::vector<std::uint8_t> encode_jpeg(const std::vector<std::uint8_t>& pixels, int height,
-                                             int width, int channels, int quality = 95) {
+                                             int width, int channels, int quality = 95,
+                                             int subsampling = TJSAMP_444,
+                                             bool progressive = false) {
   tjhandle tj = tjInitCompress();
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
-  const int status =
-      tjCompress2(tj, pixels.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
-                  &buffer, &size, channels == 1 ? TJSAMP_GRAY : TJSAMP_444, quality, 0);
+  const int status = tjCompress2(
+      tj, pixels.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB, &buffer, &size,
+      channels == 1 ? TJSAMP_GRAY : subsampling, quality, progressive ? TJFLAG_PROGRESSIVE : 0);
   std::vector<std::uint8_t> out(buffer, buffer + (status == 0 ? size : 0));
   tjFree(buffer);
   tjDestroy(tj);

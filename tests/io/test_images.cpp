@@ -414,3 +414,193 @@ TEST_CASE(
     worst = std::max(worst, std::abs(double(loaded.at(0)[i]) - want[i]) * 255);
   CHECK(worst <= 5);
 }
+
+namespace {
+
+// A textured image (every pixel its own value, chroma changing from one
+// column to the next), so a pixel from the wrong place, or an upsampled
+// chroma value that missed its neighbour, shows.
+std::vector<std::uint8_t> textured_pixels(int height, int width, int channels) {
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(height) * width * channels);
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      for (int c = 0; c < channels; ++c)
+        pixels[(static_cast<std::size_t>(y) * width + x) * channels + c] =
+            static_cast<std::uint8_t>((y * 131 + x * 71 + c * 97 + (x * y) % 37) * 2654435761u >>
+                                      24);
+  return pixels;
+}
+
+// Pixel (y, x, c) of the whole image from a decode of part of it.
+std::uint8_t pixel_at(const DecodedImage& d, std::int64_t y, std::int64_t x, std::int64_t c) {
+  return d.pixels[static_cast<std::size_t>(((y - d.y0) * d.width + (x - d.x0)) * d.channels + c)];
+}
+
+}  // namespace
+
+TEST_CASE("a JPEG's cropped decode gives exactly the full decode's pixels of the region",
+          "[io][images]") {
+  // 203 x 157: neither side a whole number of 16-pixel MCUs, so the last
+  // iMCU column and row are partial at every scale.
+  const int height = 157, width = 203;
+  struct Kind {
+    const char* name;
+    int channels, subsampling;
+    bool progressive;
+  };
+  for (const Kind& kind : {Kind{"gray", 1, TJSAMP_GRAY, false}, Kind{"4:4:4", 3, TJSAMP_444, false},
+                           Kind{"4:2:2", 3, TJSAMP_422, false}, Kind{"4:2:0", 3, TJSAMP_420, false},
+                           Kind{"4:2:0 progressive", 3, TJSAMP_420, true},
+                           Kind{"4:2:2 progressive", 3, TJSAMP_422, true}}) {
+    const auto jpeg =
+        test::encode_jpeg(textured_pixels(height, width, kind.channels), height, width,
+                          kind.channels, 90, kind.subsampling, kind.progressive);
+    for (const int scale : {1, 2, 4, 8}) {
+      DecodedImage full, part;
+      decode_image(jpeg, full, scale);  // TurboJPEG's whole decode
+      const std::int64_t h = full.height, w = full.width;
+      std::vector<PixelRegion> regions = {{0, 0, w, h},  // the whole image
+                                          {0, 0, 1, 1},  // the corners
+                                          {w - 1, 0, 1, 1},
+                                          {0, h - 1, 1, 1},
+                                          {w - 1, h - 1, 1, 1},
+                                          {0, 0, w / 3, h / 3},          // boxes at the edges
+                                          {w / 2, 0, w - w / 2, h / 4},  // top right
+                                          {0, h / 2, w / 4, h - h / 2},  // bottom left
+                                          {w / 3, h / 3, w - w / 3, h - h / 3}};
+      // Boxes at every offset modulo the iMCU (8 or 16 pixels at full size),
+      // inside and across its edges.
+      for (std::int64_t k = 1; k < 40; ++k) {
+        const std::int64_t x = (k * 7) % w, y = (k * 5) % h;
+        regions.push_back({x, y, std::min<std::int64_t>(1 + k % 23, w - x),
+                           std::min<std::int64_t>(1 + (k * 3) % 19, h - y)});
+      }
+      for (const PixelRegion& r : regions) {
+        INFO(kind.name << " at 1/" << scale << ": region x " << r.x << " y " << r.y << " w "
+                       << r.width << " h " << r.height);
+        decode_image_region(jpeg, part, scale, r);
+        REQUIRE(
+            (part.image_height == h && part.image_width == w && part.channels == full.channels));
+        REQUIRE((part.x0 <= r.x && part.x0 + part.width >= r.x + r.width));
+        REQUIRE((part.y0 <= r.y && part.y0 + part.height >= r.y + r.height));
+        std::int64_t wrong = 0;
+        for (std::int64_t y = r.y; y < r.y + r.height; ++y)
+          for (std::int64_t x = r.x; x < r.x + r.width; ++x)
+            for (std::int64_t c = 0; c < full.channels; ++c)
+              wrong += pixel_at(part, y, x, c) != full.pixels[((y * w) + x) * full.channels + c];
+        CHECK(wrong == 0);
+        // Decoded to the row after the region at most: the rows below are not read.
+        CHECK(part.y0 + part.height <= std::min(r.y + r.height + 4, h));
+      }
+    }
+  }
+}
+
+TEST_CASE("a cropped decode shifted by one pixel would not match (the test above can fail)",
+          "[io][images]") {
+  const auto jpeg = test::encode_jpeg(textured_pixels(64, 64, 3), 64, 64, 3, 90, TJSAMP_420);
+  DecodedImage full, part;
+  decode_image(jpeg, full);
+  decode_image_region(jpeg, part, 1, {20, 20, 10, 10});
+  std::int64_t shifted_x = 0, shifted_y = 0;
+  for (std::int64_t y = 20; y < 30; ++y)
+    for (std::int64_t x = 20; x < 30; ++x) {
+      shifted_x += pixel_at(part, y, x + 1, 0) != full.pixels[(y * 64 + x) * 3];
+      shifted_y += pixel_at(part, y + 1, x, 0) != full.pixels[(y * 64 + x) * 3];
+    }
+  CHECK(shifted_x > 50);
+  CHECK(shifted_y > 50);
+}
+
+TEST_CASE("a cropped decode refuses damaged, truncated and oversized JPEGs and bad regions",
+          "[io][images][errors]") {
+  DecodedImage out;
+  const int height = 96, width = 64;
+  for (const bool progressive : {false, true}) {
+    const auto jpeg = test::encode_jpeg(textured_pixels(height, width, 3), height, width, 3, 90,
+                                        TJSAMP_420, progressive);
+    INFO((progressive ? "progressive" : "baseline"));
+    // Cut in its last rows: a region that reaches them throws, as does any
+    // region of a progressive JPEG (all of its scans are read first).
+    const std::vector<std::uint8_t> cut(jpeg.begin(), jpeg.begin() + jpeg.size() * 9 / 10);
+    CHECK_THROWS_AS(decode_image(cut, out), DecodeError);
+    CHECK_THROWS_AS(decode_image_region(cut, out, 1, {0, 80, 64, 16}), DecodeError);
+    CHECK_THROWS_AS(decode_image_region(cut, out, 2, {0, 0, 32, 48}), DecodeError);
+    if (progressive) {
+      CHECK_THROWS_AS(decode_image_region(cut, out, 1, {0, 0, 8, 8}), DecodeError);
+    } else {
+      // Note [cropped decode]: damage below the region is not read.
+      DecodedImage full;
+      decode_image(jpeg, full);
+      decode_image_region(cut, out, 1, {0, 0, 8, 8});
+      CHECK(pixel_at(out, 7, 7, 2) == full.pixels[(7 * width + 7) * 3 + 2]);
+    }
+    std::vector<std::uint8_t> noisy = jpeg;
+    for (std::size_t i = 20; i < noisy.size(); i += 7) noisy[i] ^= 0x5A;
+    CHECK_THROWS_AS(decode_image_region(noisy, out, 1, {0, 0, width, height}), DecodeError);
+    // The header declares 60000 x 60000 (the frame header's height and width).
+    std::vector<std::uint8_t> huge = jpeg;
+    std::size_t sof = 2;
+    while (sof + 1 < huge.size() && !(huge[sof] == 0xFF && (huge[sof + 1] & 0xF0) == 0xC0 &&
+                                      huge[sof + 1] != 0xC4 && huge[sof + 1] != 0xC8))
+      sof += 2 + ((std::size_t{huge[sof + 2]} << 8) | huge[sof + 3]);
+    REQUIRE(sof + 8 < huge.size());
+    for (std::size_t b = 5; b < 9; b += 2) {
+      huge[sof + b] = 0xEA;  // 60000, under libjpeg's own limit of 65500
+      huge[sof + b + 1] = 0x60;
+    }
+    CHECK_THROWS_WITH(decode_image_region(huge, out, 1, {0, 0, 1, 1}),
+                      Catch::Contains("declares 60000 x 60000 pixels"));
+    CHECK_THROWS_AS(decode_image(huge, out), DecodeError);
+    CHECK_THROWS_WITH(decode_image_region(jpeg, out, 2, {0, 0, 33, 8}),
+                      Catch::Contains("not within the 32 x 48 image"));
+  }
+  // After the failures this thread decodes a good JPEG whole.
+  const auto good = test::encode_jpeg(textured_pixels(16, 24, 3), 16, 24, 3);
+  decode_image_region(good, out, 1, {0, 0, 24, 16});
+  CHECK((out.height == 16 && out.width == 24 && out.x0 == 0 && out.y0 == 0));
+}
+
+TEST_CASE("the loader's cropped decode gives today's batches bit for bit", "[io][images]") {
+  // Photo-sized JPEGs (4:2:0 and 4:4:4, baseline and progressive) through
+  // the loader, against the whole decode at the same scale and the same
+  // crop of it: exactly equal, for crops at 1/1 (24 x 24 of 200 x 150 at
+  // scale_min 0.08 gives boxes of 40 to 200 pixels: 1/1 and 1/2 and 1/4)
+  // and the centre crop.
+  const int height = 150, width = 200;
+  std::vector<std::vector<std::uint8_t>> jpegs;
+  for (int i = 0; i < 12; ++i)
+    jpegs.push_back(test::encode_jpeg(textured_pixels(height, width, 3), height, width, 3, 85,
+                                      i % 2 ? TJSAMP_420 : TJSAMP_444, i % 3 == 0));
+  TempDir dir;
+  write_images(dir / "photos.h5", jpegs);
+  const Dataset data = Dataset::open(dir / "photos.h5");
+  for (const CropKind crop : {CropKind::random_resized, CropKind::center}) {
+    for (const std::int64_t side : {24, 100}) {
+      LoaderOptions options{.sampler = {.micro_batch = 4, .shuffle = false}, .threads = 2};
+      options.images = {.channels = 3,
+                        .height = side,
+                        .width = side,
+                        .crop = crop,
+                        .flip = true,
+                        .mean = {0.5f},
+                        .std = {0.25f},
+                        .seed = 7};
+      const auto loaded = epoch_images(data, options, 1);
+      std::map<int, int> scales;
+      for (int i = 0; i < 12; ++i) {
+        const CropBox box = choose_crop(options.images, height, width, 1, i);
+        const int scale = decode_scale(box, options.images);
+        ++scales[scale];
+        DecodedImage full;
+        decode_image(jpegs[i], full, scale);
+        const PixelView view{full.pixels.data(), 3, full.height, full.width, 1, full.width * 3, 3};
+        std::vector<float> want(3 * side * side);
+        crop_resize_normalize(view, scaled_box(box, scale), options.images, want.data());
+        INFO("image " << i << " at 1/" << scale << ", side " << side);
+        CHECK(loaded.at(i) == want);
+      }
+      if (crop == CropKind::random_resized && side == 24) CHECK(scales.size() >= 2);
+    }
+  }
+}
