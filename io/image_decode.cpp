@@ -122,7 +122,12 @@ void decode_jpeg(std::span<const std::uint8_t> bytes, DecodedImage& out, int sca
 // every 1- to 3-column region at every column, in rows 0, 1, the middle and
 // the last two, matched for 4:2:0, 4:2:2, 4:4:0 and 4:4:4, baseline and
 // progressive, at every scale. The test below checks the regions' pixels
-// exactly, not the margin's.
+// exactly, not the margin's. The crop then reads the part through
+// PixelView's first_row and first_column (io/image_transform.h): its taps
+// are placed in the whole image's coordinates and only the whole-pixel
+// offsets are shifted, so every weight is the whole decode's too (shifting
+// the box's double x and y by the origin instead could round a position,
+// and so a weight, differently).
 // Parameters match TurboJPEG's tjDecompress2 with the flags decode_image
 // passes (islow DCT, fancy upsampling, block smoothing, RGB or gray out), so
 // the region's pixels are the full decode's byte for byte

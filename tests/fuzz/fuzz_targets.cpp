@@ -74,17 +74,43 @@ void decode_and_crop(std::span<const std::uint8_t> bytes) {
     io::crop_resize_normalize(view, io::choose_crop(options, image.height, image.width, 0, 1),
                               options, out.data());
   }
-  // The loader's path (Note [scaled decode]): the header, then a 2 x 2 crop
-  // from the decode at the scale it allows (1/8 from 16 pixels a side).
+  // The loader's path (Note [scaled decode], Note [cropped decode]): the
+  // header, then a 2 x 2 crop from the decode, at the scale it allows (1/8
+  // from 16 pixels a side), of just the rows and columns the crop reads.
   const io::ImageHeader header = io::read_image_header(bytes);
   const io::ImageOptions small{.channels = header.channels, .height = 2, .width = 2};
   const io::CropBox box = io::choose_crop(small, header.height, header.width, 0, 1);
   const int scale = header.jpeg ? io::decode_scale(box, small) : 1;
+  const io::CropBox scaled_box = io::scaled_box(box, scale);
+  const std::int64_t height = (header.height + scale - 1) / scale;
+  const std::int64_t width = (header.width + scale - 1) / scale;
+  io::DecodedImage part;
+  io::decode_image_region(bytes, part, scale,
+                          io::crop_source_region(scaled_box, small, height, width));
+  const io::PixelView cropped{
+      part.pixels.data(),         part.channels, part.image_height, part.image_width, 1,
+      part.width * part.channels, part.channels, part.y0,           part.x0};
+  io::crop_resize_normalize(cropped, scaled_box, small, out.data());
+  // A region drawn from the input's first bytes, decoded (damaged files reach
+  // it too: the whole decode below may throw), then checked against the
+  // whole decode's pixels wherever that succeeds.
+  std::uint64_t draw = 0;
+  for (std::size_t i = 0; i < std::min<std::size_t>(bytes.size(), 64); ++i)
+    draw = draw * 1099511628211u + bytes[i];
+  const std::int64_t x = static_cast<std::int64_t>(draw % static_cast<std::uint64_t>(width));
+  const std::int64_t y =
+      static_cast<std::int64_t>((draw >> 16) % static_cast<std::uint64_t>(height));
+  const io::PixelRegion region{x, y, 1 + static_cast<std::int64_t>((draw >> 32) % (width - x)),
+                               1 + static_cast<std::int64_t>((draw >> 48) % (height - y))};
+  io::decode_image_region(bytes, part, scale, region);
   io::decode_image(bytes, image, scale);
-  const io::PixelView scaled{
-      image.pixels.data(),          image.channels, image.height, image.width, 1,
-      image.width * image.channels, image.channels};
-  io::crop_resize_normalize(scaled, io::scaled_box(box, scale), small, out.data());
+  for (std::int64_t r = region.y; r < region.y + region.height; ++r)
+    for (std::int64_t c = region.x; c < region.x + region.width; ++c)
+      for (std::int64_t k = 0; k < image.channels; ++k)
+        if (part.pixels[((r - part.y0) * part.width + c - part.x0) * part.channels + k] !=
+            image.pixels[(r * image.width + c) * image.channels + k])
+          throw std::logic_error("decode_image_region's pixel (" + std::to_string(r) + ", " +
+                                 std::to_string(c) + ") is not decode_image's");
 }
 
 void read_some_rows(const io::Dataset& data) {
