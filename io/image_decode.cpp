@@ -1,4 +1,4 @@
-// decode_image (io/image_decode.h).
+// decode_image and decode_image_region (io/image_decode.h).
 //
 // Note [decoding hostile images]: every image comes from a file someone else
 // wrote. Both decoders report errors by return value here (TurboJPEG's
@@ -9,7 +9,9 @@
 // truncated or corrupt JPEG (which libjpeg would otherwise finish with grey
 // rows and a warning) is an error, and TJFLAG_LIMITSCANS, so a progressive
 // JPEG of thousands of scans (a decoding-time bomb) is refused. After a
-// failure, the thread's TurboJPEG handle is replaced (below).
+// failure, the thread's TurboJPEG handle is replaced (below). The cropped
+// decode keeps the same rules through libjpeg's API (Note [cropped decode]):
+// its errors longjmp to a C-like frame that returns them as a value.
 #include "io/image_decode.h"
 
 #include <png.h>
