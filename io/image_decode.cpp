@@ -99,8 +99,8 @@ void decode_jpeg(std::span<const std::uint8_t> bytes, DecodedImage& out, int sca
 
 // Note [cropped decode]: decode_image_region decodes a JPEG through
 // libjpeg's own API, which TurboJPEG 2.1 lacks the calls for:
-// jpeg_crop_scanline for the columns (libjpeg widens them to whole iMCUs and
-// says where they begin), jpeg_skip_scanlines for the rows above (entropy-
+// jpeg_crop_scanline for the columns (libjpeg moves the first one back to
+// an iMCU boundary and says where it is), jpeg_skip_scanlines for the rows above (entropy-
 // decoded, as they must be, but no inverse DCT, upsampling or colour
 // conversion), then only the rows the region needs; the rows below are never
 // read. The region's columns are first widened by kCropMarginColumns a
@@ -112,19 +112,20 @@ void decode_jpeg(std::span<const std::uint8_t> bytes, DecodedImage& out, int sca
 // decode's. Measured (libjpeg-turbo 2.1.5, a textured 203 x 157 image, every
 // 13 x 11 region at every column and every 5th row, at 1/1, 1/2, 1/4, 1/8):
 // without the margin, 4:2:2 differs at 1/1, 1/2 and 1/4 and 4:2:0 at 1/1
-// (4:2:0's chroma needs no upsampling at 1/2 and below), by up to 26 levels,
-// and only ever in the first or last decoded column; gray, 4:4:4, 4:4:0 and
-// 4:1:1 (plain, not fancy, upsampling) never differ. The rows need no
+// (4:2:0's chroma needs no upsampling at 1/2 and below), by as much as 26
+// levels in the samples printed, and only ever in the first or last decoded
+// column; gray, 4:4:4, 4:4:0 (chroma upsampled vertically only) and 4:1:1
+// never differ. The rows need no
 // margin: jpeg_skip_scanlines keeps h2v2's context rows, and no full-width
-// band of 1 to 3 rows at any row differed (4:2:0, 4:2:2, 4:4:0, 157 and
-// 160 rows, every scale). One more rule: the decoded columns are at least
+// band of 1 to 3 rows at any row differed (4:2:0, 4:2:2, 4:4:0; 150, 157
+// and 160 rows; every scale). One more rule: the decoded columns are at least
 // kMinCropColumns wide. A 1-column region at the 4:2:0 image's bottom-left
 // corner, decoded 2 columns wide, differed (as if chroma rows of at most 2
 // samples were upsampled by replication, not the fancy filter); with 16,
 // every 1- to 3-column region at every column, in rows 0, 1, the middle and
 // the last two, matched for 4:2:0, 4:2:2, 4:4:0 and 4:4:4, baseline and
-// progressive, at every scale. The test below checks the regions' pixels
-// exactly, not the margin's. The crop then reads the part through
+// progressive, at every scale. tests/io/test_images.cpp checks the
+// regions' pixels exactly, not the margin's. The crop then reads the part through
 // PixelView's first_row and first_column (io/image_transform.h): its taps
 // are placed in the whole image's coordinates and only the whole-pixel
 // offsets are shifted, so every weight is the whole decode's too (shifting
