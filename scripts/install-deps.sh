@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages lockstep needs to build, test and run its demos
 # (dataset-fashion-mnist for demo.sh, fortunes for demo-gpt.sh; libonnx-dev and
 # libprotobuf-dev for the ONNX export, python3-venv for its ONNX Runtime test;
-# libturbojpeg0-dev and libpng-dev for decoding encoded-image shards; libdnnl-dev
+# libturbojpeg0-dev, libjpeg62-turbo-dev and libpng-dev for decoding encoded-image
+# shards; libdnnl-dev
 # for the default CPU GEMM, Note [CPU GEMM libraries] in kernels/gemm.h).
 # Idempotent: prints nothing and touches nothing when every package is present.
 set -euo pipefail
@@ -11,7 +12,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools zlib1g-dev
-  libturbojpeg0-dev libpng-dev
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   catch2 libfmt-dev libopenblas-dev libdnnl-dev libcli11-dev
   libonnx-dev libprotobuf-dev
   clang-format
