@@ -1,6 +1,9 @@
-// CausalSelfAttention (engine/nn/attention.h).
+// CausalSelfAttention (engine/nn/attention.h), with its CPU head products
+// blocked by query rows so that they skip the masked upper triangle (Note
+// [blocked causal attention]).
 #include "engine/nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -8,6 +11,7 @@
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "kernels/attention.h"
+#include "kernels/gemm.h"
 
 namespace lockstep::engine {
 namespace {
@@ -38,6 +42,108 @@ core::Tensor part(const core::Tensor& heads, std::int64_t t) {
 
 core::Tensor as_type(const core::Tensor& t, DType type, const core::Stream& stream) {
   return t.dtype() == type ? t : t.cast(type, stream);
+}
+
+// Note [blocked causal attention]: on the CPU the six head products run per
+// block of kQueryBlock query rows [start, end), over keys [0, end) only: the
+// scores' entries above the diagonal block are never computed, read or
+// written, and the [B * H, T, T] layout of S, P and dP stays as it is (their
+// row stride is T; the softmax kernels and the saved P are unchanged).
+// The forward: S[rows, 0:end] = Q[rows] K[0:end]^T, O[rows] = P[rows, 0:end]
+// V[0:end]. The backward: dP[rows, 0:end] = dO[rows] V[0:end]^T, dQ[rows] =
+// dS[rows, 0:end] K[0:end], and per key block, each written once, dV[keys] =
+// P[start:T, keys]^T dO[start:T] and dK[keys] = dS[start:T, keys]^T Q[start:T].
+// What is left out is exact zeros of P and dS, so only the GEMM library's
+// rounding of a shorter sum changes. Inside the diagonal block the products
+// do compute the entries above the diagonal: the softmax reads S and dP at
+// j <= i only, and writes P and dS as 0 there (kernels/attention.h), which
+// is what the next products read. The entries right of the diagonal block
+// stay as the allocator left them in S and dP (P and dS get the softmax's
+// zeros), and dropout's and the casts' copies of them are read by nothing.
+// Each GEMM is one strided batch over the B * H heads, which the CPU GEMM
+// runs as one call per head (kernels/cpu/gemm.cpp): a head's bits do not
+// depend on how many heads or samples share the call (the rank-invariant
+// mode's requirement). CUDA keeps the full products: cuBLASLt's strided
+// batches are one launch each, and there the softmax's mask costs little.
+// Measured (bench_step gpt-tiny b16, 1 thread, T = 128, D = 32): see
+// docs/benchmarks.md, "gpt-tiny".
+constexpr std::int64_t kQueryBlock = 64;
+
+// Calls f(start, rows) for each block of query rows.
+template <typename F>
+void for_each_block(std::int64_t seq, F&& f) {
+  for (std::int64_t start = 0; start < seq; start += kQueryBlock)
+    f(start, std::min(kQueryBlock, seq - start));
+}
+
+// One strided batch over the heads of C = op(A) op(B) on sub-matrices: a, b
+// and c are [B * H, rows, cols] tensors, and *_at is the element in each
+// head's matrix where the operand starts (its row stride stays cols).
+void head_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               const core::Tensor& a, std::int64_t a_at, const core::Tensor& b, std::int64_t b_at,
+               const core::Tensor& c, std::int64_t c_at) {
+  auto at = [](const core::Tensor& t, std::int64_t element) {
+    return static_cast<char*>(t.data()) + element * dtype_size(t.dtype());
+  };
+  kernels::GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = at(a, a_at);
+  g.lda = a.dim(2);
+  g.b = at(b, b_at);
+  g.ldb = b.dim(2);
+  g.c = at(c, c_at);
+  g.ldc = c.dim(2);
+  g.ab_type = a.dtype();
+  g.c_type = c.dtype();
+  g.batch = a.dim(0);
+  g.stride_a = a.dim(1) * a.dim(2);
+  g.stride_b = b.dim(1) * b.dim(2);
+  g.stride_c = c.dim(1) * c.dim(2);
+  kernels::cpu::gemm(g);
+}
+
+// s [B * H, T, T] = a b^T for a, b [B * H, T, D]: S = Q K^T and dP = dO V^T.
+void causal_scores(const core::Tensor& a, const core::Tensor& b, core::Tensor& s,
+                   const core::Stream& stream) {
+  if (s.device().is_cuda()) {
+    core::ops::batched_matmul(a, b, s, {.trans_b = true}, stream);
+    return;
+  }
+  const std::int64_t seq = s.dim(1), d = a.dim(2);
+  for_each_block(seq, [&](std::int64_t start, std::int64_t rows) {
+    head_gemm(false, true, rows, start + rows, d, a, start * d, b, 0, s, start * seq);
+  });
+}
+
+// out [B * H, T, D] = w x for lower-triangular w [B * H, T, T]: O = P V and dQ = dS K.
+void causal_rows(const core::Tensor& w, const core::Tensor& x, core::Tensor& out,
+                 const core::Stream& stream) {
+  if (out.device().is_cuda()) {
+    core::ops::batched_matmul(w, x, out, {}, stream);
+    return;
+  }
+  const std::int64_t seq = w.dim(1), d = x.dim(2);
+  for_each_block(seq, [&](std::int64_t start, std::int64_t rows) {
+    head_gemm(false, false, rows, d, start + rows, w, start * seq, x, 0, out, start * d);
+  });
+}
+
+// out [B * H, T, D] = w^T x for lower-triangular w: dV = P^T dO and dK = dS^T Q.
+void causal_columns(const core::Tensor& w, const core::Tensor& x, core::Tensor& out,
+                    const core::Stream& stream) {
+  if (out.device().is_cuda()) {
+    core::ops::batched_matmul(w, x, out, {.trans_a = true}, stream);
+    return;
+  }
+  const std::int64_t seq = w.dim(1), d = x.dim(2);
+  for_each_block(seq, [&](std::int64_t start, std::int64_t keys) {
+    head_gemm(true, false, keys, d, seq - start, w, start * seq + start, x, start * d, out,
+              start * d);
+  });
 }
 
 }  // namespace
@@ -71,7 +177,7 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
               ctx.stream);
 
   core::Tensor scores = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
-  core::ops::batched_matmul(part(heads, 0), part(heads, 1), scores, {.trans_b = true}, ctx.stream);
+  causal_scores(part(heads, 0), part(heads, 1), scores, ctx.stream);
   core::Tensor probs = scores;  // the softmax runs in place (kernels/attention.h)
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   core::dispatch(
@@ -90,7 +196,7 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   const core::Tensor weights = as_type(dropped, type, ctx.stream).reshape({bh, seq, seq});
 
   core::Tensor y_heads = core::Tensor::empty({bh, seq, head_dim_}, type, device, ctx.stream);
-  core::ops::batched_matmul(weights, part(heads, 2), y_heads, {}, ctx.stream);
+  causal_rows(weights, part(heads, 2), y_heads, ctx.stream);
   core::Tensor y = core::Tensor::empty({batch, seq, embed_dim_}, type, device, ctx.stream);
   merge_heads(kernels::AttentionShape{batch, seq, num_heads_, head_dim_, 1, type}, y_heads, y,
               ctx.stream);
@@ -123,9 +229,9 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
               dy_heads, ctx.stream);
   core::Tensor dheads = core::Tensor::empty(qkv_heads_.shape(), type, device, ctx.stream);
   core::Tensor dv = part(dheads, 2);
-  core::ops::batched_matmul(weights_, dy_heads, dv, {.trans_a = true}, ctx.stream);
+  causal_columns(weights_, dy_heads, dv, ctx.stream);
   core::Tensor dweights = core::Tensor::empty({bh, seq, seq}, DType::f32, device, ctx.stream);
-  core::ops::batched_matmul(dy_heads, part(qkv_heads_, 2), dweights, {.trans_b = true}, ctx.stream);
+  causal_scores(dy_heads, part(qkv_heads_, 2), dweights, ctx.stream);
   const core::Tensor dprobs =
       attn_dropout_->backward(dweights.reshape({batch_, num_heads_ * seq * seq}), ctx);
 
@@ -144,8 +250,8 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
       });
   const core::Tensor ds = as_type(dscores, type, ctx.stream);
   core::Tensor dq = part(dheads, 0), dk = part(dheads, 1);
-  core::ops::batched_matmul(ds, part(qkv_heads_, 1), dq, {}, ctx.stream);
-  core::ops::batched_matmul(ds, part(qkv_heads_, 0), dk, {.trans_a = true}, ctx.stream);
+  causal_rows(ds, part(qkv_heads_, 1), dq, ctx.stream);
+  causal_columns(ds, part(qkv_heads_, 0), dk, ctx.stream);
   core::Tensor dqkv = core::Tensor::empty({batch_, seq, 3 * embed_dim_}, type, device, ctx.stream);
   merge_heads(kernels::AttentionShape{batch_, seq, num_heads_, head_dim_, 3, type}, dheads, dqkv,
               ctx.stream);
