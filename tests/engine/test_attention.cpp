@@ -1,6 +1,7 @@
 // CausalSelfAttention on the CPU: forward against a float64 loop written here
-// from the formula (not from the layer's kernels), finite-difference gradients
-// with and without dropout, the causal property, and the kernels' own checks.
+// from the formula (not from the layer's kernels), also under autocast,
+// finite-difference gradients with and without dropout, the causal property,
+// and the kernels' own checks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -162,4 +163,30 @@ TEST_CASE("the causal softmax passes a NaN score on as NaN", "[engine][attention
   kernels::cpu::causal_softmax_forward(1, 2, 1.0f, scores.data(), probs.data());
   REQUIRE(probs[0] == 1.0f);
   REQUIRE(std::isnan(probs[2]));
+}
+
+TEST_CASE("causal self-attention under autocast matches the float64 loop to 16-bit precision",
+          "[engine][attention][autocast]") {
+  // The CPU's head products widen 16-bit q, k, v and P through the GEMM's
+  // leading dimensions (Note [heads in place]); T = 130 spans three 64-row
+  // blocks. Tolerance 4 u of the low type (u = 2^-8 for bf16, 2^-11 for f16):
+  // every stage rounds its output to it (qkv, P, O, y; |y| < 1 here), each
+  // rounding within u relative; measured 2.1e-3 (bf16) and 2.5e-4 (f16),
+  // about u/2, and a block's indexing mistake is O(0.1), above 4 u = 1.6e-2.
+  for (DType low : {DType::bf16, DType::f16}) {
+    const double u = low == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    CausalSelfAttention attn(16, 4);
+    initialize(attn, 11);
+    Context ctx;
+    ctx.autocast = low;
+    const core::Tensor x = random_f32({2, 130, 16}, 2);
+    const core::Tensor out = attn.forward(x, ctx);
+    const auto y = (out.dtype() == DType::f32 ? out : out.cast(DType::f32)).to_vector<float>();
+    const auto ref = reference_attention(attn, x, 4);
+    REQUIRE(y.size() == ref.size());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      INFO(dtype_name(low) << " element " << i << ": " << y[i] << " against " << ref[i]);
+      REQUIRE(std::fabs(y[i] - ref[i]) <= 4 * u);
+    }
+  }
 }
