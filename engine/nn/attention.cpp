@@ -323,7 +323,7 @@ core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx)
                                                dprobs.data_as<float>(), dscores.data_as<float>(),
                                                cs);
       });
-  const core::Tensor ds = as_type(dscores, type, ctx.stream).reshape({bh, seq, seq});
+  const core::Tensor ds = as_type(dscores, type, ctx.stream);
   causal_rows(hs, hs.scores(ds), hs.operand(qkv_heads_, 3, 1), hs.operand(dheads, 3, 0),
               ctx.stream);
   causal_columns(hs, hs.scores(ds), hs.operand(qkv_heads_, 3, 0), hs.operand(dheads, 3, 1),
