@@ -27,11 +27,17 @@ void validate_gemm(const GemmArgs& g) {
   if (g.ldc < std::max<std::int64_t>(1, g.n))
     fail("ldc=" + std::to_string(g.ldc) + " is smaller than C's row length " + std::to_string(g.n));
   if (g.batch < 1) fail("batch=" + std::to_string(g.batch) + " must be at least 1");
-  if (g.batch > 1 && (g.stride_a < 0 || g.stride_b < 0 || g.stride_c < g.m * g.ldc))
+  // The batches' outputs are apart when stacked (a stride of at least m
+  // rows) or side by side in each row of C (heads in a row of attention's
+  // output, Note [heads in place] in engine/nn/attention.cpp).
+  const bool stacked = g.stride_c >= g.m * g.ldc;
+  const bool side_by_side = g.stride_c >= g.n && (g.batch - 1) * g.stride_c + g.n <= g.ldc;
+  if (g.batch > 1 && (g.stride_a < 0 || g.stride_b < 0 || !(stacked || side_by_side)))
     fail("batch strides a=" + std::to_string(g.stride_a) + " b=" + std::to_string(g.stride_b) +
          " c=" + std::to_string(g.stride_c) +
          " must be non-negative, and C's must keep the batches' outputs apart (at least m*ldc=" +
-         std::to_string(g.m * g.ldc) + ")");
+         std::to_string(g.m * g.ldc) + ", or at least n=" + std::to_string(g.n) +
+         " with all batches' columns inside ldc=" + std::to_string(g.ldc) + ")");
   if (g.m > 0 && g.n > 0 && (!g.c || (g.k > 0 && (!g.a || !g.b)))) fail("null data pointer");
 }
 

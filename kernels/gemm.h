@@ -2,7 +2,8 @@
 // B in f32, f16 or bf16, f32 accumulation, and C in f32 or the input type.
 // beta = 1 accumulates into C (how weight gradients land in the f32 buffer).
 // batch > 1 runs that many GEMMs of one shape on operands a fixed stride apart
-// (attention's per-head products: cuBLASLt strided batches, a loop on the CPU).
+// (attention's per-head products: cuBLASLt strided batches, a loop on the CPU);
+// the outputs may be stacked or side by side in C's rows, never overlapping.
 // CPU: OpenBLAS (16-bit inputs are widened to f32 first). CUDA: cuBLASLt with
 // the heuristic's choice cached per shape, and a caller-provided workspace.
 #pragma once

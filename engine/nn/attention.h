@@ -2,7 +2,9 @@
 // weight [3C, C], bias [3C]), H heads of size D = C / H, scores scaled by
 // 1/sqrt(D), the causal mask, softmax, attention dropout, the output Linear
 // (c_proj) and residual dropout. Input and output are [batch, seq, C].
-// The head products are strided-batched GEMMs (kernels/gemm.h); the masked
+// The head products are strided-batched GEMMs (kernels/gemm.h), on the CPU
+// per block of query rows and on the heads where the Linears keep them (Notes
+// [blocked causal attention] and [heads in place], attention.cpp); the masked
 // softmax and the head moves are kernels/attention.h. Under autocast the
 // GEMMs run in the low type and the softmax in f32, as PyTorch's autocast does.
 #pragma once
@@ -35,9 +37,10 @@ class CausalSelfAttention : public Module {
   Dropout* attn_dropout_;
   Linear* c_proj_;
   Dropout* resid_dropout_;
-  // Kept for backward (training only): q, k, v as [3, B * H, T, D] in the
-  // compute type, the softmax output [B * H, T, T] f32, and the weights the
-  // PV product used (after dropout, in the compute type).
+  // Kept for backward (training only): q, k, v in the compute type (c_attn's
+  // rows [B, T, 3C] on the CPU, [3, B * H, T, D] on CUDA: Note [heads in
+  // place]), the softmax output [B * H, T, T] f32, and the weights the PV
+  // product used (after dropout, in the compute type).
   core::Tensor qkv_heads_, probs_, weights_;
   std::int64_t batch_ = 0, seq_ = 0;
 };

@@ -48,12 +48,11 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
   });
 }
 
-// An AVX2 clone besides the baseline one, as the activations have (Note
-// [vector tanh]): the same bits, 8 exponentials at a time.
-[[gnu::target_clones("avx2", "default")]] void causal_softmax_forward(std::int64_t matrices,
-                                                                      std::int64_t seq, float scale,
-                                                                      const float* scores,
-                                                                      float* probs) {
+// AVX-512 and AVX2 clones besides the baseline one, as the activations have
+// (Note [AVX-512 clones] in cpu/activation.cpp): the same bits, 16 or 8
+// exponentials at a time.
+[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_forward(
+    std::int64_t matrices, std::int64_t seq, float scale, const float* scores, float* probs) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {
     const std::int64_t i = r % seq;  // this row attends to columns 0..i
     const float* in = scores + r * seq;
@@ -63,7 +62,7 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
   }
 }
 
-[[gnu::target_clones("avx2", "default")]] void causal_softmax_backward(
+[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_backward(
     std::int64_t matrices, std::int64_t seq, float scale, const float* probs, const float* dprobs,
     float* dscores) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {

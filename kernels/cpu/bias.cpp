@@ -7,7 +7,12 @@
 
 namespace lockstep::kernels::cpu {
 
-void add_bias(void* y, DType type, const float* bias, std::int64_t rows, std::int64_t cols) {
+// AVX-512 and AVX2 clones besides the baseline one: additions only, so every
+// clone gives the same bits (Note [AVX-512 clones] in activation.cpp).
+[[gnu::target_clones("avx512f", "avx2", "default")]] void add_bias(void* y, DType type,
+                                                                   const float* bias,
+                                                                   std::int64_t rows,
+                                                                   std::int64_t cols) {
   detail::require_float(type, "add_bias");
   if (type == DType::f32) {
     auto* out = static_cast<float*>(y);
@@ -22,10 +27,11 @@ void add_bias(void* y, DType type, const float* bias, std::int64_t rows, std::in
     }
 }
 
-// AVX2: four columns' f64 sums per vector (the same sums, in the same order).
-[[gnu::target_clones("avx2", "default")]] void bias_grad(const void* dy, DType type,
-                                                         std::int64_t rows, std::int64_t cols,
-                                                         float* db) {
+// AVX2: four columns' f64 sums per vector, AVX-512 eight (the same sums, in
+// the same order).
+[[gnu::target_clones("avx512f", "avx2", "default")]] void bias_grad(const void* dy, DType type,
+                                                                    std::int64_t rows,
+                                                                    std::int64_t cols, float* db) {
   detail::require_float(type, "bias_grad");
   std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
   if (type == DType::f32) {

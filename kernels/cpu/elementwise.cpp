@@ -131,7 +131,11 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, std::int64
   for (std::int64_t i = 0; i < n; ++i) store_any(dst, dst_type, i, load_any(src, src_type, i));
 }
 
-void add(const void* a, const void* b, void* out, DType type, std::int64_t n) {
+// The residual adds: AVX-512 and AVX2 clones, the same bits (one addition per
+// element; Note [AVX-512 clones] in activation.cpp).
+[[gnu::target_clones("avx512f", "avx2", "default")]] void add(const void* a, const void* b,
+                                                              void* out, DType type,
+                                                              std::int64_t n) {
   detail::require_float(type, "add");
   binary(a, b, out, type, n, [](float x, float y) { return x + y; });
 }

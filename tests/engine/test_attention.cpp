@@ -1,6 +1,7 @@
 // CausalSelfAttention on the CPU: forward against a float64 loop written here
-// from the formula (not from the layer's kernels), finite-difference gradients
-// with and without dropout, the causal property, and the kernels' own checks.
+// from the formula (not from the layer's kernels), also under autocast,
+// finite-difference gradients with and without dropout, the causal property,
+// and the kernels' own checks.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -66,11 +67,22 @@ std::vector<double> reference_attention(CausalSelfAttention& attn, const core::T
 }  // namespace
 
 TEST_CASE("causal self-attention matches a float64 loop", "[engine][attention]") {
-  // f32 with O(1) inputs and sums over at most 3C = 48 terms per stage: the
-  // float error is a few 1e-7 relative; 1e-5 absolute leaves room for the
-  // three chained stages and fails any indexing or scaling mistake (O(0.1)).
-  for (auto [batch, seq, c, heads] :
-       {std::tuple{1, 1, 4, 1}, {2, 5, 16, 4}, {3, 9, 12, 3}, {1, 33, 8, 2}}) {
+  // f32 with O(1) inputs. The longest sum is now the PV product's, over up
+  // to T = 130 keys (the CPU's blocks run it over keys [0, end) of each
+  // 64-row block, Note [blocked causal attention]): its worst-case error,
+  // gamma_T sum_j p_j |v_j| <= 130 * 2^-24 max |v| = 7.7e-6 max |v| with
+  // |v| < 1 here, is still inside 1e-5, and so are the shorter sums of the
+  // other stages (C <= 16 terms). Measured: 2.5e-8 to 9.1e-8 over these
+  // shapes (rounding grows like sqrt(T), not T). T = 64, 100 and 130 put
+  // the query rows in one whole block, in a whole and a partial one, and in
+  // three; any indexing or scaling mistake in a block is O(0.1).
+  for (auto [batch, seq, c, heads] : {std::tuple{1, 1, 4, 1},
+                                      {2, 5, 16, 4},
+                                      {3, 9, 12, 3},
+                                      {1, 33, 8, 2},
+                                      {1, 64, 8, 2},
+                                      {2, 100, 8, 2},
+                                      {1, 130, 16, 4}}) {
     CausalSelfAttention attn(c, heads);
     initialize(attn, 11);
     Context ctx;
@@ -86,7 +98,12 @@ TEST_CASE("causal self-attention matches a float64 loop", "[engine][attention]")
 }
 
 TEST_CASE("causal self-attention gradients match finite differences", "[engine][attention]") {
-  for (auto [batch, seq, c, heads] : {std::tuple{1, 3, 4, 1}, {2, 5, 8, 2}, {2, 7, 12, 3}}) {
+  // T = 100 and 130 span two and three of the CPU's 64-row blocks (Note
+  // [blocked causal attention]); a missing or misplaced block is an O(1)
+  // error in dQ, dK or dV. Sums over 130 x 8 outputs add about 1e-4 of
+  // rounding to the central difference (gradcheck.h's budget is 2e-3).
+  for (auto [batch, seq, c, heads] :
+       {std::tuple{1, 3, 4, 1}, {2, 5, 8, 2}, {2, 7, 12, 3}, {1, 100, 8, 2}, {1, 130, 8, 2}}) {
     CausalSelfAttention attn(c, heads);
     initialize(attn, 5);
     check_gradients(attn, random_f32({batch, seq, c}, 9));
@@ -96,11 +113,14 @@ TEST_CASE("causal self-attention gradients match finite differences", "[engine][
 TEST_CASE("attention dropout keeps gradients exact for its fixed mask", "[engine][attention]") {
   // The mask is keyed by (seed, step, layer, sample), so the finite-difference
   // evaluations see the same mask as the analytic backward.
-  CausalSelfAttention attn(8, 2, 0.25f);
-  initialize(attn, 5);
-  Context ctx;
-  ctx.seed = 21;
-  check_gradients(attn, random_f32({2, 6, 8}, 4), ctx);
+  // T = 6 inside one of the CPU's 64-row blocks, T = 130 across three.
+  for (std::int64_t seq : {6, 130}) {
+    CausalSelfAttention attn(8, 2, 0.25f);
+    initialize(attn, 5);
+    Context ctx;
+    ctx.seed = 21;
+    check_gradients(attn, random_f32({2, seq, 8}, 4), ctx);
+  }
 }
 
 TEST_CASE("a position's output depends only on earlier positions", "[engine][attention]") {
@@ -143,4 +163,30 @@ TEST_CASE("the causal softmax passes a NaN score on as NaN", "[engine][attention
   kernels::cpu::causal_softmax_forward(1, 2, 1.0f, scores.data(), probs.data());
   REQUIRE(probs[0] == 1.0f);
   REQUIRE(std::isnan(probs[2]));
+}
+
+TEST_CASE("causal self-attention under autocast matches the float64 loop to 16-bit precision",
+          "[engine][attention][autocast]") {
+  // The CPU's head products widen 16-bit q, k, v and P through the GEMM's
+  // leading dimensions (Note [heads in place]); T = 130 spans three 64-row
+  // blocks. Tolerance 4 u of the low type (u = 2^-8 for bf16, 2^-11 for f16):
+  // every stage rounds its output to it (qkv, P, O, y; |y| < 1 here), each
+  // rounding within u relative; measured 2.1e-3 (bf16) and 2.5e-4 (f16),
+  // about u/2, and a block's indexing mistake is O(0.1), above 4 u = 1.6e-2.
+  for (DType low : {DType::bf16, DType::f16}) {
+    const double u = low == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    CausalSelfAttention attn(16, 4);
+    initialize(attn, 11);
+    Context ctx;
+    ctx.autocast = low;
+    const core::Tensor x = random_f32({2, 130, 16}, 2);
+    const core::Tensor out = attn.forward(x, ctx);
+    const auto y = (out.dtype() == DType::f32 ? out : out.cast(DType::f32)).to_vector<float>();
+    const auto ref = reference_attention(attn, x, 4);
+    REQUIRE(y.size() == ref.size());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      INFO(dtype_name(low) << " element " << i << ": " << y[i] << " against " << ref[i]);
+      REQUIRE(std::fabs(y[i] - ref[i]) <= 4 * u);
+    }
+  }
 }

@@ -167,6 +167,43 @@ TEST_CASE("cpu strided-batched gemm equals one float64 gemm per batch", "[kernel
   CHECK_THROWS_WITH(kernels::cpu::gemm(g), Catch::Contains("batch strides"));
 }
 
+TEST_CASE("cpu strided-batched gemm writes outputs side by side in C's rows", "[kernels][gemm]") {
+  // Attention's heads in place (Note [heads in place], engine/nn/attention.cpp):
+  // batch i's [m x n] output is columns [i * n, (i + 1) * n) of a [m x batch * n]
+  // C, read from A's columns the same way. Each batch against its own float64 GEMM.
+  const std::int64_t batch = 3, m = 5, n = 4, k = 6;
+  const auto a = test::random_matrix(m * batch * k, DType::f32, 7);
+  const auto b = test::random_matrix(batch * k * n, DType::f32, 8);
+  auto c = test::random_matrix(m * batch * n, DType::f32, 9);
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a.bytes.data(), g.lda = batch * k;
+  g.b = b.bytes.data(), g.ldb = n;
+  g.c = c.bytes.data(), g.ldc = batch * n;
+  g.batch = batch, g.stride_a = k, g.stride_b = k * n, g.stride_c = n;
+  kernels::cpu::gemm(g);
+  for (std::int64_t i = 0; i < batch; ++i) {
+    std::vector<float> ai(m * k),
+        bi(b.values.begin() + i * k * n, b.values.begin() + (i + 1) * k * n);
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t e = 0; e < k; ++e) ai[r * k + e] = a.values[r * batch * k + i * k + e];
+    const auto ref = test::reference_gemm(false, false, m, n, k, 1.0f, ai, bi, 0.0f,
+                                          std::vector<float>(m * n, 0.0f));
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t col = 0; col < n; ++col) {
+        const double got = test::decode(c.bytes, DType::f32, r * batch * n + i * n + col);
+        INFO("batch " << i << " row " << r << " column " << col);
+        REQUIRE(
+            std::fabs(got - ref.c[r * n + col]) <=
+            test::gemm_tolerance(ref.magnitude[r * n + col], ref.c[r * n + col], k, DType::f32));
+      }
+  }
+  g.stride_c = n - 1;  // the batches' columns would overlap
+  CHECK_THROWS_WITH(kernels::cpu::gemm(g), Catch::Contains("batch strides"));
+  g.stride_c = n + 1;  // the last batch's columns would pass the row's end
+  CHECK_THROWS_WITH(kernels::cpu::gemm(g), Catch::Contains("inside ldc=12"));
+}
+
 TEST_CASE("each cpu gemm library gives the same bits again at two threads", "[kernels][gemm]") {
   // The claim behind Note [deterministic runs] (docs/architecture.md): no
   // library's split of the work across threads makes a result depend on timing.
