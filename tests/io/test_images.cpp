@@ -510,8 +510,10 @@ TEST_CASE("a cropped decode shifted by one pixel would not match (the test above
   std::int64_t shifted_x = 0, shifted_y = 0;
   for (std::int64_t y = 20; y < 30; ++y)
     for (std::int64_t x = 20; x < 30; ++x) {
-      shifted_x += pixel_at(part, y, x + 1, 0) != full.pixels[(y * 64 + x) * 3];
-      shifted_y += pixel_at(part, y + 1, x, 0) != full.pixels[(y * 64 + x) * 3];
+      // The region's pixel against the whole image's one to the right or
+      // below (inside the whole image; the region decodes rows [20, 30) only).
+      shifted_x += pixel_at(part, y, x, 0) != full.pixels[(y * 64 + x + 1) * 3];
+      shifted_y += pixel_at(part, y, x, 0) != full.pixels[((y + 1) * 64 + x) * 3];
     }
   CHECK(shifted_x > 50);
   CHECK(shifted_y > 50);
