@@ -22,6 +22,16 @@
 
 namespace lockstep::engine {
 
+// ZeRO-3 (Note [parameter units], engine/zero3.h): the modules whose
+// parameters are gathered together, in forward order, and the world size
+// the layout is for. Every unit and every run of parameters in no unit (a
+// resident piece, gathered for the whole step) starts at a multiple of
+// ranks x 64 elements.
+struct ParameterUnits {
+  std::vector<Module*> modules;
+  int ranks = 1;
+};
+
 class ParameterStore final : public comm::GradientGroups {
  public:
   static constexpr std::int64_t kAlignElements = 64;  // 256 bytes of f32
@@ -33,15 +43,7 @@ class ParameterStore final : public comm::GradientGroups {
     core::Shape shape;  // the parameter's, also while ZeRO-3 leaves its value undefined
   };
 
-  // ZeRO-3 (Note [parameter units], engine/zero3.h): the modules whose
-  // parameters are gathered together, in forward order, and the world size
-  // the layout is for. Every unit and every run of parameters in no unit (a
-  // resident piece, gathered for the whole step) starts at a multiple of
-  // ranks x 64 elements.
-  struct Units {
-    std::vector<Module*> modules;
-    int ranks = 1;
-  };
+  using Units = ParameterUnits;
   // A unit's parameters, or a run of parameters in no unit (unit -1): slots
   // [first_slot, end_slot) in `range`, which runs to the next piece's start
   // (the last piece: to the size rounded up to ranks x 64).
