@@ -241,7 +241,7 @@ class DataParallelStep {
     ParameterGathers* gathers_;
     bool write_back_;
   };
-  [[nodiscard]] FullParameters full_parameters(bool write_back = false) {
+  [[nodiscard]] FullParameters full_parameters(bool write_back = false) const {
     return FullParameters(gathers_.get(), write_back);
   }
 
