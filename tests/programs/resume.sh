@@ -4,7 +4,8 @@
 #   exact        N steps straight == k steps, save, new process, resume, N-k steps:
 #                bit-for-bit parameters, optimizer state and loss sequence;
 #                fp32 and fp16 (loss scaler), 1 and 2 ranks, shuffling on
-#   gpt          exact resume with gpt-tiny (dropout 0.1) on byte windows of the
+#   gpt          exact resume with gpt-tiny (dropout 0.1; fp32, fp16, and --zero 3,
+#                whose checkpoint is --zero 0's bit for bit) on byte windows of the
 #                project's docs: 2 ranks, fp32 and fp16 (loss scaler), bit for bit
 #   world-size   2 ranks x batch 16 resumed as 1 rank x batch 32: same data
 #                order, parameters within 1e-5
@@ -97,6 +98,16 @@ case $mode in
         --lr 0.001
       echo "exact resume: gpt-tiny, 2 ranks, $precision: identical"
     done
+    # ZeRO-3: blocks gathered around their passes, embeddings and head resident.
+    gpt=(--data "$work/text/train" --model gpt-tiny --dropout 0.1 --seed 7 --log-every 1000
+      --device cpu --batch-size 4 --optimizer adamw --lr 0.001)
+    exact_resume 2 "${gpt[@]}" --zero 3
+    for stage in 0 3; do
+      launch 2 "${gpt[@]}" --steps 6 --checkpoint-every 6 --checkpoint-dir "$work/g$stage" \
+        --zero "$stage" >/dev/null
+    done
+    same_checkpoints "$work/g3/ckpt-6.h5" "$work/g0/ckpt-6.h5" 0
+    echo "gpt-tiny --zero 3 on 2 ranks: exact resume, and the checkpoint --zero 0 writes"
     ;;
   checkpointing)
     "$shard" text --src "$(dirname "$0")"/../../docs/*.md --out "$work/text" --seq 32 >/dev/null
