@@ -50,8 +50,12 @@ void ParameterGathers::ensure(std::size_t piece) {
   store_.set_values(piece, gathered_[piece]->values);
 }
 
+// A prefetched gather may be dropped unread (an interrupted step): the
+// compute stream waits for it first, so that the buffer's stream-ordered
+// release comes after the communication stream's writes.
 void ParameterGathers::drop(std::size_t piece) {
   if (!gathered_[piece]) return;
+  sync_.wait_gather(*gathered_[piece]);
   store_.drop_values(piece);
   gathered_[piece].reset();
 }
