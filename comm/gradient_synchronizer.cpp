@@ -133,8 +133,7 @@ void GradientSynchronizer::pack_buffers() {
 void GradientSynchronizer::plan() {
   if (sharded()) {
     shards_ = plan_shards(model_.segments, model_.parameters.numel(), comm_.size(), comm_.rank(),
-                          options_.first_bucket_cap_bytes, options_.bucket_cap_bytes,
-                          model_.cuts);
+                          options_.first_bucket_cap_bytes, options_.bucket_cap_bytes, model_.cuts);
     buckets_ = shards_.buckets;
   } else {
     buckets_ =
@@ -514,7 +513,8 @@ void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
 void GradientSynchronizer::set_gradient_groups(GradientGroups& groups) {
   if (!transient_gradients())
     throw InvalidArgument(
-        "GradientSynchronizer::set_gradient_groups needs zero_stage 2 or 3 (with stages 0 and 1 the "
+        "GradientSynchronizer::set_gradient_groups needs zero_stage 2 or 3 (with stages 0 and 1 "
+        "the "
         "gradients are the model's flat buffer)");
   gradient_groups_ = &groups;
   if (shard_grads_.defined()) return;
@@ -567,9 +567,6 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
   options_.compute_stream.wait(gathered_);
 }
 
-}  // namespace lockstep::comm
-
-namespace lockstep::comm {
 
 // Note [parameter units]: each bucket's chunk goes to its place in the new
 // buffer, then one in-place allgather per bucket. The buffer belongs to the

@@ -95,9 +95,8 @@ std::pair<std::size_t, std::size_t> buckets_of_range(const ShardLayout& layout, 
     auto it = std::lower_bound(layout.buckets.begin(), layout.buckets.end(), offset,
                                [](const Bucket& b, std::int64_t at) { return b.offset < at; });
     const std::size_t index = static_cast<std::size_t>(it - layout.buckets.begin());
-    const bool edge = index == layout.buckets.size()
-                          ? offset == layout.padded_numel()
-                          : layout.buckets[index].offset == offset;
+    const bool edge = index == layout.buckets.size() ? offset == layout.padded_numel()
+                                                     : layout.buckets[index].offset == offset;
     if (!edge)
       throw InvalidArgument(fmt::format(
           "buckets_of_range: [{}, {}) does not start and end at bucket edges of the shard layout",

@@ -143,8 +143,8 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       sync_->set_gradient_groups(store_);
       if (sync_->sharded_parameters()) {  // Note [parameter units]
         store_.shard_values(sync_->shard_layout(), stream_);
-        gathers_ = std::make_unique<ParameterGathers>(
-            store_, *sync_, world_->for_device(store_.device()), stream_);
+        gathers_ = std::make_unique<ParameterGathers>(store_, *sync_,
+                                                      world_->for_device(store_.device()), stream_);
       }
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_,
                        sync_->shard_gradients());

@@ -272,7 +272,7 @@ class DataParallelStep {
   StepOptions options_;
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
-  std::unique_ptr<ParameterGathers> gathers_;          // ZeRO-3 only
+  std::unique_ptr<ParameterGathers> gathers_;         // ZeRO-3 only
   std::vector<comm::FlatRange> owned_;  // ZeRO-1: this rank's shard (ZeRO-2: in shard_grads())
   std::unique_ptr<comm::StepAgreement> agreement_;  // null without a world
   std::shared_ptr<Loss> loss_;

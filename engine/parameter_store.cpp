@@ -222,9 +222,6 @@ void ParameterStore::release(std::size_t g) {
   group.gradients = core::Tensor();
 }
 
-}  // namespace lockstep::engine
-
-namespace lockstep::engine {
 
 // Note [parameter units]: the packed shard is the optimizer's parameter
 // buffer from now on; nothing else holds the values between gathers.
@@ -263,15 +260,16 @@ void ParameterStore::set_values(std::size_t piece, const core::Tensor& gathered)
 
 void ParameterStore::set_all_values(const core::Tensor& full) {
   if (full.numel() < numel_)
-    throw InvalidArgument(fmt::format(
-        "ParameterStore::set_all_values: the buffer has {} elements, the layout {}", full.numel(),
-        numel_));
+    throw InvalidArgument(
+        fmt::format("ParameterStore::set_all_values: the buffer has {} elements, the layout {}",
+                    full.numel(), numel_));
   for (const Slot& s : slots_) s.parameter->value = full.view(s.offset, s.shape);
 }
 
 void ParameterStore::drop_values(std::size_t piece) {
   const Piece& p = pieces_.at(piece);
-  for (std::size_t i = p.first_slot; i < p.end_slot; ++i) slots_[i].parameter->value = core::Tensor();
+  for (std::size_t i = p.first_slot; i < p.end_slot; ++i)
+    slots_[i].parameter->value = core::Tensor();
 }
 
 }  // namespace lockstep::engine

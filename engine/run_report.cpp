@@ -193,8 +193,7 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
                                 h.zero_stage == 2   ? " and gradients"
                                 : h.zero_stage == 3 ? ", gradients and parameters"
                                                     : "",
-                                world_size,
-                                world_size == 1 ? "" : "s"));
+                                world_size, world_size == 1 ? "" : "s"));
   if (h.parameter_bytes > 0)
     lines.push_back("  memory       " + describe_model_state(h, world_size));
   for (const DatasetSummary& d : h.data)

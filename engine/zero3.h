@@ -85,7 +85,7 @@ class ParameterGathers {
   core::Stream stream_;
   bool prefetch_;
   std::unordered_map<const Module*, std::size_t> unit_of_module_;
-  std::vector<std::size_t> piece_of_unit_;  // forward order
+  std::vector<std::size_t> piece_of_unit_;                                   // forward order
   std::vector<std::optional<comm::GradientSynchronizer::Gather>> gathered_;  // per piece
   core::Tensor full_;                                                        // gather_all's
 };

@@ -145,11 +145,11 @@ std::vector<float> parameter_values(const ParameterStore& store) {
 Result train(const Config& c, int save_at = -1, const CheckpointContents* resume = nullptr) {
   comm::World& world = test::mpi_world();
   auto model = net(c.checkpointed);
-  ParameterStore store(*model, core::Device::cpu(), {},
-                       c.zero >= 2 && !c.flat_store ? ParameterStore::Gradients::groups
-                                                    : ParameterStore::Gradients::flat,
-                       c.zero == 3 ? ParameterUnits{default_units(*model), world.size()}
-                                   : ParameterUnits{});
+  ParameterStore store(
+      *model, core::Device::cpu(), {},
+      c.zero >= 2 && !c.flat_store ? ParameterStore::Gradients::groups
+                                   : ParameterStore::Gradients::flat,
+      c.zero == 3 ? ParameterUnits{default_units(*model), world.size()} : ParameterUnits{});
   auto optimizer = make_optimizer(c, store);
   LossScalerOptions scaling{.enabled = c.autocast == DType::f16, .init_scale = c.init_scale};
   LossScaler scaler(scaling);
