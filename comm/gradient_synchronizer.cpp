@@ -1,5 +1,5 @@
 // GradientSynchronizer (comm/gradient_synchronizer.h): construction checks,
-// readiness bookkeeping and the reduction of one bucket.
+// readiness bookkeeping, the reduction of one bucket and ZeRO-3's gathers.
 #include "comm/gradient_synchronizer.h"
 
 #include <fmt/core.h>
