@@ -1,5 +1,5 @@
 // GradientSynchronizer (comm/gradient_synchronizer.h): construction checks,
-// readiness bookkeeping and the reduction of one bucket.
+// readiness bookkeeping, the reduction of one bucket and ZeRO-3's gathers.
 #include "comm/gradient_synchronizer.h"
 
 #include <fmt/core.h>
@@ -65,6 +65,7 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
 
   check_same_model(comm_, describe_model(model_));
   comm_.broadcast(model_.parameters, 0, compute);
+  parameter_numel_ = model_.parameters.numel();
 
   pack_buffers();
   broadcast_buffers();
@@ -79,6 +80,8 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
   // shard is made in set_gradient_groups, once the caller has dropped its
   // flat buffer (so that the two never exist together).
   if (transient_gradients()) model_.gradients = core::Tensor();
+  // ZeRO-3: the caller shards its values now (Note [parameter units]).
+  if (sharded_parameters()) model_.parameters = core::Tensor();
   auto reduce = [this](std::size_t b, const core::Stream& stream) { reduce_bucket(b, stream); };
   if (device.is_cuda()) {
     comm_stream_ = core::Stream::create(device);
@@ -130,7 +133,7 @@ void GradientSynchronizer::pack_buffers() {
 void GradientSynchronizer::plan() {
   if (sharded()) {
     shards_ = plan_shards(model_.segments, model_.parameters.numel(), comm_.size(), comm_.rank(),
-                          options_.first_bucket_cap_bytes, options_.bucket_cap_bytes);
+                          options_.first_bucket_cap_bytes, options_.bucket_cap_bytes, model_.cuts);
     buckets_ = shards_.buckets;
   } else {
     buckets_ =
@@ -184,7 +187,7 @@ void GradientSynchronizer::check_model() const {
   const core::Tensor& params = model_.parameters;
   const core::Tensor& grads = model_.gradients;
   // ZeRO-2 may go without the flat gradients (Note [transient gradients]).
-  if (!params.defined() || (!grads.defined() && options_.zero_stage != 2))
+  if (!params.defined() || (!grads.defined() && options_.zero_stage < 2))
     throw InvalidArgument(
         "GradientSynchronizer: the flat parameter and gradient buffers must both be given");
   if (params.dtype() != DType::f32 ||
@@ -214,13 +217,16 @@ void GradientSynchronizer::check_model() const {
         "[ordered synchronisation]); it was given average = {} and wire_dtype {}: set average = "
         "false (divide each rank's gradient instead) and wire_dtype f32",
         options_.average, dtype_name(wire)));
-  if (options_.zero_stage < 0 || options_.zero_stage > 2)
+  if (options_.zero_stage < 0 || options_.zero_stage > 3)
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer: zero_stage {} is not supported (use 0: allreduce every gradient, "
-        "1: ZeRO-1, reduce-scatter into per-rank shards, or 2: ZeRO-2, and keep only the shard's "
-        "gradients)",
+        "1: ZeRO-1, reduce-scatter into per-rank shards, 2: ZeRO-2, and keep only the shard's "
+        "gradients, or 3: ZeRO-3, and the shard's parameters)",
         options_.zero_stage));
-  if (options_.zero_stage == 2 && options_.ordered)
+  if (!model_.cuts.empty() && options_.zero_stage == 0)
+    throw InvalidArgument(
+        "GradientSynchronizer: the model has ZeRO-3 cuts but zero_stage 0 plans no shards");
+  if (options_.zero_stage >= 2 && options_.ordered)
     throw InvalidArgument(
         "GradientSynchronizer: ordered synchronisation sums the whole gradient buffer in "
         "finish(), which ZeRO-2 does not keep (Note [transient gradients]): use zero_stage 1 "
@@ -507,7 +513,8 @@ void GradientSynchronizer::gather_bucket(core::Tensor& flat, std::size_t b,
 void GradientSynchronizer::set_gradient_groups(GradientGroups& groups) {
   if (!transient_gradients())
     throw InvalidArgument(
-        "GradientSynchronizer::set_gradient_groups needs zero_stage 2 (with stages 0 and 1 the "
+        "GradientSynchronizer::set_gradient_groups needs zero_stage 2 or 3 (with stages 0 and 1 "
+        "the "
         "gradients are the model's flat buffer)");
   gradient_groups_ = &groups;
   if (shard_grads_.defined()) return;
@@ -519,7 +526,7 @@ void GradientSynchronizer::set_gradient_groups(GradientGroups& groups) {
 core::Tensor& GradientSynchronizer::shard_gradients() {
   if (!transient_gradients())
     throw InvalidArgument(
-        "GradientSynchronizer::shard_gradients needs zero_stage 2 (with stages 0 and 1 the "
+        "GradientSynchronizer::shard_gradients needs zero_stage 2 or 3 (with stages 0 and 1 the "
         "gradients are the model's flat buffer)");
   return shard_grads_;
 }
@@ -536,14 +543,18 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
     throw InvalidArgument(
         "GradientSynchronizer::gather needs zero_stage 1 or 2 (the synchroniser "
         "allreduces every gradient: every rank holds every parameter already)");
+  if (sharded_parameters())
+    throw InvalidArgument(
+        "GradientSynchronizer::gather: under ZeRO-3 no rank holds the flat parameters; gather a "
+        "unit's with start_gather (Note [parameter units])");
   if (in_step_)
     throw InvalidArgument("GradientSynchronizer::gather inside a step: call finish() first");
-  if (!flat.defined() || flat.dtype() != DType::f32 || flat.numel() != model_.parameters.numel() ||
+  if (!flat.defined() || flat.dtype() != DType::f32 || flat.numel() != parameter_numel_ ||
       !(flat.device() == comm_.device()))
     throw InvalidArgument(fmt::format(
         "GradientSynchronizer::gather: the buffer must be {} f32 elements on {}, like the "
         "model's flat parameters",
-        model_.parameters.numel(), comm_.device().str()));
+        parameter_numel_, comm_.device().str()));
   core::trace::Span span("parameter gather", core::trace::Part::comm);
   if (!comm_.device().is_cuda()) {
     for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, core::Stream());
@@ -554,6 +565,55 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) gather_bucket(flat, b, comm_stream_);
   gathered_.record(comm_stream_);
   options_.compute_stream.wait(gathered_);
+}
+
+
+// Note [parameter units]: each bucket's chunk goes to its place in the new
+// buffer, then one in-place allgather per bucket. The buffer belongs to the
+// compute stream (Note [stream-ordered free]): the communication stream
+// starts after it, and the compute stream waits for the gather before it
+// reads the values, so the buffer's release on the compute stream comes
+// after the gather in stream order.
+GradientSynchronizer::Gather GradientSynchronizer::start_gather(FlatRange range,
+                                                                const core::Tensor& shard) {
+  if (!sharded_parameters())
+    throw InvalidArgument(
+        "GradientSynchronizer::start_gather needs zero_stage 3 (the parameters sharded)");
+  if (!shard.defined() || shard.dtype() != DType::f32 || shard.numel() != shards_.shard_numel())
+    throw InvalidArgument(fmt::format(
+        "GradientSynchronizer::start_gather: the shard must be {} f32 elements (this rank's packed "
+        "values), got {}",
+        shards_.shard_numel(), shard.defined() ? shard.numel() : 0));
+  const auto [first, end] = buckets_of_range(shards_, range);
+  core::trace::Span span("parameter gather", core::trace::Part::comm);
+  const core::Stream& compute = options_.compute_stream;
+  Gather gather;
+  {
+    core::MemoryKindScope kind(core::MemoryKind::gathered);  // Note [memory kinds]
+    gather.values = core::Tensor::empty({range.numel}, DType::f32, comm_.device(), compute);
+  }
+  const bool gpu = comm_.device().is_cuda();
+  core::Stream stream = gpu ? comm_stream_ : core::Stream();
+  if (gpu) {
+    updated_.record(compute);
+    comm_stream_.wait(updated_);
+  }
+  Communicator& comm = bucket_comm();
+  for (std::size_t b = first; b < end; ++b) {
+    OperationContext context(gather_names_[b], static_cast<std::int64_t>(b));
+    const std::int64_t chunk = shards_.chunk_numel(b);
+    const std::int64_t at = buckets_[b].offset - range.offset;
+    core::Tensor mine = gather.values.view(at + comm.rank() * chunk, {chunk});
+    mine.copy_from(shard.view(chunk_position_[b], {chunk}), stream);
+    float* base = gather.values.data_as<float>() + at;
+    comm.allgather(mine.data(), base, chunk, DType::f32, stream);
+  }
+  if (gpu) gather.done.record(comm_stream_);
+  return gather;
+}
+
+void GradientSynchronizer::wait_gather(const Gather& gather) {
+  if (comm_.device().is_cuda()) options_.compute_stream.wait(gather.done);
 }
 
 }  // namespace lockstep::comm

@@ -4,7 +4,9 @@
 // communication overlaps the rest of backward; with ZeRO-1 it reduce-scatters
 // them into per-rank shards and all-gathers the updated parameters
 // (zero_stage, comm/shards.h); with ZeRO-2 it also keeps the gradients of
-// this rank's shard only (Note [transient gradients]). It depends on core types only
+// this rank's shard only (Note [transient gradients]); with ZeRO-3 it also
+// gathers the parameters of a unit of the model when the step needs them
+// (start_gather, Note [parameter units], engine/zero3.h). It depends on core types only
 // (comm/ sits below engine/): the engine's ParameterStore hands it flat
 // buffers and a segment table, and its modules call mark_ready.
 #pragma once
@@ -42,6 +44,9 @@ struct SynchronizedModel {
   core::Tensor gradients;                 // flat f32 gradients, the same layout
   std::vector<GradientSegment> segments;  // in ready order (Note [ready order])
   std::vector<NamedBuffer> buffers;       // broadcast from rank 0 at every begin_step
+  // ZeRO-3: offsets where a bucket must end (the store's pieces, Note
+  // [parameter units]), multiples of world size x 64 elements.
+  std::vector<std::int64_t> cuts;
 };
 
 // Note [transient gradients]: under ZeRO-2 (zero_stage 2) the flat
@@ -101,6 +106,10 @@ struct SynchronizerOptions {
   // 2: ZeRO-2, as 1 and the gradients sharded too (Note [transient
   // gradients]): the caller hands its gradients over in groups
   // (set_gradient_groups) and reads them from shard_gradients().
+  // 3: ZeRO-3, as 2 and the parameters sharded too: the caller keeps its
+  // packed shard of them, and gathers a unit's with start_gather (Note
+  // [parameter units]); gather() is not used. After construction the
+  // synchroniser holds no reference to the flat parameters.
   int zero_stage = 0;
   // Note [ordered synchronisation]: true sums the gradients over the ranks in
   // a fixed tree over the rank index (comm/ordered_reduce.h), the same bits
@@ -213,13 +222,28 @@ class GradientSynchronizer {
   // (shard_numel() elements, chunk after chunk in bucket order); made by
   // set_gradient_groups.
   core::Tensor& shard_gradients();
-  // ZeRO-2: every rank's shard gathered into a new flat buffer of the
+  // ZeRO-2 and ZeRO-3: every rank's shard gathered into a new flat buffer of the
   // model's layout (padded size), for messages. Collective.
   core::Tensor gather_gradients();
 
+  // ZeRO-3 (Note [parameter units]): a unit's values being gathered.
+  struct Gather {
+    core::Tensor values;  // the range's values, on the model's device
+    core::Event done;     // GPU: recorded on the communication stream after the gather
+  };
+  // ZeRO-3: every rank's chunks of `range` (whole buckets) from `shard` (this
+  // rank's packed values, shard_numel() f32) into a new buffer. Host: on the
+  // caller's thread, complete on return. GPU: on the communication stream,
+  // after the compute stream's work so far. Collective, in one order on every
+  // rank; throws InvalidArgument unless zero_stage is 3.
+  Gather start_gather(FlatRange range, const core::Tensor& shard);
+  // The compute stream waits for `gather` (GPU); nothing on the host.
+  void wait_gather(const Gather& gather);
+
   const std::vector<GradientSegment>& segments() const { return model_.segments; }
   bool sharded() const { return options_.zero_stage >= 1; }
-  bool transient_gradients() const { return options_.zero_stage == 2; }
+  bool transient_gradients() const { return options_.zero_stage >= 2; }
+  bool sharded_parameters() const { return options_.zero_stage == 3; }
   // The shard layout (zero_stage 1 or 2); throws InvalidArgument otherwise.
   const ShardLayout& shard_layout() const;
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -272,6 +296,7 @@ class GradientSynchronizer {
   core::Tensor tail_;                          // f32 scratch for the shard layout's tail bucket
   core::Stream comm_stream_;                   // GPU buffers: where buckets are reduced
   core::Event updated_, gathered_;             // gather()'s, created once, recorded each step
+  std::int64_t parameter_numel_ = 0;           // the flat parameters' elements
   std::unique_ptr<Communicator> thread_comm_;  // host buffers: the communication thread's
   std::unique_ptr<detail::BucketRunner> runner_;
   std::unique_ptr<OrderedAllreduce> ordered_;  // options_.ordered

@@ -46,7 +46,7 @@ std::vector<FlatRange> ShardLayout::owned_packed() const {
 
 ShardLayout plan_shards(const std::vector<GradientSegment>& segments, std::int64_t buffer_numel,
                         int ranks, int rank, std::size_t first_bucket_cap_bytes,
-                        std::size_t bucket_cap_bytes) {
+                        std::size_t bucket_cap_bytes, const std::vector<std::int64_t>& cuts) {
   if (ranks < 1 || rank < 0 || rank >= ranks)
     throw InvalidArgument(
         fmt::format("plan_shards: rank {} of {} ranks (need 0 <= rank < ranks)", rank, ranks));
@@ -58,6 +58,17 @@ ShardLayout plan_shards(const std::vector<GradientSegment>& segments, std::int64
     const std::int64_t end = round_up(b.offset + b.numel, unit);
     if (ends.empty() || end > ends.back()) ends.push_back(end);
   }
+  for (const std::int64_t cut : cuts) {
+    if (cut < 0 || cut > padded || cut % unit != 0)
+      throw InvalidArgument(fmt::format(
+          "plan_shards: cut {} is not a multiple of {} (64 elements x {} ranks) in [0, {}]: the "
+          "ParameterStore's units must be laid out for this world size (Note [parameter units])",
+          cut, unit, ranks, padded));
+    if (cut > 0 && cut < padded) ends.push_back(cut);
+  }
+  std::sort(ends.begin(), ends.end());
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  while (!ends.empty() && ends.back() > padded) ends.pop_back();
   if (padded > 0 && (ends.empty() || ends.back() < padded)) ends.push_back(padded);
   // The tail past the buffer gets a bucket of its own (Note [shard layout]).
   const std::int64_t before_last = ends.size() > 1 ? ends[ends.size() - 2] : 0;
@@ -77,6 +88,22 @@ ShardLayout plan_shards(const std::vector<GradientSegment>& segments, std::int64
     start = end;
   }
   return layout;
+}
+
+std::pair<std::size_t, std::size_t> buckets_of_range(const ShardLayout& layout, FlatRange range) {
+  const auto starts_at = [&](std::int64_t offset) {
+    auto it = std::lower_bound(layout.buckets.begin(), layout.buckets.end(), offset,
+                               [](const Bucket& b, std::int64_t at) { return b.offset < at; });
+    const std::size_t index = static_cast<std::size_t>(it - layout.buckets.begin());
+    const bool edge = index == layout.buckets.size() ? offset == layout.padded_numel()
+                                                     : layout.buckets[index].offset == offset;
+    if (!edge)
+      throw InvalidArgument(fmt::format(
+          "buckets_of_range: [{}, {}) does not start and end at bucket edges of the shard layout",
+          range.offset, range.offset + range.numel));
+    return index;
+  };
+  return {starts_at(range.offset), starts_at(range.offset + range.numel)};
 }
 
 void gather_shards(Communicator& comm, const ShardLayout& layout, const core::Tensor& shard,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/buckets.h"
@@ -33,7 +34,9 @@ struct FlatRange {
 // 256-byte boundary and every rank's shard holds P / N elements, T / N
 // rounded up to 64. A bucket may cut a parameter (the optimizer works on flat
 // ranges, not parameters); it is complete once every segment it touches is.
-// Padding (between parameters, and [T, P)) stays zero.
+// Padding (between parameters, and [T, P)) stays zero. ZeRO-3 adds cuts:
+// offsets, each a multiple of U, where a bucket must end, so that each of its
+// units is a run of whole buckets (Note [parameter units], engine/zero3.h).
 struct ShardLayout {
   int ranks = 1;
   int rank = 0;
@@ -52,10 +55,14 @@ struct ShardLayout {
   std::vector<FlatRange> owned_packed() const;
 };
 
-// Note [shard layout]. `segments` must pass check_segments against `buffer_numel`.
+// Note [shard layout]. `segments` must pass check_segments against `buffer_numel`;
+// `cuts` must be multiples of U in [0, P] (InvalidArgument otherwise).
 ShardLayout plan_shards(const std::vector<GradientSegment>& segments, std::int64_t buffer_numel,
                         int ranks, int rank, std::size_t first_bucket_cap_bytes,
-                        std::size_t bucket_cap_bytes);
+                        std::size_t bucket_cap_bytes, const std::vector<std::int64_t>& cuts = {});
+// The buckets [first, end) that tile `range` exactly; InvalidArgument when its
+// edges are not bucket edges.
+std::pair<std::size_t, std::size_t> buckets_of_range(const ShardLayout& layout, FlatRange range);
 
 // Collective: `shard` (f32, shard_numel() elements: this rank's chunks, one
 // after another in bucket order) of every rank into `full` (f32,

@@ -36,8 +36,10 @@ comm::SynchronizedModel synchronized_model(Module& model, ParameterStore& store)
   if (store.flat_gradients())
     m.gradients = store.grads();  // ZeRO-2: none (Note [transient gradients])
   for (const ParameterStore::Slot& s : store.slots())
-    m.segments.push_back({s.parameter->name, s.offset, s.numel, s.parameter->value.shape()});
+    m.segments.push_back({s.parameter->name, s.offset, s.numel, s.shape});
   for (Buffer* b : model.buffers()) m.buffers.push_back({b->name, b->value});
+  for (const ParameterStore::Piece& piece : store.pieces())  // Note [parameter units]
+    if (piece.range.offset > 0) m.cuts.push_back(piece.range.offset);
   return m;
 }
 
@@ -76,21 +78,33 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   if (options_.max_consecutive_skips < 1)
     throw InvalidArgument("StepOptions::max_consecutive_skips must be at least 1, got " +
                           std::to_string(options_.max_consecutive_skips));
-  if (options_.sync.zero_stage < 0 || options_.sync.zero_stage > 2)
+  if (options_.sync.zero_stage < 0 || options_.sync.zero_stage > 3)
     throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage is " +
                           std::to_string(options_.sync.zero_stage) +
                           "; use 0 (plain data parallelism), 1 (ZeRO-1: optimizer state "
-                          "sharded over the ranks) or 2 (ZeRO-2: and the gradients)");
+                          "sharded over the ranks), 2 (ZeRO-2: and the gradients) or 3 (ZeRO-3: "
+                          "and the parameters)");
   if (options_.sync.zero_stage != 0 && !world_)
     throw InvalidArgument("DataParallelStep: StepOptions::sync.zero_stage " +
                           std::to_string(options_.sync.zero_stage) +
                           " shards over a world's ranks; a step without a world has none (use "
                           "zero_stage 0)");
-  if (options_.sync.zero_stage == 2 && options_.rank_invariant)
-    throw InvalidArgument(
+  if (options_.sync.zero_stage >= 2 && options_.rank_invariant)
+    throw InvalidArgument(fmt::format(
         "DataParallelStep: StepOptions::rank_invariant sums every gradient in one tree order, "
-        "which needs the whole gradient buffer; ZeRO-2 keeps only each rank's shard (use "
-        "zero_stage 1 with it)");
+        "which needs the whole gradient buffer; ZeRO-{} keeps only each rank's shard (use "
+        "zero_stage 1 with it)",
+        options_.sync.zero_stage));
+  if (options_.sync.zero_stage == 3 && world_ &&
+      (store_.pieces().empty() || store_.units().ranks != world_->size()))
+    throw InvalidArgument(fmt::format(
+        "DataParallelStep: StepOptions::sync.zero_stage 3 needs the ParameterStore laid out in "
+        "units for this world of {} ranks (it is laid out {}); build it with "
+        "ParameterStore::Units{{default_units(model), world.size()}} (Note [parameter units], "
+        "engine/zero3.h)",
+        world_->size(),
+        store_.pieces().empty() ? std::string("without units")
+                                : fmt::format("for {} ranks", store_.units().ranks)));
   const int world_size = world_ ? world_->size() : 1;
   const std::int64_t chunks = std::int64_t{options_.accumulation} * world_size;
   if (options_.rank_invariant) {
@@ -127,6 +141,11 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     if (sync_->transient_gradients()) {  // Note [transient gradients]
       store_.use_gradient_groups(sync_->gradient_groups());
       sync_->set_gradient_groups(store_);
+      if (sync_->sharded_parameters()) {  // Note [parameter units]
+        store_.shard_values(sync_->shard_layout(), stream_);
+        gathers_ = std::make_unique<ParameterGathers>(store_, *sync_,
+                                                      world_->for_device(store_.device()), stream_);
+      }
       optimizer_.shard(world_->for_device(store_.device()), sync_->shard_layout(), stream_,
                        sync_->shard_gradients());
       owned_ = sync_->shard_layout().owned_packed();
@@ -215,6 +234,15 @@ comm::GradientSynchronizer& DataParallelStep::synchronizer() {
   return *sync_;
 }
 
+DataParallelStep::FullParameters::FullParameters(ParameterGathers* gathers, bool write_back)
+    : gathers_(gathers), write_back_(write_back) {
+  if (gathers_) gathers_->gather_all();
+}
+
+DataParallelStep::FullParameters::~FullParameters() {
+  if (gathers_) gathers_->drop_all(write_back_);
+}
+
 StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   const auto start = std::chrono::steady_clock::now();
   const int k_total = options_.accumulation;
@@ -224,6 +252,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
         micro_batches.size(), k_total));
   store_.zero_grad(stream_);
   if (sync_) sync_->begin_step(steps_);
+  if (gathers_) gathers_->begin_step();  // Note [parameter units]: the resident pieces
   const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
   readback_->clear(stream_);
   core::Tensor loss_total = readback_->loss_total(), rows_total = readback_->rows_total();
@@ -235,6 +264,8 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     core::MemoryKindScope kind(core::MemoryKind::activations);  // Note [memory kinds]
     Context ctx = context(k, batch.inputs.dim(0));
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
+    if (gathers_)
+      ctx.on_module = [this](Module& m, ModulePhase phase) { gathers_->on_module(m, phase); };
     if (chunk_buffers_) chunk_buffers_->begin_chunk(k, stream_);
     {
       core::trace::Span forward("forward", core::trace::Part::compute);
@@ -261,6 +292,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     core::trace::Span wait("gradient sync wait", core::trace::Part::comm);
     sync_->finish();
   }
+  if (gathers_) gathers_->end_step();
   if (chunk_buffers_) chunk_buffers_->finish(stream_);
   StepResult r;
   update(r);
@@ -317,7 +349,8 @@ void DataParallelStep::update(StepResult& r) {
       optimizer_.step(stream_);
     }
     // Every rank's updated shard; exposed communication in the breakdown.
-    if (sharded()) sync_->gather(store_.values());
+    // ZeRO-3: the next forward gathers (Note [parameter units]).
+    if (sharded() && !sync_->sharded_parameters()) sync_->gather(store_.values());
   }
 
   r.step = ++steps_;

@@ -28,7 +28,11 @@
 // optimizer updates the shard, and sync.gather brings every rank's shard
 // back. With zero_stage 2 (ZeRO-2) the same, but the gradients are the
 // synchroniser's packed shard (Note [transient gradients],
-// comm/gradient_synchronizer.h) and every micro-batch reduce-scatters.
+// comm/gradient_synchronizer.h) and every micro-batch reduce-scatters. With
+// zero_stage 3 (ZeRO-3) as 2, and the parameters sharded too: each unit is
+// gathered around its forward and its backward (Note [parameter units],
+// engine/zero3.h), the optimizer updates the packed shard, and nothing is
+// gathered after the update.
 // Everything that decides what happens next depends only on reduced
 // or agreed values, so every rank decides alike with no further collective.
 //
@@ -114,6 +118,7 @@
 #include "engine/optim/optimizer.h"
 #include "engine/parameter_store.h"
 #include "engine/step_readback.h"
+#include "engine/zero3.h"
 
 namespace lockstep::engine {
 
@@ -220,6 +225,26 @@ class DataParallelStep {
   // Throws InvalidArgument for a step without a world.
   comm::GradientSynchronizer& synchronizer();
 
+  // While one lives, every parameter's value is whole on every rank (ZeRO-3
+  // keeps only shards between steps: FSDP's summon_full_params); opening and
+  // closing it are collectives. With `write_back` what the caller writes into
+  // the values (a checkpoint's restore) reaches the shards at the close.
+  // Under the other stages the values are always whole, and it does nothing.
+  class FullParameters {
+   public:
+    FullParameters(ParameterGathers* gathers, bool write_back);
+    ~FullParameters();
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+
+   private:
+    ParameterGathers* gathers_;
+    bool write_back_;
+  };
+  [[nodiscard]] FullParameters full_parameters(bool write_back = false) const {
+    return FullParameters(gathers_.get(), write_back);
+  }
+
  private:
   comm::NamedValues agreement_fields() const;
   // Unscale, the inf decision, clipping or the norm, the schedule, the step
@@ -247,6 +272,7 @@ class DataParallelStep {
   StepOptions options_;
   core::Stream stream_;
   std::unique_ptr<comm::GradientSynchronizer> sync_;  // null without a world
+  std::unique_ptr<ParameterGathers> gathers_;         // ZeRO-3 only
   std::vector<comm::FlatRange> owned_;  // ZeRO-1: this rank's shard (ZeRO-2: in shard_grads())
   std::unique_ptr<comm::StepAgreement> agreement_;  // null without a world
   std::shared_ptr<Loss> loss_;

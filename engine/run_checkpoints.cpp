@@ -55,6 +55,8 @@ std::pair<std::string, std::string> RunCheckpoints::agreement_field() const {
 RunPosition RunCheckpoints::restore(Module& model, Optimizer& optimizer, DataParallelStep& step,
                                     LossScaler& scaler, const core::Stream& stream) {
   if (!resume_file_) return {};
+  // ZeRO-3: the loaded values reach each rank's shard (Note [parameter units]).
+  const DataParallelStep::FullParameters full = step.full_parameters(true);
   const TrainingState s =
       restore_checkpoint(read_checkpoint(*resume_file_), resume_file_->string(), model, optimizer,
                          options_.config, options_.config_defaults, stream);
@@ -91,7 +93,10 @@ std::filesystem::path RunCheckpoints::save(Module& model, const Optimizer& optim
                             world_.size(),
                             source.sampler().global_batch(),
                             options_.config};
-  const CheckpointContents contents = capture_checkpoint(model, optimizer, state, stream);
+  const CheckpointContents contents = [&] {
+    const DataParallelStep::FullParameters full = step.full_parameters();  // ZeRO-3
+    return capture_checkpoint(model, optimizer, state, stream);
+  }();
   if (world_.rank() != 0) return {};  // rank 0 writes: every rank holds the same state
   std::optional<Heartbeat::Busy> beating;
   if (options_.heartbeat) beating.emplace(*options_.heartbeat, step.steps(), "saving");

@@ -126,7 +126,8 @@ std::int64_t global_batch(const RunHeader& h, int world_size) {
 }
 
 // The formulas of docs/memory.md for f32 training: parameters 4P, gradients
-// 4P (ZeRO-2: 4P / N), optimizer state (ZeRO-1 and ZeRO-2: divided by N).
+// 4P (ZeRO-2: 4P / N), optimizer state (ZeRO-1 to ZeRO-3: divided by N);
+// ZeRO-3 divides the parameters too (its gathered units are not model state).
 std::int64_t shared_by(std::int64_t bytes, std::int64_t ranks) {
   return (bytes + ranks - 1) / ranks;
 }
@@ -134,7 +135,9 @@ std::int64_t shared_by(std::int64_t bytes, std::int64_t ranks) {
 std::int64_t model_state_bytes(const RunHeader& h, int world_size) {
   const std::int64_t state_shards = h.zero_stage >= 1 ? world_size : 1;
   const std::int64_t gradient_shards = h.zero_stage >= 2 ? world_size : 1;
-  return h.parameter_bytes + shared_by(h.parameter_bytes, gradient_shards) +
+  const std::int64_t parameter_shards = h.zero_stage >= 3 ? world_size : 1;
+  return shared_by(h.parameter_bytes, parameter_shards) +
+         shared_by(h.parameter_bytes, gradient_shards) +
          shared_by(h.optimizer_state_bytes, state_shards);
 }
 
@@ -144,14 +147,15 @@ std::int64_t model_state_bytes(const RunHeader& h, int world_size) {
 std::string describe_model_state(const RunHeader& h, int world_size) {
   const std::int64_t state_shards = h.zero_stage >= 1 ? world_size : 1;
   const std::int64_t gradient_shards = h.zero_stage >= 2 ? world_size : 1;
+  const std::int64_t parameter_shards = h.zero_stage >= 3 ? world_size : 1;
   const auto per = [](std::int64_t shards) {
     return shards > 1 ? fmt::format(" / {} ranks", shards) : std::string();
   };
   return fmt::format(
-      "model state per rank {} expected (--zero {}): parameters {} + gradients {}{} + optimizer "
-      "state {}{}; --activation-checkpointing {}",
+      "model state per rank {} expected (--zero {}): parameters {}{} + gradients {}{} + "
+      "optimizer state {}{}; --activation-checkpointing {}",
       format_bytes(static_cast<std::size_t>(model_state_bytes(h, world_size))), h.zero_stage,
-      format_bytes(static_cast<std::size_t>(h.parameter_bytes)),
+      format_bytes(static_cast<std::size_t>(h.parameter_bytes)), per(parameter_shards),
       format_bytes(static_cast<std::size_t>(h.parameter_bytes)), per(gradient_shards),
       format_bytes(static_cast<std::size_t>(h.optimizer_state_bytes)), per(state_shards),
       h.activation_checkpointing ? "on" : "off");
@@ -185,8 +189,11 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
                               deterministic_run() ? "on" : "off"));
   if (h.zero_stage >= 1)
     lines.push_back(fmt::format("  zero         ZeRO-{}: optimizer state{} sharded over {} rank{}",
-                                h.zero_stage, h.zero_stage == 2 ? " and gradients" : "", world_size,
-                                world_size == 1 ? "" : "s"));
+                                h.zero_stage,
+                                h.zero_stage == 2   ? " and gradients"
+                                : h.zero_stage == 3 ? ", gradients and parameters"
+                                                    : "",
+                                world_size, world_size == 1 ? "" : "s"));
   if (h.parameter_bytes > 0)
     lines.push_back("  memory       " + describe_model_state(h, world_size));
   for (const DatasetSummary& d : h.data)

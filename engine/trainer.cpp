@@ -75,6 +75,7 @@ EvalResult Trainer::evaluate(io::BatchSource& source) {
   core::trace::Span span("evaluate", "eval");
   const core::Stream& stream = step_.stream();
   Loss& loss = step_.loss();
+  const DataParallelStep::FullParameters full = step_.full_parameters();  // ZeRO-3: whole values
   model_.eval();
   source.start_epoch(0);
   // loss x counted rows, correct rows, counted rows, samples, and whether the

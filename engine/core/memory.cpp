@@ -175,6 +175,8 @@ const char* memory_kind_name(MemoryKind kind) {
       return "communication";
     case MemoryKind::workspace:
       return "workspace";
+    case MemoryKind::gathered:
+      return "gathered";
     case MemoryKind::other:
       break;
   }

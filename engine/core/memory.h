@@ -17,7 +17,8 @@
 // optimizer's state buffers optimizer state, the synchroniser's buffers
 // communication, what the data-parallel step's forward and backward allocate
 // activations (their kernels' scratch included, unless a scope says
-// workspace: the gradient norm's). The data a program loads and what no
+// workspace: the gradient norm's), ZeRO-3's gathered parameter values
+// gathered (Note [parameter units]). The data a program loads and what no
 // scope names stay `other`. The peak keeps each kind's bytes at the moment of
 // the peak, so the kinds add up to it.
 #pragma once
@@ -39,9 +40,10 @@ enum class MemoryKind : std::uint8_t {
   activations,
   communication,
   workspace,
+  gathered,
   other,
 };
-constexpr std::size_t kMemoryKinds = 7;
+constexpr std::size_t kMemoryKinds = 8;
 const char* memory_kind_name(MemoryKind kind);  // "optimizer_state"
 // The kind this thread's allocations are counted under now.
 MemoryKind current_memory_kind();

@@ -41,7 +41,9 @@ core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
   for (Module* child : children()) {
     core::trace::Span span;
     if (root) span.open("forward", child->path(), "module", &ctx.stream);
+    if (ctx.on_module) ctx.on_module(*child, ModulePhase::before_forward);
     h = child->forward(h, ctx);
+    if (ctx.on_module) ctx.on_module(*child, ModulePhase::after_forward);
   }
   return h;
 }
@@ -53,8 +55,10 @@ core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     core::trace::Span span;
     if (root) span.open("backward", (*it)->path(), "module", &ctx.stream);
+    if (ctx.on_module) ctx.on_module(**it, ModulePhase::before_backward);
     g = (*it)->backward(g, ctx);
     (*it)->report_ready(ctx);
+    if (ctx.on_module) ctx.on_module(**it, ModulePhase::after_backward);
     if (!g.defined()) break;  // the children before need no gradient (set_input_grad)
   }
   return g;

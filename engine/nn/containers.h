@@ -1,6 +1,7 @@
 // Containers: Sequential (children in a chain) and Residual (inner branch plus
 // shortcut, added). Both report each child's parameters as ready right after
-// that child's backward (Note [grad-ready order] in engine/nn/module.h).
+// that child's backward (Note [grad-ready order] in engine/nn/module.h);
+// Sequential signals Context::on_module around each child's passes.
 #pragma once
 
 #include <memory>

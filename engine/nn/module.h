@@ -87,6 +87,11 @@ struct Buffer {
   core::Tensor value;
 };
 
+class Module;
+
+// Where a container is in a child's pass, for Context::on_module.
+enum class ModulePhase { before_forward, after_forward, before_backward, after_backward };
+
 // What one forward/backward call needs besides its input.
 struct Context {
   core::Stream stream;
@@ -100,6 +105,11 @@ struct Context {
   // Called once per trainable parameter when its gradient is complete
   // (Note [grad-ready order]); may be empty.
   std::function<void(Parameter&)> on_grad_ready;
+  // Called by Sequential just before and after each child's forward and
+  // backward (after_backward: once its parameters are reported ready); the
+  // ZeRO-3 step gathers and drops a unit's parameters there (Note [parameter
+  // units], engine/zero3.h). May be empty.
+  std::function<void(Module&, ModulePhase)> on_module;
   // Note [activation checkpointing] (engine/nn/checkpointed.h): false in a
   // Checkpointed module's first forward, which keeps nothing for backward
   // (Module::keeps_for_backward); `recompute` is true in its second, which

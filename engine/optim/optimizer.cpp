@@ -139,7 +139,7 @@ std::vector<OptimizerStateTensor> Optimizer::state_tensors(const core::Stream& s
   std::vector<OptimizerStateTensor> out;
   for (const ParameterStore::Slot& s : store_.slots())
     for (const auto& [name, buffer] : full)
-      out.push_back({s.parameter->name, name, buffer.view(s.offset, s.parameter->value.shape())});
+      out.push_back({s.parameter->name, name, buffer.view(s.offset, s.shape)});
   return out;
 }
 
@@ -165,7 +165,7 @@ void Optimizer::set_state_tensor(const std::string& parameter, const std::string
   if (it == state_.end())
     throw InvalidArgument(type_name_ + " has no state '" + state + "' (for parameter '" +
                           parameter + "')");
-  const core::Shape& shape = s.parameter->value.shape();
+  const core::Shape& shape = s.shape;
   if (value.shape() != shape || value.dtype() != DType::f32)
     throw InvalidArgument(type_name_ + " state '" + parameter + "/" + state + "': got " +
                           core::shape_str(value.shape()) + " " + dtype_name(value.dtype()) +
@@ -194,6 +194,9 @@ void Optimizer::set_state_tensor(const std::string& parameter, const std::string
 // is a group run cut to one chunk; its state_offset is the packed position.
 // Under ZeRO-2 the gradients are packed the same way (the synchroniser's
 // shard), so a segment's grad_shift takes them from its packed position too.
+// Under ZeRO-3 the store's values are the packed shard as well
+// (ParameterStore::shard_values, Note [parameter units]): a segment's offset
+// is its packed position and its grad_shift 0.
 void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
                       const core::Stream& stream, core::Tensor packed_grads) {
   if (sharded()) throw InvalidArgument(type_name_ + ": shard() was called already");
@@ -204,6 +207,10 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
                     "elements) and communicator '{}' (rank {} of {})",
                     type_name_, layout.rank, layout.ranks, layout.buffer_numel, store_.size(),
                     comm.label(), comm.rank(), comm.size()));
+  if (store_.values_sharded() && !packed_grads.defined())
+    throw InvalidArgument(type_name_ +
+                          ": the store's values are sharded (ZeRO-3), so the gradients must be "
+                          "the packed shard too (pass shard_gradients())");
   if (packed_grads.defined() &&
       (packed_grads.numel() != layout.shard_numel() || packed_grads.dtype() != DType::f32))
     throw InvalidArgument(fmt::format(
@@ -216,8 +223,12 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
     for (const kernels::OptimizerSegment& segment : segments_) {
       const std::int64_t start = std::max(mine.offset, segment.offset);
       const std::int64_t end = std::min(mine.offset + mine.numel, segment.offset + segment.length);
-      if (start < end)
-        packed.push_back({start, end - start, segment.group, position + start - mine.offset,
+      if (start >= end) continue;
+      const std::int64_t at = position + start - mine.offset;  // packed position
+      if (store_.values_sharded())  // ZeRO-3: parameters, gradients and state all packed
+        packed.push_back({at, end - start, segment.group, at, 0});
+      else
+        packed.push_back({start, end - start, segment.group, at,
                           packed_grads.defined() ? position - mine.offset : 0});
     }
     position += layout.chunk_numel(b);

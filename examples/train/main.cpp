@@ -346,10 +346,12 @@ int run(const Flags& flags, comm::World& world) {
   std::unique_ptr<Module> model =
       make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
   initialize(*model, f.seed);
-  // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]).
+  // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]);
+  // ZeRO-3 lays the units out for the world (Note [parameter units]).
   ParameterStore store(
       *model, device, {},
-      f.zero == 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat);
+      f.zero >= 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat,
+      f.zero == 3 ? ParameterUnits{default_units(*model), world.size()} : ParameterUnits{});
   core::Stream stream = core::Stream::create(device);
   if (!f.init_from.empty()) load_weights(f.init_from, *model, stream);
 
@@ -666,8 +668,9 @@ int main(int argc, char** argv) {
   app.add_option("--precision", f.precision, "fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--zero", f.zero,
                  "ZeRO stage: 0 (every rank keeps all optimizer state), 1 (each rank keeps "
-                 "its shard's) or 2 (and only its shard's gradients); checkpoints are the same "
-                 "in every stage")
+                 "its shard's), 2 (and only its shard's gradients) or 3 (and only its shard's "
+                 "parameters, each transformer block or layer gathered around its passes); "
+                 "checkpoints are the same in every stage")
       ->capture_default_str();
   app.add_flag("--activation-checkpointing", f.activation_checkpointing,
                "recompute each transformer block (gpt-tiny, gpt2) or stage (resnet) in backward "
@@ -754,7 +757,7 @@ int main(int argc, char** argv) {
   app.get_option("--warmup")->check(within(0, kMaxSteps));
   app.get_option("--clip")->check(within(0, 1e12));
   app.get_option("--precision")->check(precision_name());
-  app.get_option("--zero")->check(within(0, 2));
+  app.get_option("--zero")->check(within(0, 3));
   app.get_option("--device")->check(device_name());
   app.get_option("--seed")->check(seed_value());
   app.get_option("--shuffle")->check(one_of({"on", "off"}));

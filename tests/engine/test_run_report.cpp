@@ -161,9 +161,10 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
     CHECK(report.format_peak_memory({3 * 1024 * 1024}) ==
           "  memory       peak rank 0 3.0 MiB on " + world().device().str());
     // Note [memory kinds]: the kinds in MemoryKind's order, each named.
-    CHECK(RunReport::format_peak_split(1, {1 << 20, 1 << 20, 2 << 20, 3 << 20, 0, 512, 2048}) ==
+    CHECK(RunReport::format_peak_split(1, {1 << 20, 1 << 20, 2 << 20, 3 << 20, 0, 512, 0, 2048}) ==
           "  peak split   rank 1: parameters 1.0 MiB, gradients 1.0 MiB, optimizer_state 2.0 "
-          "MiB, activations 3.0 MiB, communication 0 B, workspace 512 B, other 2.0 KiB");
+          "MiB, activations 3.0 MiB, communication 0 B, workspace 512 B, gathered 0 B, other 2.0 "
+          "KiB");
     report.finish();
   }
   const std::string text = test::file_text(metrics_path);

@@ -1,6 +1,7 @@
-// ZeRO-1 and ZeRO-2 end to end (StepOptions::sync.zero_stage = 1, 2): each
-// rank keeps the optimizer state (ZeRO-2: and the gradients) of its shard
-// only, and training gives the parameters of plain data parallelism: bit for
+// ZeRO-1, ZeRO-2 and ZeRO-3 end to end (StepOptions::sync.zero_stage = 1, 2,
+// 3): each rank keeps the optimizer state (ZeRO-2: and the gradients; ZeRO-3:
+// and the parameters) of its shard only, and training gives the parameters
+// of plain data parallelism: bit for
 // bit on 1 and 2 ranks (a sum of two gradients is the same whichever rank
 // adds it), within a stated tolerance on 3 ranks and for ZeRO-2 with
 // accumulation; with clipping, f16 loss scaling, activation checkpointing,
@@ -27,6 +28,7 @@
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
 #include "engine/zero.h"
+#include "engine/zero3.h"
 #include "io/tensor_dataset.h"
 #include "mpi/mpi_world.h"
 
@@ -122,16 +124,32 @@ struct Result {
   bool gradients_held = false;
   std::int64_t shard_gradient_numel = 0;  // ZeRO-2
   std::size_t gradient_groups = 0;        // ZeRO-2
+  // ZeRO-3: between steps, whether any parameter holds a value, and the store's values.
+  bool values_held = false;
+  std::int64_t stored_value_numel = 0;
 };
+
+// Every trainable parameter's values, one after another in ready order: the
+// same list whatever the store's layout (ZeRO-3 pads its units).
+std::vector<float> parameter_values(const ParameterStore& store) {
+  std::vector<float> out;
+  for (const ParameterStore::Slot& s : store.slots()) {
+    const std::vector<float> v = s.parameter->value.to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
 
 // Trains c.steps steps from the start, or from `resume` to c.steps;
 // captures a checkpoint after step `save_at` (every rank: a collective under ZeRO).
 Result train(const Config& c, int save_at = -1, const CheckpointContents* resume = nullptr) {
   comm::World& world = test::mpi_world();
   auto model = net(c.checkpointed);
-  ParameterStore store(*model, core::Device::cpu(), {},
-                       c.zero == 2 && !c.flat_store ? ParameterStore::Gradients::groups
-                                                    : ParameterStore::Gradients::flat);
+  ParameterStore store(
+      *model, core::Device::cpu(), {},
+      c.zero >= 2 && !c.flat_store ? ParameterStore::Gradients::groups
+                                   : ParameterStore::Gradients::flat,
+      c.zero == 3 ? ParameterUnits{default_units(*model), world.size()} : ParameterUnits{});
   auto optimizer = make_optimizer(c, store);
   LossScalerOptions scaling{.enabled = c.autocast == DType::f16, .init_scale = c.init_scale};
   LossScaler scaler(scaling);
@@ -149,6 +167,7 @@ Result train(const Config& c, int save_at = -1, const CheckpointContents* resume
   io::TensorDataset source = rows(kMicroBatch, world.size(), world.rank());
   std::int64_t position = 0;
   if (resume) {
+    const auto full = trainer.data_parallel_step().full_parameters(true);
     const TrainingState state =
         restore_checkpoint(*resume, "(in memory)", *model, *optimizer, {}, {}, core::Stream());
     trainer.set_steps(state.step);
@@ -168,15 +187,22 @@ Result train(const Config& c, int save_at = -1, const CheckpointContents* resume
       const TrainingState state{trainer.steps(), 0, save_at * global_batch,
                                 scaler.state(),  9, world.size(),
                                 global_batch,    {}};
+      const auto full = trainer.data_parallel_step().full_parameters();
       r.saved = capture_checkpoint(*model, *optimizer, state, core::Stream());
     }
   }
-  r.parameters = store.values().to_vector<float>();
+  for (const ParameterStore::Slot& s : store.slots())
+    r.values_held = r.values_held || s.parameter->value.defined();
+  r.stored_value_numel = store.values().numel();
+  {
+    const auto full = trainer.data_parallel_step().full_parameters();
+    r.parameters = parameter_values(store);
+  }
   r.state_bytes = optimizer->state_bytes();
   r.loss_scale = scaler.scale();
   for (const ParameterStore::Slot& s : store.slots())
     r.gradients_held = r.gradients_held || s.parameter->grad.defined();
-  if (c.zero == 2) {
+  if (c.zero >= 2) {
     comm::GradientSynchronizer& sync = trainer.data_parallel_step().synchronizer();
     r.shard_gradient_numel = sync.shard_gradients().numel();
     r.gradient_groups = sync.gradient_groups().size();
@@ -207,7 +233,7 @@ std::vector<float> continue_alone(const Config& c, const CheckpointContents& sav
     const MicroBatch batch{b.inputs, b.labels};
     alone.run({&batch, 1});
   }
-  return store.values().to_vector<float>();
+  return parameter_values(store);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -480,18 +506,24 @@ TEST_CASE("a ZeRO-1 checkpoint resumes exactly, with or without ZeRO, and on one
   }
 }
 
-TEST_CASE("a zero stage other than 0, 1 or 2 is refused, naming the option", "[mpi][zero]") {
+TEST_CASE("a zero stage other than 0 to 3 is refused, naming the option", "[mpi][zero]") {
   comm::World& world = test::mpi_world();
   auto model = net();
   ParameterStore store(*model, core::Device::cpu());
   SGD sgd(store, single_group(store, 0.1, 0.0));
   LossScaler scaler(LossScalerOptions{.enabled = false});
   StepOptions o;
+  o.sync.zero_stage = 4;
+  CHECK_THROWS_WITH(
+      Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
+      Catch::Contains("StepOptions::sync.zero_stage is 4; use 0") &&
+          Catch::Contains("or 3 (ZeRO-3"));
+  // ZeRO-3 on a store laid out without units.
   o.sync.zero_stage = 3;
   CHECK_THROWS_WITH(
       Trainer(*model, store, sgd, make_scheduler("constant", {}), scaler, world, o, core::Stream()),
-      Catch::Contains("StepOptions::sync.zero_stage is 3; use 0") &&
-          Catch::Contains("or 2 (ZeRO-2"));
+      Catch::Contains("zero_stage 3 needs the ParameterStore laid out in units") &&
+          Catch::Contains("without units"));
   o.sync.zero_stage = 2;
   o.rank_invariant = true;
   CHECK_THROWS_WITH(
@@ -601,5 +633,99 @@ TEST_CASE("a run that switches between ZeRO stages at a resume ends where the un
     const Result straight = train(accumulated, 10);
     REQUIRE(straight.saved);
     CHECK(same_bits(train(accumulated, -1, &*straight.saved).parameters, straight.parameters));
+  }
+}
+
+// ZeRO-3 (Note [parameter units]): the units are fc1, fc2 and fc3 (the
+// Sequential's children with parameters), each gathered around its passes.
+// Its reduce-scatters add the same two gradients per element as ZeRO-2's,
+// and its update is the same elementwise arithmetic on the packed shard, so
+// on 1 and 2 ranks it gives plain data parallelism's bits.
+TEST_CASE("ZeRO-3 trains to the parameters of plain data parallelism, keeping only its shard",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " on " << n << " ranks");
+    const Result plain = train(Config::of(optimizer));
+    const Result two = train(Config::of(optimizer).with_zero(2));
+    const Result three = train(Config::of(optimizer).with_zero(3));
+    require_same(three.parameters, plain.parameters, n);
+    CHECK(same_bits(three.parameters, two.parameters));
+    // Between steps: no value and no gradient, only the shards; each unit
+    // starts at a multiple of 64 n, so the shard is at most 3 blocks of 64
+    // larger than ZeRO-2's.
+    CHECK(plain.values_held);
+    CHECK_FALSE(three.values_held);
+    CHECK_FALSE(three.gradients_held);
+    CHECK(three.stored_value_numel == three.shard_gradient_numel);
+    CHECK(three.stored_value_numel >= two.shard_gradient_numel);
+    CHECK(three.stored_value_numel <= two.shard_gradient_numel + 3 * 64);
+    CHECK(three.state_bytes == 2 * 4 * three.stored_value_numel / (optimizer == "sgd" ? 2 : 1));
+  }
+}
+
+TEST_CASE("ZeRO-3 with accumulation, clipping, f16 skips and activation checkpointing",
+          "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  Config c;
+  c.clip = 0.2;
+  // The shards' partial sums of squares (other shards than ZeRO-2's): ZeRO-1's 1e-5.
+  CHECK(max_difference(train(c.with_zero(3)).parameters, train(c).parameters) <=
+        kThreeRankTolerance);
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " with accumulation on " << n << " ranks");
+    Config accumulated = Config::of(optimizer);
+    accumulated.accumulation = 2;
+    // Note [accumulation tolerance]: the gathers repeat for each micro-batch.
+    CHECK(max_difference(train(accumulated.with_zero(3)).parameters,
+                         train(accumulated).parameters) <= kAccumulationTolerance);
+  }
+  Config f16;
+  f16.autocast = DType::f16;
+  f16.init_scale = 16777216.0f;
+  const Result plain = train(f16);
+  REQUIRE(plain.skipped > 0);
+  const Result three = train(f16.with_zero(3));
+  CHECK(three.skipped == plain.skipped);
+  CHECK(three.loss_scale == plain.loss_scale);
+  require_same(three.parameters, plain.parameters, n);
+  // A Checkpointed unit recomputes its forward after its backward gather.
+  Config checkpointed = Config::of("adamw");
+  checkpointed.steps = 10;
+  const Result reference = train(checkpointed);
+  checkpointed.checkpointed = true;
+  require_same(train(checkpointed.with_zero(3)).parameters, reference.parameters, n);
+}
+
+TEST_CASE("a ZeRO-3 checkpoint keeps the plain layout and resumes in any stage", "[mpi][zero]") {
+  const int n = test::mpi_world().size();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    INFO(optimizer << " on " << n << " ranks");
+    const Config plain_config = Config::of(optimizer);
+    const Result plain = train(plain_config, 10);
+    const Result three = train(plain_config.with_zero(3), 10);
+    REQUIRE(plain.saved);
+    REQUIRE(three.saved);
+    const auto& plain_tensors = plain.saved->tensors;
+    REQUIRE(three.saved->tensors.size() == plain_tensors.size());
+    for (const auto& [name, tensor] : three.saved->tensors) {
+      INFO(name);
+      const auto it = plain_tensors.find(name);
+      REQUIRE(it != plain_tensors.end());
+      REQUIRE(tensor.shape() == it->second.shape());
+      if (tensor.dtype() == DType::f32)
+        require_same(tensor.to_vector<float>(), it->second.to_vector<float>(), n);
+    }
+    // Resumed in its own stage: exactly the uninterrupted run.
+    CHECK(same_bits(train(plain_config.with_zero(3), -1, &*three.saved).parameters,
+                    three.parameters));
+    // 0 -> 3 and 3 -> 0, 3 -> 1: the checkpoints are by name.
+    require_same(train(plain_config.with_zero(3), -1, &*plain.saved).parameters, plain.parameters,
+                 n);
+    require_same(train(plain_config, -1, &*three.saved).parameters, three.parameters, n);
+    CHECK(same_bits(train(plain_config.with_zero(1), -1, &*three.saved).parameters,
+                    three.parameters));
+    // On one process with the whole global batch (the ZeRO-1 resume test's 2e-5).
+    CHECK(max_difference(continue_alone(plain_config, *three.saved), three.parameters) <= 2e-5);
   }
 }

@@ -55,7 +55,7 @@ refuses "$ts" --momentum -0.5 nan 2 EMPTY
 refuses "$ts --optimizer adamw" --momentum 0.5  # AdamW has no momentum to set
 refuses "$ts" --weight-decay -1 nan inf EMPTY
 refuses "$ts" --clip -1 nan inf EMPTY
-refuses "$ts" --zero -1 3 0.5 nan EMPTY
+refuses "$ts" --zero -1 4 0.5 nan EMPTY
 refuses "$ts" --warmup -1 nan 1e15 EMPTY
 refuses "$ts" --threads 0 -1 100000 nan EMPTY
 refuses "$ts" --keep 0 -1 1e9 EMPTY

@@ -4,7 +4,8 @@
 #   exact        N steps straight == k steps, save, new process, resume, N-k steps:
 #                bit-for-bit parameters, optimizer state and loss sequence;
 #                fp32 and fp16 (loss scaler), 1 and 2 ranks, shuffling on
-#   gpt          exact resume with gpt-tiny (dropout 0.1) on byte windows of the
+#   gpt          exact resume with gpt-tiny (dropout 0.1; fp32, fp16, and --zero 3,
+#                whose checkpoint is --zero 0's bit for bit) on byte windows of the
 #                project's docs: 2 ranks, fp32 and fp16 (loss scaler), bit for bit
 #   world-size   2 ranks x batch 16 resumed as 1 rank x batch 32: same data
 #                order, parameters within 1e-5
@@ -17,7 +18,7 @@
 #                --zero 1 on 4 ranks) and resnet (BatchNorm, fp16 with the loss
 #                scaler) on tiny shards: 1, 2 and 4 ranks write the same
 #                checkpoints (running statistics included) and loss lines
-#   zero         --zero 1 and 2 on 2 ranks: exact resume; the checkpoint is the one
+#   zero         --zero 1, 2 and 3 on 2 ranks: exact resume; the checkpoint is the one
 #                --zero 0 writes, bit for bit (a --zero 0 one resumed with
 #                --zero 2 ends on it); resumed without ZeRO on 1 rank
 #                x batch 32, parameters within 1e-5 of the 2-rank ZeRO run
@@ -97,6 +98,16 @@ case $mode in
         --lr 0.001
       echo "exact resume: gpt-tiny, 2 ranks, $precision: identical"
     done
+    # ZeRO-3: blocks gathered around their passes, embeddings and head resident.
+    gpt=(--data "$work/text/train" --model gpt-tiny --dropout 0.1 --seed 7 --log-every 1000
+      --device cpu --batch-size 4 --optimizer adamw --lr 0.001)
+    exact_resume 2 "${gpt[@]}" --zero 3
+    for stage in 0 3; do
+      launch 2 "${gpt[@]}" --steps 6 --checkpoint-every 6 --checkpoint-dir "$work/g$stage" \
+        --zero "$stage" >/dev/null
+    done
+    same_checkpoints "$work/g3/ckpt-6.h5" "$work/g0/ckpt-6.h5" 0
+    echo "gpt-tiny --zero 3 on 2 ranks: exact resume, and the checkpoint --zero 0 writes"
     ;;
   checkpointing)
     "$shard" text --src "$(dirname "$0")"/../../docs/*.md --out "$work/text" --seq 32 >/dev/null
@@ -177,18 +188,29 @@ case $mode in
     done
     ;;
   zero)
-    for stage in 1 2; do
+    for stage in 1 2 3; do
       exact_resume 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --zero "$stage"
       echo "exact resume: 2 ranks, --zero $stage: identical"
     done
-    for stage in 0 1 2; do
+    for stage in 0 1 2 3; do
       launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
         --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/z$stage" --zero "$stage" >/dev/null
     done
     # Two summands add alike in an allreduce and a reduce-scatter: the same bits.
     same_checkpoints "$work/z1/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
     same_checkpoints "$work/z2/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
-    echo "--zero 2, --zero 1 and --zero 0 write the same checkpoint"
+    same_checkpoints "$work/z3/ckpt-12.h5" "$work/z0/ckpt-12.h5" 0
+    echo "--zero 3, --zero 2, --zero 1 and --zero 0 write the same checkpoint"
+    # 0 -> 3 at a resume, and a --zero 3 checkpoint resumed without ZeRO.
+    mkdir -p "$work/t" && cp "$work"/z0/ckpt-6.h5* "$work/t/"
+    launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
+      --checkpoint-dir "$work/t" --resume auto --zero 3 >/dev/null
+    same_checkpoints "$work/z0/ckpt-12.h5" "$work/t/ckpt-12.h5" 0
+    mkdir -p "$work/u" && cp "$work"/z3/ckpt-6.h5* "$work/u/"
+    launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \
+      --checkpoint-dir "$work/u" --resume auto >/dev/null
+    same_checkpoints "$work/z0/ckpt-12.h5" "$work/u/ckpt-12.h5" 0
+    echo "--zero 0 -> 3 and 3 -> 0 at a resume end where --zero 0 ends"
     # A stage switched at a resume (0 -> 2) ends where the unswitched run ends.
     mkdir -p "$work/s" && cp "$work"/z0/ckpt-6.h5* "$work/s/"
     launch 2 "${common[@]}" --batch-size 16 --optimizer adamw --lr 0.001 --steps 12 \

@@ -57,7 +57,8 @@ Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType
   initialize(model, 11);
   ParameterStore store(
       model, gpu, stream,
-      zero_stage == 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat);
+      zero_stage >= 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat,
+      zero_stage == 3 ? ParameterUnits{default_units(model), world.size()} : ParameterUnits{});
   std::unique_ptr<Optimizer> optimizer;
   if (optimizer_name == "adamw")
     optimizer =
@@ -74,12 +75,23 @@ Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType
   DataParallelStep step(model, store, *optimizer, make_scheduler("constant", {}), scaler, &world, o,
                         stream);
   if (zero_stage >= 1) REQUIRE(step.synchronizer().shard_layout().buckets.size() > 2);
-  if (zero_stage == 2) REQUIRE(step.synchronizer().gradient_groups().size() > 1);
+  if (zero_stage >= 2) REQUIRE(step.synchronizer().gradient_groups().size() > 1);
+  // Every parameter's values in ready order, whatever the layout (ZeRO-3
+  // pads its units): read inside a FullParameters scope.
+  const auto values = [&] {
+    const auto full = step.full_parameters();
+    std::vector<float> out;
+    for (const ParameterStore::Slot& s : store.slots()) {
+      const std::vector<float> v = s.parameter->value.to_vector<float>(stream);
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
 
   std::mt19937 rng(2);
   std::normal_distribution<float> normal;
   Run r;
-  r.start = store.values().to_vector<float>(stream);
+  r.start = values();
   for (int s = 0; s < 6; ++s) {
     std::vector<float> x(16 * 24);
     std::vector<std::int64_t> y(16);
@@ -94,7 +106,9 @@ Run train(const std::string& optimizer_name, int zero_stage, std::optional<DType
     REQUIRE(std::isfinite(result.loss));
     r.skipped += result.skipped ? 1 : 0;
   }
-  r.parameters = store.values().to_vector<float>(stream);
+  r.parameters = values();
+  if (zero_stage == 3)  // Note [parameter units]: only the shards between steps
+    for (const ParameterStore::Slot& s : store.slots()) REQUIRE_FALSE(s.parameter->value.defined());
   r.loss_scale = scaler.scale();
   return r;
 }
@@ -105,7 +119,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism's bits",
+TEST_CASE("the data-parallel step on a GPU: ZeRO-1 to ZeRO-3 give plain data parallelism's bits",
           "[gpu][step][zero]") {
   REQUIRE(test::gpu_world_of_one().device().is_cuda());
   for (const std::string optimizer : {"sgd", "adamw"})
@@ -115,7 +129,7 @@ TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism'
       const Run plain = train(optimizer, 0, autocast);
       // One wait for the device per step, with or without f16's scaler.
       CHECK(plain.host_copies == std::vector<std::int64_t>(6, 1));
-      for (int stage : {1, 2}) {
+      for (int stage : {1, 2, 3}) {  // ZeRO-3: gathers and prefetches on the NCCL stream
         INFO("ZeRO-" << stage);
         const Run zero = train(optimizer, stage, autocast);
         CHECK(same_bits(zero.parameters, plain.parameters));
@@ -135,19 +149,22 @@ TEST_CASE("the data-parallel step on a GPU: ZeRO-1 gives plain data parallelism'
 // f32 rounding apart (2^-24 relative to gradients <= 1), which six SGD steps
 // (lr 0.1, momentum's 10x) carry to at most 6 x 0.1 x 10 x 2 x 2^-24 ~ 7e-7;
 // 1e-5 allows for AdamW's ratio, and a lost micro-batch moves >= 1e-3.
-TEST_CASE("the data-parallel step on a GPU: ZeRO-2 with accumulation adds every micro-batch",
+TEST_CASE("the data-parallel step on a GPU: ZeRO-2 and 3 with accumulation add every micro-batch",
           "[gpu][step][zero]") {
   REQUIRE(test::gpu_world_of_one().device().is_cuda());
   for (const std::string optimizer : {"sgd", "adamw"}) {
     INFO(optimizer);
     const Run plain = train(optimizer, 0, std::nullopt, 2);
-    const Run two = train(optimizer, 2, std::nullopt, 2);
-    REQUIRE(plain.parameters.size() == two.parameters.size());
-    double difference = 0.0;
-    for (std::size_t i = 0; i < plain.parameters.size(); ++i)
-      difference = std::max(
-          difference, std::fabs(static_cast<double>(plain.parameters[i]) - two.parameters[i]));
-    CHECK(difference <= 1e-5);
+    for (int stage : {2, 3}) {
+      INFO("ZeRO-" << stage);
+      const Run zero = train(optimizer, stage, std::nullopt, 2);
+      REQUIRE(plain.parameters.size() == zero.parameters.size());
+      double difference = 0.0;
+      for (std::size_t i = 0; i < plain.parameters.size(); ++i)
+        difference = std::max(
+            difference, std::fabs(static_cast<double>(plain.parameters[i]) - zero.parameters[i]));
+      CHECK(difference <= 1e-5);
+    }
     CHECK_FALSE(same_bits(plain.parameters, plain.start));
   }
 }
