@@ -567,7 +567,6 @@ void GradientSynchronizer::gather(core::Tensor& flat) {
   options_.compute_stream.wait(gathered_);
 }
 
-
 // Note [parameter units]: each bucket's chunk goes to its place in the new
 // buffer, then one in-place allgather per bucket. The buffer belongs to the
 // compute stream (Note [stream-ordered free]): the communication stream

@@ -222,7 +222,6 @@ void ParameterStore::release(std::size_t g) {
   group.gradients = core::Tensor();
 }
 
-
 // Note [parameter units]: the packed shard is the optimizer's parameter
 // buffer from now on; nothing else holds the values between gathers.
 void ParameterStore::shard_values(const comm::ShardLayout& layout, const core::Stream& stream) {
