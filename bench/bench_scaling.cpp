@@ -1,7 +1,8 @@
 // bench_scaling: how well a full training step (engine::DataParallelStep:
 // forward, cross-entropy, backward with bucketed gradient averaging, the
-// gradient norm, SGD with momentum, the step's loss agreement) scales over
-// the ranks it runs on (mpirun -np N).
+// gradient norm, SGD with momentum or AdamW, the step's loss agreement)
+// scales over the ranks it runs on (mpirun -np N), and what a ZeRO stage
+// saves and costs against plain data parallelism (Note [zero comparison]).
 //
 // Everything is measured in one run. The one-rank baseline is rank 0 stepping
 // alone while the other ranks sleep (not spin) in a barrier, so "N ranks
@@ -115,27 +116,50 @@ struct SerialTimes {
   }
 };
 
+// What a runner trains: a model preset at a per-rank batch, its precision,
+// device and optimizer (bench::SyntheticTraining).
+struct Workload {
+  std::string model;
+  std::int64_t batch = 0;
+  std::optional<DType> autocast;
+  core::Device device;
+  std::string optimizer = "sgd";
+};
+
 // One rank's model, optimizer and synthetic batch, and the three kinds of
 // step the benchmark times. Both training steps are engine::DataParallelStep:
 // over the world (built collectively, only when the runner takes part in
-// synchronised steps) or this rank's alone (no communication at all).
+// synchronised steps) or this rank's alone (no communication at all). With
+// `without_sync` false the runner has only the synchronised step, over a
+// store laid out for its ZeRO stage and the one optimizer that step shards,
+// so that what it holds is what that stage holds (Note [zero comparison]).
 class StepRunner {
  public:
-  StepRunner(const std::string& model_name, std::int64_t batch, std::optional<DType> autocast,
-             core::Device device, comm::World* world, comm::SynchronizerOptions options = {},
-             bool rank_invariant = false)
-      : t_(model_name, batch, device),
-        scaler_(LossScaler::for_autocast(autocast)),
-        batch_{t_.x, t_.y},
-        local_(make_step(nullptr, autocast, unsharded(options), *t_.sgd)) {
+  StepRunner(const Workload& w, comm::World* world, comm::SynchronizerOptions options = {},
+             bool rank_invariant = false, bool without_sync = true)
+      : t_(w.model, w.batch, w.device,
+           {.optimizer = w.optimizer,
+            .zero_stage = world ? options.zero_stage : 0,
+            .world_size = world ? world->size() : 1}),
+        scaler_(LossScaler::for_autocast(w.autocast)),
+        batch_{t_.x, t_.y} {
+    if (without_sync) {
+      // The step without sync shares the store, which ZeRO-2 and ZeRO-3 shard.
+      if (world && options.zero_stage >= 2)
+        throw InvalidArgument(fmt::format(
+            "the step without sync cannot share a ZeRO-{} store (the scaling tables are "
+            "measured at --zero 0 or 1)",
+            options.zero_stage));
+      local_ = make_step(nullptr, w.autocast, unsharded(options), *t_.optimizer);
+    }
     if (!world) return;
-    // ZeRO-1: the synchronised step shards an optimizer of its own (the same
-    // SGD); the step without sync keeps the whole one.
-    if (options.zero_stage == 1)
-      shard_sgd_ = std::make_unique<SGD>(*t_.store, single_group(*t_.store, 0.01, 0.0),
-                                         SgdOptions{.momentum = 0.9}, t_.stream);
-    synced_ =
-        make_step(world, autocast, options, shard_sgd_ ? *shard_sgd_ : *t_.sgd, rank_invariant);
+    // ZeRO-1 beside the step without sync: the synchronised step shards an
+    // optimizer of its own (the same kind); the step without sync keeps the
+    // whole one.
+    if (options.zero_stage == 1 && local_)
+      shard_optimizer_ = bench::make_optimizer(w.optimizer, *t_.store, t_.stream);
+    synced_ = make_step(world, w.autocast, options,
+                        shard_optimizer_ ? *shard_optimizer_ : *t_.optimizer, rank_invariant);
   }
 
   // The training step; with `synchronise`, gradients are averaged over the
@@ -217,7 +241,7 @@ class StepRunner {
     t_.stream.synchronize();
     p.backward_ms = 1e3 * seconds_since(start);
     start = Clock::now();
-    t_.sgd->step(t_.stream);
+    t_.optimizer->step(t_.stream);
     t_.store->zero_grad(t_.stream);
     t_.stream.synchronize();
     p.optimizer_ms = 1e3 * seconds_since(start);
@@ -243,7 +267,7 @@ class StepRunner {
   void synchronize() const { t_.stream.synchronize(); }
   // Optimizer state held by this rank in synchronised steps.
   std::int64_t optimizer_state_bytes() const {
-    return (shard_sgd_ ? *shard_sgd_ : *t_.sgd).state_bytes();
+    return (shard_optimizer_ ? *shard_optimizer_ : *t_.optimizer).state_bytes();
   }
   comm::GradientSynchronizer& synchronizer() { return synced_->synchronizer(); }
   std::int64_t parameters() const {
@@ -272,7 +296,7 @@ class StepRunner {
   bench::SyntheticTraining t_;
   LossScaler scaler_;
   MicroBatch batch_;
-  std::unique_ptr<SGD> shard_sgd_;  // ZeRO-1's; before the steps that use it
+  std::unique_ptr<Optimizer> shard_optimizer_;  // ZeRO-1's; before the steps that use it
   std::unique_ptr<DataParallelStep> local_, synced_;
   CrossEntropyLoss loss_;  // the profile's
 };
@@ -477,6 +501,7 @@ double gemm_gflops(core::Device device, std::optional<DType> autocast) {
 
 struct Options {
   std::string model = "mlp", precision = "fp32", device = "cpu", mode = "both", json;
+  std::string optimizer = "sgd";
   std::int64_t batch = 128, global_batch = 0;
   int threads = 1, zero = 0;
   double bucket_cap_mib = 25, first_bucket_cap_mib = 1;
@@ -486,60 +511,137 @@ struct Options {
 };
 
 // Memory on `device` that constructing a runner and one synchronised step
-// leave held, and the peak of a further step above it.
+// leave held, the model state among it, and the peak of a further step above
+// it (Note [memory kinds]).
 struct RunnerMemory {
   std::size_t held_bytes = 0, step_peak_bytes = 0;
+  // Of held_bytes: the parameters, gradients and optimizer state, between steps.
+  std::size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
+  std::size_t gathered_bytes = 0;  // the gathered kind's own peak in the further step
+  std::size_t model_state_bytes() const {
+    return parameter_bytes + gradient_bytes + optimizer_state_bytes;
+  }
 };
 
 template <typename Make>
 RunnerMemory measure_memory(core::Device device, Make&& make, std::optional<StepRunner>& runner) {
-  const std::size_t before = core::memory_stats(device).current_bytes;
+  const core::MemoryStats before = core::memory_stats(device);
   make();
   runner->step(true);
   runner->synchronize();
+  const core::MemoryStats between = core::memory_stats(device);
+  const auto held = [&](core::MemoryKind kind) {
+    const auto k = static_cast<std::size_t>(kind);
+    return between.current_by_kind[k] - before.current_by_kind[k];
+  };
   RunnerMemory m;
-  m.held_bytes = core::memory_stats(device).current_bytes - before;
+  m.held_bytes = between.current_bytes - before.current_bytes;
+  m.parameter_bytes = held(core::MemoryKind::parameters);
+  m.gradient_bytes = held(core::MemoryKind::gradients);
+  m.optimizer_state_bytes = held(core::MemoryKind::optimizer_state);
   core::reset_peak_memory(device);
   runner->step(true);
   runner->synchronize();
   const core::MemoryStats after = core::memory_stats(device);
   m.step_peak_bytes = after.peak_bytes - after.current_bytes;
+  m.gathered_bytes = after.kind_peak_bytes[static_cast<std::size_t>(core::MemoryKind::gathered)];
   return m;
 }
 
-int run(comm::World& world, const Options& o, const Config& config) {
+// Note [zero comparison]: `--zero Z` (Z >= 1) measures ZeRO-Z against plain
+// data parallelism in the same run, at the same per-rank batch and world
+// size. Each runner is built afresh, one after the other, with only its
+// synchronised step and the optimizer that step shards (StepRunner's
+// `without_sync` false), so that what the memory counters gain while it is
+// built and steps once is its own. Its model state is what the parameters,
+// gradients and optimizer_state kinds (Note [memory kinds]) then hold between
+// steps; gathered_bytes is the gathered kind's own peak over a further step:
+// ZeRO-3's working set of gathered parameters. Every figure is the largest
+// over the ranks (shards differ by at most one chunk). The two steps are then
+// timed alternating, block by block (time_phases).
+void compare_zero(comm::World& world, const Options& o, const Config& config, const Workload& work,
+                  const comm::SynchronizerOptions& sync, bench::JsonLines& json,
+                  const std::vector<bench::JsonField>& common) {
+  comm::SynchronizerOptions plain_sync = sync;
+  plain_sync.zero_stage = 0;
+  std::optional<StepRunner> plain, sharded;
+  const RunnerMemory pm = measure_memory(
+      work.device, [&] { plain.emplace(work, &world, plain_sync, false, false); }, plain);
+  const RunnerMemory zm = measure_memory(
+      work.device, [&] { sharded.emplace(work, &world, sync, false, false); }, sharded);
+  const auto largest = [&](std::size_t bytes) {
+    unsigned long long b = bytes;
+    if (config.mpi)
+      MPI_Allreduce(MPI_IN_PLACE, &b, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    return static_cast<long long>(b);
+  };
+  struct Figures {
+    long long parameters, gradients, optimizer_state, model_state, gathered, step_peak;
+  };
+  const auto figures = [&](const RunnerMemory& m) {
+    return Figures{largest(m.parameter_bytes),       largest(m.gradient_bytes),
+                   largest(m.optimizer_state_bytes), largest(m.model_state_bytes()),
+                   largest(m.gathered_bytes),        largest(m.step_peak_bytes)};
+  };
+  const Figures p = figures(pm), z = figures(zm);
+  const std::vector<double> t =
+      time_phases(config, {{true, [&] { plain->step(true); }, [&] { plain->synchronize(); }},
+                           {true, [&] { sharded->step(true); }, [&] { sharded->synchronize(); }}});
+  if (world.rank() != 0) return;
+  const double mib = 1.0 / (1 << 20);
+  fmt::print(
+      "\nZeRO-{} against plain data parallelism, {} per rank, {} ranks, {} (the largest over "
+      "the ranks; model state = parameters + gradients + optimizer state held between steps)\n",
+      o.zero, o.batch, world.size(), o.optimizer);
+  fmt::print("{:<8} {:>11} {:>11} {:>11} {:>12} {:>10} {:>10} {:>9}\n", "", "params MiB",
+             "grads MiB", "optim MiB", "model state", "gathered", "step peak", "step ms");
+  const auto line = [&](const std::string& name, const Figures& f, double seconds) {
+    fmt::print("{:<8} {:>11.2f} {:>11.2f} {:>11.2f} {:>12.2f} {:>10.2f} {:>10.2f} {:>9.2f}\n", name,
+               f.parameters * mib, f.gradients * mib, f.optimizer_state * mib, f.model_state * mib,
+               f.gathered * mib, f.step_peak * mib, seconds * 1e3);
+  };
+  line("ZeRO-0", p, t[0]);
+  line(fmt::format("ZeRO-{}", o.zero), z, t[1]);
+  const double state_ratio =
+      static_cast<double>(z.model_state) / static_cast<double>(p.model_state);
+  fmt::print("ratio: model state {:.3f}, step time {:.3f}\n", state_ratio, t[1] / t[0]);
+  std::vector<bench::JsonField> fields = common;
+  for (auto& f : std::vector<bench::JsonField>{
+           bench::field("ranks", static_cast<long long>(world.size())),
+           bench::field("batch", static_cast<long long>(o.batch)),
+           bench::field("optimizer", o.optimizer),
+           bench::field("zero", static_cast<long long>(o.zero)),
+           bench::field("params", static_cast<long long>(plain->parameters())),
+           bench::field("parameter_bytes", z.parameters),
+           bench::field("gradient_bytes", z.gradients),
+           bench::field("optimizer_state_bytes", z.optimizer_state),
+           bench::field("model_state_bytes", z.model_state),
+           bench::field("gathered_bytes", z.gathered), bench::field("step_peak_bytes", z.step_peak),
+           bench::field("step_ms", t[1] * 1e3),
+           bench::field("plain_model_state_bytes", p.model_state),
+           bench::field("plain_step_peak_bytes", p.step_peak),
+           bench::field("plain_step_ms", t[0] * 1e3),
+           bench::field("model_state_ratio", state_ratio), bench::field("step_ratio", t[1] / t[0])})
+    fields.push_back(f);
+  json.write(fields);
+}
+
+// The profile, weak and strong scaling, the link's fit and the rank-invariant
+// step, at ZeRO stage 0 or 1 (the step without sync shares the store).
+void scaling_tables(comm::World& world, const Options& o, const Config& config,
+                    const Workload& work, std::int64_t global,
+                    const comm::SynchronizerOptions& sync, bench::JsonLines& json,
+                    const std::function<std::vector<bench::JsonField>(const char*)>& common) {
   const bool rank0 = world.rank() == 0;
   const int n = world.size();
-  const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
-  if (!o.trace.empty()) {
-    world.host().barrier();
-    examples::start_trace(world.rank(), o.trace, o.trace_steps);
-  }
-  std::optional<DType> autocast;
-  if (o.precision == "fp16")
-    autocast = DType::f16;
-  else if (o.precision == "bf16")
-    autocast = DType::bf16;
-  const std::int64_t global = o.global_batch > 0 ? o.global_batch : o.batch * n;
-  if (global % n != 0)
-    throw InvalidArgument(
-        fmt::format("--global-batch {} does not split evenly over {} ranks (use a multiple of {})",
-                    global, n, n));
-  bench::JsonLines json(rank0 ? o.json : std::string());
-  auto common = [&](const char* bench_name) {
-    return std::vector<bench::JsonField>{
-        bench::field("bench", bench_name), bench::field("model", o.model),
-        bench::field("device", device.str()), bench::field("precision", o.precision),
-        bench::field("threads", static_cast<long long>(o.threads))};
+  const core::Device device = work.device;
+  const std::optional<DType> autocast = work.autocast;
+  const auto at_batch = [&](std::int64_t batch) {
+    Workload w = work;
+    w.batch = batch;
+    return w;
   };
-
-  comm::SynchronizerOptions sync;
-  sync.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mib * (1 << 20));
-  sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
-  sync.host_overlap =
-      o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
-  sync.zero_stage = o.zero;
-  StepRunner runner(o.model, o.batch, autocast, device, &world, sync);
+  StepRunner runner(work, &world, sync);
   if (rank0) {
     const auto p = runner.warm_profile(5);
     const auto& buckets = runner.synchronizer().buckets();
@@ -625,10 +727,10 @@ int run(comm::World& world, const Options& o, const Config& config) {
     // Solo is one rank with the whole global batch; the rest at G / N per rank.
     const std::int64_t per_rank = global / n;
     std::optional<StepRunner> strong;
-    if (per_rank != o.batch) strong.emplace(o.model, per_rank, autocast, device, &world, sync);
+    if (per_rank != o.batch) strong.emplace(at_batch(per_rank), &world, sync);
     StepRunner& s = strong ? *strong : runner;
     std::optional<StepRunner> whole;
-    if (rank0) whole.emplace(o.model, global, autocast, device, nullptr);
+    if (rank0) whole.emplace(at_batch(global), nullptr);
     SerialTimes strong_serial;
     std::vector<Phase> phases = phases_of(s, strong_serial);
     phases[0] = {rank0, [&] { whole->step(false); }, [&] { whole->synchronize(); }};
@@ -670,10 +772,9 @@ int run(comm::World& world, const Options& o, const Config& config) {
     // Both runners built afresh here, so that each one's memory is its own.
     std::optional<StepRunner> plain, invariant;
     const RunnerMemory plain_memory = measure_memory(
-        device, [&] { plain.emplace(o.model, o.batch, autocast, device, &world, sync); }, plain);
+        device, [&] { plain.emplace(work, &world, sync); }, plain);
     const RunnerMemory invariant_memory = measure_memory(
-        device, [&] { invariant.emplace(o.model, o.batch, autocast, device, &world, sync, true); },
-        invariant);
+        device, [&] { invariant.emplace(work, &world, sync, true); }, invariant);
     const std::vector<double> t = time_phases(
         config, {{true, [&] { plain->step(true); }, [&] { plain->synchronize(); }},
                  {true, [&] { invariant->step(true); }, [&] { invariant->synchronize(); }}});
@@ -704,6 +805,43 @@ int run(comm::World& world, const Options& o, const Config& config) {
       json.write(fields);
     }
   }
+}
+
+int run(comm::World& world, const Options& o, const Config& config) {
+  const bool rank0 = world.rank() == 0;
+  const int n = world.size();
+  const core::Device device = o.device == "cuda" ? world.device() : core::Device::cpu();
+  if (!o.trace.empty()) {
+    world.host().barrier();
+    examples::start_trace(world.rank(), o.trace, o.trace_steps);
+  }
+  std::optional<DType> autocast;
+  if (o.precision == "fp16")
+    autocast = DType::f16;
+  else if (o.precision == "bf16")
+    autocast = DType::bf16;
+  const std::int64_t global = o.global_batch > 0 ? o.global_batch : o.batch * n;
+  if (global % n != 0)
+    throw InvalidArgument(
+        fmt::format("--global-batch {} does not split evenly over {} ranks (use a multiple of {})",
+                    global, n, n));
+  bench::JsonLines json(rank0 ? o.json : std::string());
+  auto common = [&](const char* bench_name) {
+    return std::vector<bench::JsonField>{
+        bench::field("bench", bench_name), bench::field("model", o.model),
+        bench::field("device", device.str()), bench::field("precision", o.precision),
+        bench::field("threads", static_cast<long long>(o.threads))};
+  };
+
+  comm::SynchronizerOptions sync;
+  sync.bucket_cap_bytes = static_cast<std::size_t>(o.bucket_cap_mib * (1 << 20));
+  sync.first_bucket_cap_bytes = static_cast<std::size_t>(o.first_bucket_cap_mib * (1 << 20));
+  sync.host_overlap =
+      o.host_overlap == "auto" ? comm::host_overlap_pays(world, o.threads) : o.host_overlap == "on";
+  sync.zero_stage = o.zero;
+  const Workload work{o.model, o.batch, autocast, device, o.optimizer};
+  if (o.zero <= 1) scaling_tables(world, o, config, work, global, sync, json, common);
+  if (o.zero >= 1) compare_zero(world, o, config, work, sync, json, common("scaling_zero"));
   if (const auto file = core::trace::finish(); !file.empty() && rank0)
     fmt::print("trace: {} (and the other ranks' files beside it)\n", file.string());
   return 0;
@@ -735,9 +873,11 @@ int main(int argc, char** argv) {
                  "is spare (auto)")
       ->capture_default_str();
   app.add_option("--zero", o.zero,
-                 "ZeRO stage: 0 (allreduce, whole optimizer state) or 1 (reduce-scatter, "
-                 "sharded state, parameter all-gather)")
+                 "ZeRO stage: 0 (allreduce), 1 (optimizer state sharded), 2 (and gradients) or 3 "
+                 "(and parameters); 1 to 3 also measure the stage against stage 0 (model state "
+                 "per rank, step time); 2 and 3 only that")
       ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw")->capture_default_str();
   app.add_option("--steps", config.steps, "steps per timed block")->capture_default_str();
   app.add_option("--trials", config.trials, "timed blocks (median)")->capture_default_str();
   app.add_option("--link", o.link, "fit the allreduce's alpha-beta cost")->capture_default_str();
@@ -762,13 +902,21 @@ int main(int argc, char** argv) {
   app.get_option("--threads")->check(examples::threads_per_rank());
   app.get_option("--bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
   app.get_option("--first-bucket-cap-mib")->check(examples::within(0.001, 1 << 20));
-  app.get_option("--zero")->check(examples::within(0, 1));
+  app.get_option("--zero")->check(examples::within(0, 3));
+  app.get_option("--optimizer")->check(examples::one_of({"sgd", "adamw"}));
   app.get_option("--steps")->check(examples::within(1, 1e6));
   app.get_option("--trials")->check(examples::within(1, 1000));
   app.get_option("--json")->check(examples::non_empty());
   app.get_option("--trace")->check(examples::non_empty());
   app.get_option("--trace-steps")->check(examples::step_window());
   CLI11_PARSE(app, argc, argv);
+  if (o.rank_invariant && o.zero >= 2) {
+    fmt::print(stderr,
+               "bench_scaling: --rank-invariant is timed with the scaling tables, at --zero 0 or "
+               "1 (not {})\n",
+               o.zero);
+    return 2;
+  }
   std::unique_ptr<comm::World> world;
   try {
     comm::InitOptions init;

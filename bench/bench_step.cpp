@@ -87,8 +87,8 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   StepOptions options;
   options.autocast = autocast;
   options.sync.host_overlap = comm::host_overlap_pays(world, threads);  // as lockstep-train
-  DataParallelStep data_parallel(*t.model, *t.store, *t.sgd, make_scheduler("constant", {}), scaler,
-                                 &world, options, stream);
+  DataParallelStep data_parallel(*t.model, *t.store, *t.optimizer, make_scheduler("constant", {}),
+                                 scaler, &world, options, stream);
   const MicroBatch micro_batch{t.x, t.y};
   auto step = [&] {  // numbered and spanned as the Trainer does, for --trace's cost
     core::trace::set_step(data_parallel.steps() + 1);
@@ -155,14 +155,16 @@ CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string
   std::vector<std::unique_ptr<DataParallelStep>> data_parallel;
   std::vector<std::function<double(int)>> contenders;
   for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
-    runs.push_back(std::make_unique<bench::SyntheticTraining>(name, batch, device, checkpointed));
+    runs.push_back(std::make_unique<bench::SyntheticTraining>(
+        name, batch, device,
+        bench::SyntheticOptions{.activation_checkpointing = checkpointed > 0}));
     bench::SyntheticTraining& t = *runs.back();
     scalers.push_back(std::make_unique<LossScaler>(LossScaler::for_autocast(autocast)));
     StepOptions options;
     options.autocast = autocast;
     options.sync.host_overlap = comm::host_overlap_pays(world, threads);
     data_parallel.push_back(std::make_unique<DataParallelStep>(
-        *t.model, *t.store, *t.sgd, make_scheduler("constant", {}), *scalers.back(), &world,
+        *t.model, *t.store, *t.optimizer, make_scheduler("constant", {}), *scalers.back(), &world,
         options, t.stream));
     contenders.push_back([&, checkpointed, calls_so_far = 0](int calls) mutable {
       bench::SyntheticTraining& run = *runs[checkpointed];

@@ -36,10 +36,15 @@ struct Counter {
   std::array<std::atomic<std::size_t>, kMemoryKinds> by_kind{};
   std::mutex peak_mutex;
   std::array<std::size_t, kMemoryKinds> peak_by_kind{};
+  std::array<std::atomic<std::size_t>, kMemoryKinds> kind_peak{};  // each kind's own highest
 
   void add(std::size_t bytes, MemoryKind kind) {
     allocations.fetch_add(1);
-    by_kind[static_cast<std::size_t>(kind)].fetch_add(bytes);
+    const std::size_t k = static_cast<std::size_t>(kind);
+    const std::size_t of_kind = by_kind[k].fetch_add(bytes) + bytes;
+    std::size_t kind_seen = kind_peak[k].load();
+    while (of_kind > kind_seen && !kind_peak[k].compare_exchange_weak(kind_seen, of_kind)) {
+    }
     const std::size_t now = current.fetch_add(bytes) + bytes;
     std::size_t seen = peak.load();
     while (now > seen && !peak.compare_exchange_weak(seen, now)) {
@@ -246,6 +251,10 @@ MemoryStats memory_stats(Device device) {
   MemoryStats s{c.current.load(), c.peak.load(), c.allocations.load(), {}};
   std::lock_guard lock(c.peak_mutex);
   s.peak_by_kind = c.peak_by_kind;
+  for (std::size_t k = 0; k < kMemoryKinds; ++k) {
+    s.current_by_kind[k] = c.by_kind[k].load();
+    s.kind_peak_bytes[k] = c.kind_peak[k].load();
+  }
   return s;
 }
 
@@ -253,6 +262,7 @@ void reset_peak_memory(Device device) {
   Counter& c = counter(device);
   c.peak = c.current.load();
   c.snapshot();
+  for (std::size_t k = 0; k < kMemoryKinds; ++k) c.kind_peak[k] = c.by_kind[k].load();
 }
 
 }  // namespace lockstep::core

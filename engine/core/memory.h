@@ -101,9 +101,14 @@ struct MemoryStats {
   // Each kind's bytes when the peak was reached (index: MemoryKind); they sum
   // to peak_bytes (Note [memory kinds]).
   std::array<std::size_t, kMemoryKinds> peak_by_kind{};
+  std::array<std::size_t, kMemoryKinds> current_by_kind{};  // now
+  // Each kind's own highest bytes, reached at any moment since the process
+  // started or the last reset_peak_memory (from peak_by_kind[k] up to peak_bytes).
+  std::array<std::size_t, kMemoryKinds> kind_peak_bytes{};
 };
 // Host memory (pinned included) for cpu; pool allocations for cuda:N.
 MemoryStats memory_stats(Device device);
+// The peak, and every kind's own peak, start again from the bytes held now.
 void reset_peak_memory(Device device);
 
 }  // namespace lockstep::core

@@ -112,6 +112,35 @@ TEST_CASE("the peak is split by the kind of each allocation's innermost scope", 
   CHECK(std::string(memory_kind_name(MemoryKind::optimizer_state)) == "optimizer_state");
 }
 
+TEST_CASE("each kind's bytes now and its own peak since the reset", "[core][memory]") {
+  // A kind's own peak can come at a moment that is not the overall peak:
+  // 2 MiB of workspace freed, then 3 MiB of activations allocated.
+  const auto at = [](MemoryKind k) { return static_cast<std::size_t>(k); };
+  reset_peak_memory(Device::cpu());
+  const MemoryStats before = memory_stats(Device::cpu());
+  {
+    MemoryKindScope workspace(MemoryKind::workspace);
+    const Tensor w = Tensor::empty({1 << 19}, DType::f32);
+  }
+  MemoryKindScope activations(MemoryKind::activations);
+  const Tensor a = Tensor::empty({3 << 18}, DType::f32);
+  const MemoryStats after = memory_stats(Device::cpu());
+  CHECK(after.current_by_kind[at(MemoryKind::activations)] ==
+        before.current_by_kind[at(MemoryKind::activations)] + (3u << 20));
+  CHECK(after.current_by_kind[at(MemoryKind::workspace)] ==
+        before.current_by_kind[at(MemoryKind::workspace)]);
+  CHECK(after.kind_peak_bytes[at(MemoryKind::workspace)] ==
+        before.current_by_kind[at(MemoryKind::workspace)] + (2u << 20));
+  CHECK(after.peak_by_kind[at(MemoryKind::workspace)] ==
+        before.current_by_kind[at(MemoryKind::workspace)]);  // at the overall peak it was freed
+  std::size_t now = 0;
+  for (std::size_t bytes : after.current_by_kind) now += bytes;
+  CHECK(now == after.current_bytes);
+  reset_peak_memory(Device::cpu());
+  CHECK(memory_stats(Device::cpu()).kind_peak_bytes[at(MemoryKind::workspace)] ==
+        before.current_by_kind[at(MemoryKind::workspace)]);
+}
+
 TEST_CASE("devices parse and unusable GPUs are refused by name", "[core][device]") {
   CHECK(parse_device("cpu") == Device::cpu());
   CHECK(parse_device("cuda:3") == Device::cuda(3));

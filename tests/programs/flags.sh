@@ -152,6 +152,10 @@ if [ "$bench" = with-bench ]; then
   refuses "$sc" --first-bucket-cap-mib 0 -1 nan inf 1e12 EMPTY
   refuses "$b/bench_scaling" --steps 0 -1 nan 1e9 EMPTY
   refuses "$sc" --trials 0 -1 nan EMPTY
+  refuses "$sc" --zero 4 -1 EMPTY
+  refuses "$sc" --optimizer EMPTY adam
+  # The rank-invariant step is timed with the scaling tables, which ZeRO-2's store cannot share.
+  refuses "$sc --rank-invariant" --zero 2 3
   for flag in --model --precision --mode --host-overlap; do refuses "$sc" "$flag" EMPTY nonsense; done
 fi
 
