@@ -340,6 +340,12 @@ int main(int argc, char** argv) {
       return b.ms_per_step ? std::optional<double>(*b.ms_per_step / ours.ms_per_step)
                            : std::nullopt;
     };
+    // The block-by-block ratios' lowest and highest (Note [warm blocks]).
+    const auto spread_of = [&](const Baseline& b) {
+      if (!b.ms_per_step) return std::pair<std::optional<double>, std::optional<double>>{};
+      const auto [low, high] = ratio_spread(ours.blocks, *b.blocks);
+      return std::pair<std::optional<double>, std::optional<double>>{low, high};
+    };
     const std::optional<double> torch_sps = first ? sps(*first) : std::nullopt;
     const std::optional<double> ratio = first ? ratio_of(*first) : std::nullopt;
     std::optional<double> gemm_ratio;
@@ -392,6 +398,8 @@ int main(int argc, char** argv) {
           bench::field("torch_version", b.torch_version),
           bench::field("samples_per_s", sps(b)),
           bench::field("ratio", ratio_of(b)),
+          bench::field("ratio_low", spread_of(b).first),
+          bench::field("ratio_high", spread_of(b).second),
           bench::field("ms_per_step", b.ms_per_step),
           bench::field("ms_per_step_low",
                        b.blocks ? std::optional<double>(1e3 * b.blocks->low) : std::nullopt),
@@ -423,6 +431,8 @@ int main(int argc, char** argv) {
          bench::field("allocations_per_step", ours.allocations_per_step),
          bench::field("torch_samples_per_s", torch_sps),
          bench::field("ratio", ratio),
+         bench::field("ratio_low", first ? spread_of(*first).first : std::nullopt),
+         bench::field("ratio_high", first ? spread_of(*first).second : std::nullopt),
          bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
          bench::field("gemm_ms", gemm_ms),
          bench::field("step_over_gemm", gemm_ratio),

@@ -10,8 +10,10 @@ usage: echo 50 | torch_step.py --model mlp --batch 128 --precision fp32 --device
 """
 import argparse
 import json
+import math
 import sys
 import time
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -68,7 +70,8 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(c)
         self.attn = CausalSelfAttention(c, h, t)
         self.ln_2 = nn.LayerNorm(c)
-        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(approximate="tanh"), nn.Linear(4 * c, c))
+        self.mlp = nn.Sequential(OrderedDict(c_fc=nn.Linear(c, 4 * c), gelu=nn.GELU(approximate="tanh"),
+                                             c_proj=nn.Linear(4 * c, c)))
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -83,6 +86,18 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(c)
         self.lm_head = nn.Linear(c, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        # nanoGPT's initialisation, as lockstep's GPT::reset_parameters: every
+        # weight N(0, 0.02), the residual projections N(0, 0.02 / sqrt(2L)),
+        # biases 0. PyTorch's defaults (an N(0, 1) embedding tied to the head)
+        # start GPT-2 at a loss near 485 rather than ln(50304) = 10.8, and its
+        # saturated softmax fills backward with subnormals, which slowed the
+        # baseline's CPU step ninefold (docs/benchmarks.md).
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))

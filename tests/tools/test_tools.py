@@ -66,6 +66,14 @@ class BenchTableTest(unittest.TestCase):
                  "ms_per_step": 4.9, "torch_samples_per_s": None, "ratio": None,
                  "gemm_ms": 4.5, "step_over_gemm": 1.09,
                  "no_baseline": "python3 could not run bench/torch_step.py (no torch)"}])
+            for name, model, batch in (("step_cnn.jsonl", "cnn", 64),
+                                       ("step_gpt.jsonl", "gpt-tiny", 16)):
+                write_lines(os.path.join(out, name), [
+                    {"bench": "step", "model": model, "batch": batch, "samples_per_s": 3000.0,
+                     "ms_per_step": 20.0, "torch_samples_per_s": 2000.0, "ratio": 1.5,
+                     "ratio_low": 1.25, "ratio_high": 1.625, "gemm_ms": None,
+                     "baselines": [{"torch_version": "2.15.0+cpu", "ratio": 1.5}],
+                     "no_baseline": None}])
             for name, model in (("scaling_mlp.jsonl", "mlp"), ("scaling_cnn.jsonl", "cnn")):
                 write_lines(os.path.join(out, name), [
                     {"bench": "scaling", "model": model, "ranks": 2, "batch_per_rank": 64,
@@ -76,12 +84,25 @@ class BenchTableTest(unittest.TestCase):
             lines = bench_table.table(out)
         self.assertIn("Measured 2026-12-01 on vm (X, 2 cores, shared)", lines[0])
         rows = [l for l in lines if l.startswith("| ") and "benchmark" not in l]
-        self.assertEqual(len(rows), 5)  # f32 GEMM only, step, step / GEMMs, two scalings
+        # f32 GEMM only, mlp step, step / GEMMs, cnn and gpt-tiny steps, two scalings
+        self.assertEqual(len(rows), 7)
         self.assertIn("| 99.0 GF/s | OpenBLAS 100.0 GF/s | 0.990 |", rows[0])
         self.assertIn("none: python3 could not run bench/torch_step.py (no torch) | — |", rows[1])
         self.assertIn("| mlp step over its GEMMs alone | same |", rows[2])
         self.assertIn("1.090 (step / GEMMs, lower is better)", rows[2])
-        self.assertIn("0.80 (efficiency)", rows[3])
+        self.assertIn("| PyTorch 2.15.0+cpu 2,000 samples/s | 1.500 (1.250–1.625 block by block) |",
+                      rows[3])
+        self.assertIn("| gpt-tiny training step, batch 16 | `bench_step --model gpt-tiny", rows[4])
+        self.assertIn("0.80 (efficiency)", rows[5])
+
+    def test_processor_named_by_family_and_model(self):
+        cpuinfo = ["processor\t: 0\n", "cpu family\t: 23\n", "model\t\t: 1\n",
+                   "model name\t: AMD EPYC\n", "flags\t\t: fpu sse2 avx2 fma\n", "\n",
+                   "processor\t: 1\n", "model name\t: Other\n"]
+        self.assertEqual(bench_table.processor_description(cpuinfo),
+                         "AMD EPYC (family 23, model 1; AVX2)")
+        cpuinfo[4] = "flags\t\t: avx2 avx512f\n"
+        self.assertIn("; AVX-512)", bench_table.processor_description(cpuinfo))
 
     def test_missing_output_says_what_to_run(self):
         with tempfile.TemporaryDirectory() as out:
