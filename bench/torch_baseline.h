@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,9 +31,12 @@ class TorchBaseline {
       why_none_ = "cannot create a pipe for " + python;
       return;
     }
+    // The script beside this source, unless LOCKSTEP_BENCH_DIR names another
+    // copy: a binary packed for another machine (tools/gpu-check.sh) finds it there.
+    const char* bench_dir = std::getenv("LOCKSTEP_BENCH_DIR");
     const std::string cmd = fmt::format(
         "OMP_NUM_THREADS={0} OPENBLAS_NUM_THREADS={0} exec \"$0\" '{1}/torch_step.py' {2} 2>&1",
-        threads, LOCKSTEP_BENCH_DIR, script_args);
+        threads, bench_dir != nullptr ? bench_dir : LOCKSTEP_BENCH_DIR, script_args);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(to_child[0], 0);

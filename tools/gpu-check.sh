@@ -136,6 +136,9 @@ prepare() {
   fi
   export LD_LIBRARY_PATH="$work/lib${wheel_libs:+:$wheel_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export NCCL_SOCKET_IFNAME=lo  # one rank on one machine: no network to pick
+  # bench_step's PyTorch baseline script, from this copy of the tree (the
+  # binaries hold the build machine's path to it).
+  export LOCKSTEP_BENCH_DIR=$PWD/bench
   { date -u; echo "pack of commit $(cat "$work/ref/commit")"; nvidia-smi 2>&1; } >"$OUT/machine-$1.txt"
   : >>"$OUT/steps.txt"
 }
