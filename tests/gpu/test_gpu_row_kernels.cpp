@@ -148,7 +148,10 @@ TEST_CASE("cuda LayerNorm weight and bias gradients match the cpu, the same bits
     CHECK(runs_beta[1] == runs_beta[0]);
     // dx: the same row formula in f64 (differing in summation order): 1e-5 relative.
     const auto gpu_dx = gdx.to_vector<float>();
+    // The message is built only for the element that fails: an INFO per
+    // element made this test take 22 s on the H200 machine's host.
     for (std::size_t k = 0; k < dx.size(); ++k) {
+      if (std::fabs(gpu_dx[k] - dx[k]) <= 1e-5 + 1e-5 * std::fabs(dx[k])) continue;
       INFO("dx element " << k << ": cuda " << gpu_dx[k] << ", cpu " << dx[k]);
       REQUIRE(std::fabs(gpu_dx[k] - dx[k]) <= 1e-5 + 1e-5 * std::fabs(dx[k]));
     }
@@ -180,7 +183,9 @@ TEST_CASE("cuda embedding gradient equals the cpu's bits, repeated indices inclu
       kernels::cuda::embedding_backward(s, gdout.data_as<float>(), gidx.data(),
                                         gdw.data_as<float>(), ws.data(), nullptr);
       const auto gpu = gdw.to_vector<float>();
+      // The first differing element only: 38.6M INFOs did not end in 60 s.
       for (std::size_t k = 0; k < cpu.size(); ++k) {
+        if (std::memcmp(&gpu[k], &cpu[k], sizeof(float)) == 0) continue;
         INFO("dweight element " << k << ": cuda " << gpu[k] << ", cpu " << cpu[k]);
         REQUIRE(std::memcmp(&gpu[k], &cpu[k], sizeof(float)) == 0);
       }
