@@ -5,6 +5,8 @@ that calls core::trace::enable) in DIR.
     python3 tools/trace.py merge DIR -o all.json   # one file, ranks' clocks aligned (Perfetto)
     python3 tools/trace.py summary DIR             # per rank: where each step's time went, and
                                                    # which rank the others waited for
+    python3 tools/trace.py top DIR [--rank R]      # rank R's spans by name, the longest first:
+                                                   # mean ms per step and calls per step
 
 GPU spans (args.gpu, on a track per CUDA stream) time the device's work. summary keeps them
 apart from the host's spans, which are the step breakdown and the collectives' arrivals: it
@@ -172,6 +174,29 @@ def summary(directory):
                            for r, c in sorted(counts.items())))
 
 
+def top(directory, rank, count):
+    """Rank `rank`'s spans grouped by (device, name): mean ms and calls per traced step, the
+    longest first. Spans nest (a block holds its layers), so the rows do not add up to the step."""
+    traces, _ = load_dir(directory)
+    if rank not in traces:
+        raise InputError(f"{directory} has no trace of rank {rank} (ranks: {sorted(traces)})")
+    totals, calls, steps = {}, {}, set()
+    for e in traces[rank]["traceEvents"]:
+        if e["ph"] != "X" or step_of(e) is None:
+            continue
+        steps.add(step_of(e))
+        key = ("gpu" if is_gpu(e) else "host", e["name"])
+        totals[key] = totals.get(key, 0.0) + e["dur"] / 1e3
+        calls[key] = calls.get(key, 0) + 1
+    if not steps:
+        print(f"rank {rank}: no steps traced")
+        return
+    n = len(steps)
+    print(f"rank {rank}, {n} steps: ms per step (mean), calls per step, span")
+    for key in sorted(totals, key=totals.get, reverse=True)[:count]:
+        print(f"  {totals[key] / n:9.3f} {calls[key] / n:7.1f}  {key[0]:<4} {key[1]}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,10 +205,16 @@ def main(argv=None):
     m.add_argument("-o", "--output", required=True, help="the merged trace to write")
     s = sub.add_parser("summary", help="per-rank step breakdown and stragglers")
     s.add_argument("dir", help="the directory holding rank-<r>.json")
+    t = sub.add_parser("top", help="one rank's spans by name, the longest first")
+    t.add_argument("dir", help="the directory holding rank-<r>.json")
+    t.add_argument("--rank", type=int, default=0, help="whose trace (default 0)")
+    t.add_argument("--count", type=int, default=30, help="how many rows (default 30)")
     args = parser.parse_args(argv)
     try:
         if args.command == "merge":
             merge(args.dir, args.output)
+        elif args.command == "top":
+            top(args.dir, args.rank, args.count)
         else:
             summary(args.dir)
     except InputError as e:

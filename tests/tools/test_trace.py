@@ -122,6 +122,25 @@ class TraceToolTest(unittest.TestCase):
         self.assertEqual([(e["tid"], e["ts"]) for e in copies],
                          [(1002, 5_100_005.0), (1002, 5_200_005.0), (1002, 5_300_005.0)])
 
+    def test_top_lists_one_ranks_spans_longest_first(self):
+        # Rank 1 per step: backward 0.6 ms, forward 0.3, gradient sync wait 0.08 + 2 ms at step 2
+        # (mean 0.747), optimizer 0.05, allreduce bucket 0 0.04; a GPU span of the same name as
+        # a host one is its own row.
+        t = rank_trace(1, 6_000_000.0, 2)
+        for step in (1, 2, 3):
+            e = span("backward", "module", 6_000_000.0 + step * 100_000.0, 250, 1, step, 1000)
+            e["args"]["gpu"] = True
+            t["traceEvents"] += [e, dict(e)]
+        self.write(1, t)
+        rc, out, _ = self.run_tool("top", self.dir, "--rank", "1", "--count", "4")
+        self.assertEqual(rc, 0)
+        self.assertRegex(out, r"rank 1, 3 steps: .*\n"
+                              r" +0\.747 +1\.0  host gradient sync wait\n"
+                              r" +0\.600 +1\.0  host backward\n"
+                              r" +0\.500 +2\.0  gpu  backward\n"
+                              r" +0\.300 +1\.0  host forward\n$")
+        self.assertIn("has no trace of rank 5", self.run_tool("top", self.dir, "--rank", "5")[2])
+
     def test_the_straggler_is_the_rank_waited_for_longest(self):
         # Step 4: rank 1 is 90 ms late to the first collective, then a few µs early to the next
         # two (the ranks leave the first together): rank 1, though last to 1 of 3.
