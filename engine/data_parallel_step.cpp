@@ -271,6 +271,8 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       core::trace::Span forward("forward", core::trace::Part::compute);
       const core::NamedTensors tensors = batch.tensors();
       const core::NamedTensors outputs = model_.forward_named(tensors, ctx);
+      core::trace::Span loss_span;  // Note [module spans]: the loss is a span of its own
+      loss_span.open("forward", "loss", "module", &stream_);
       const core::Tensor loss = loss_->forward_named(outputs, tensors, ctx);
       // Note [loss rows]: the mean weighed by the rows it is of.
       if (tree_) {  // Note [rank-invariant step]: each chunk's, summed in the tree
@@ -284,7 +286,13 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     }
     if (chunk_buffers_) chunk_buffers_->end_chunk(stream_);
     core::trace::Span backward("backward", core::trace::Part::compute);
-    model_.backward_named(loss_->backward_named(dloss, ctx), ctx);
+    core::NamedTensors doutputs;
+    {
+      core::trace::Span loss_span;
+      loss_span.open("backward", "loss", "module", &stream_);
+      doutputs = loss_->backward_named(dloss, ctx);
+    }
+    model_.backward_named(doutputs, ctx);
     model_.report_ready(ctx);
     if (tree_) tree_->add(stream_);
   }

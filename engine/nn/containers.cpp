@@ -32,15 +32,17 @@ void Sequential::set_input_grad(bool on) {
 
 // Note [module spans]: a root Sequential's children are the model's
 // top-level modules, so their forward and backward are timeline spans
-// ("forward fc1"); deeper modules are not, to keep traces small. On a GPU the
-// span times the host's launches, and its twin on the stream's track the
-// kernels (trace::Span with a stream).
+// ("forward fc1"); deeper modules are not, to keep traces small, except the
+// children of a Sequential told to trace_children() (GPT's blocks, whose
+// parent is no Sequential; GPT spans its own parts and the step its loss). On
+// a GPU the span times the host's launches, and its twin on the stream's
+// track the kernels (trace::Span with a stream).
 core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor h = x;
-  const bool root = path().empty();  // the trace shows the root's children (Note [module spans])
+  const bool spans = path().empty() || trace_children_;  // Note [module spans]
   for (Module* child : children()) {
     core::trace::Span span;
-    if (root) span.open("forward", child->path(), "module", &ctx.stream);
+    if (spans) span.open("forward", child->path(), "module", &ctx.stream);
     if (ctx.on_module) ctx.on_module(*child, ModulePhase::before_forward);
     h = child->forward(h, ctx);
     if (ctx.on_module) ctx.on_module(*child, ModulePhase::after_forward);
@@ -51,10 +53,10 @@ core::Tensor Sequential::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor Sequential::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor g = dy;
   const std::vector<Module*> chain = children();
-  const bool root = path().empty();
+  const bool spans = path().empty() || trace_children_;  // Note [module spans]
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     core::trace::Span span;
-    if (root) span.open("backward", (*it)->path(), "module", &ctx.stream);
+    if (spans) span.open("backward", (*it)->path(), "module", &ctx.stream);
     if (ctx.on_module) ctx.on_module(**it, ModulePhase::before_backward);
     g = (*it)->backward(g, ctx);
     (*it)->report_ready(ctx);

@@ -31,9 +31,13 @@ class Sequential : public Module {
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
   void set_input_grad(bool on) override;
+  // Its children's forward and backward become timeline spans though it is
+  // not the root (Note [module spans]): a model's stack of blocks.
+  void trace_children() { trace_children_ = true; }
 
  private:
   std::size_t unnamed_ = 0;
+  bool trace_children_ = false;
 };
 
 // y = inner(x) + shortcut(x), optionally followed by a ReLU (torchvision's

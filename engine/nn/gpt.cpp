@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "engine/nn/attention.h"
 #include "engine/nn/checkpointed.h"
 
@@ -58,6 +59,7 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config) {
     h->add(std::to_string(i),
            c.activation_checkpointing ? std::make_unique<Checkpointed>(block(c)) : block(c));
   blocks_ = &static_cast<Sequential&>(add_child("transformer.h", std::move(h)));
+  blocks_->trace_children();  // Note [module spans]
   ln_f_ = &static_cast<LayerNorm&>(
       add_child("transformer.ln_f", std::make_unique<LayerNorm>(c.embed_dim, 1e-5f)));
   Parameter& table = *wte_->own_parameters().front();
@@ -89,21 +91,36 @@ core::Tensor GPT::forward(const core::Tensor& tokens, Context& ctx) {
     positions_ =
         core::Tensor::from_vector(pos, {batch, seq}, DType::i64).to(tokens.device(), ctx.stream);
   }
-  core::Tensor x = wte_->forward(tokens, ctx);
-  core::ops::add(x, wpe_->forward(positions_, ctx), x, ctx.stream);
-  x = ln_f_->forward(blocks_->forward(drop_->forward(x, ctx), ctx), ctx);
-  return lm_head_->forward(x, ctx);
+  core::Tensor x;
+  {
+    core::trace::Span span;  // Note [module spans]: the parts around the blocks
+    span.open("forward", "embeddings", "module", &ctx.stream);
+    x = wte_->forward(tokens, ctx);
+    core::ops::add(x, wpe_->forward(positions_, ctx), x, ctx.stream);
+    x = drop_->forward(x, ctx);
+  }
+  x = blocks_->forward(x, ctx);
+  core::trace::Span span;
+  span.open("forward", "ln_f and lm_head", "module", &ctx.stream);
+  return lm_head_->forward(ln_f_->forward(x, ctx), ctx);
 }
 
 core::Tensor GPT::backward(const core::Tensor& dlogits, Context& ctx) {
-  core::Tensor g = lm_head_->backward(dlogits, ctx);
-  lm_head_->report_ready(ctx);
-  g = ln_f_->backward(g, ctx);
-  ln_f_->report_ready(ctx);
+  core::Tensor g;
+  {
+    core::trace::Span span;  // Note [module spans]
+    span.open("backward", "ln_f and lm_head", "module", &ctx.stream);
+    g = lm_head_->backward(dlogits, ctx);
+    lm_head_->report_ready(ctx);
+    g = ln_f_->backward(g, ctx);
+    ln_f_->report_ready(ctx);
+  }
   g = blocks_->backward(g, ctx);
   blocks_->report_ready(ctx);
   g = drop_->backward(g, ctx);
   drop_->report_ready(ctx);
+  core::trace::Span span;
+  span.open("backward", "embeddings", "module", &ctx.stream);
   const core::Tensor g32 = g.dtype() == DType::f32 ? g : g.cast(DType::f32, ctx.stream);
   wpe_->backward(g32, ctx);
   wpe_->report_ready(ctx);

@@ -55,10 +55,9 @@ __global__ void xent_rows(ClassificationShape s, const float* logits, const void
   const float max = static_cast<float>(detail::block_max(static_cast<double>(m), lanes));
   if (e != 0.0) e *= static_cast<double>(expf(m - max));
   const double sum = detail::block_sum(e, lanes);
-  const double shifted_sum =
-      s.label_smoothing > 0.0f
-          ? detail::block_sum(total, lanes) - static_cast<double>(s.classes) * max
-          : 0.0;
+  const double shifted_sum = s.label_smoothing > 0.0f ? detail::block_sum(total, lanes) -
+                                                            static_cast<double>(s.classes) * max
+                                                      : 0.0;
   const auto inv = static_cast<float>(1.0 / sum);
   for (std::int64_t j = threadIdx.x; j < s.classes; j += kThreads)
     probs[i * s.classes + j] = expf(row[j] - max) * inv;

@@ -1,7 +1,6 @@
-// Helpers shared by the communication tests (tests/comm, tests/mpi):
-// reference roundings to f16 and bf16 that do not use kernels/half.h (GCC's
-// _Float16 for f16, an exhaustive nearest-even search for bf16), and gradient
-// segment tables laid out as the engine's ParameterStore lays them out.
+// Helpers shared by the communication tests (tests/comm, tests/mpi): the
+// reference f16 and bf16 roundings (tests/support/half_reference.h), and
+// gradient segment tables laid out as the engine's ParameterStore lays them out.
 #pragma once
 
 #include <cmath>
@@ -12,44 +11,9 @@
 #include <vector>
 
 #include "comm/buckets.h"
+#include "support/half_reference.h"
 
 namespace lockstep::test {
-
-// f16 nearest-even rounding of a double, by libgcc's soft-float conversion.
-inline double round_f16(double x) { return static_cast<double>(static_cast<_Float16>(x)); }
-
-// The value of bfloat16 pattern `bits` (positive, finite), from its fields.
-inline double bf16_value(std::uint16_t bits) {
-  const int exp = (bits >> 7) & 0xff;
-  const int mant = bits & 0x7f;
-  return exp == 0 ? std::ldexp(mant, -133) : std::ldexp(mant + 128, exp - 134);
-}
-
-// bfloat16 nearest-even rounding of a double by search over the patterns;
-// past the largest finite value's rounding boundary, inf.
-inline double round_bf16(double x) {
-  if (std::isnan(x) || std::isinf(x)) return x;
-  const double ax = std::fabs(x);
-  if (ax >= std::ldexp(2.0 - std::ldexp(1.0, -8), 127)) return std::copysign(INFINITY, x);
-  std::uint16_t lo = 0, hi = 0x7f7f;  // the largest pattern whose value <= ax
-  while (lo < hi) {
-    const auto mid = static_cast<std::uint16_t>((lo + hi + 1) / 2);
-    if (bf16_value(mid) <= ax)
-      lo = mid;
-    else
-      hi = static_cast<std::uint16_t>(mid - 1);
-  }
-  const double below = bf16_value(lo);
-  const double above = lo == 0x7f7f ? INFINITY : bf16_value(static_cast<std::uint16_t>(lo + 1));
-  double pick;
-  if (ax - below < above - ax)
-    pick = below;
-  else if (ax - below > above - ax)
-    pick = above;
-  else
-    pick = (lo & 1) ? above : below;
-  return std::copysign(pick, x);
-}
 
 // Segments for parameters listed in ready order, each at a 256-byte (64 f32)
 // aligned offset as the ParameterStore places them; `total` gets the buffer size.

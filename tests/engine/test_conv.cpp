@@ -190,12 +190,14 @@ TEST_CASE("Conv2d under CPU autocast agrees with f32 and overflows like the low 
     REQUIRE(y.dtype() == type);
     const core::Tensor dx = conv->backward(dy, low);
     REQUIRE(dx.dtype() == DType::f32);  // the input's dtype
+    const double unit = u;              // clang 14's lambdas cannot capture a structured binding
     auto check = [&](const std::vector<float>& got, const std::vector<float>& want,
                      const std::vector<double>& magnitude, const char* what) {
       for (std::size_t i = 0; i < got.size(); ++i) {
         INFO(what << " element " << i << ": autocast " << got[i] << ", f32 " << want[i]);
         REQUIRE(std::fabs(got[i] - want[i]) <=
-                2 * ((2 * u + u * u) * magnitude[i] + 2 * u * std::fabs(want[i])) + 1e-6);
+                2 * ((2 * unit + unit * unit) * magnitude[i] + 2 * unit * std::fabs(want[i])) +
+                    1e-6);
       }
     };
     check(y.cast(DType::f32).to_vector<float>(), y32.to_vector<float>(), r.y_mag, "y");

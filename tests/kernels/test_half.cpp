@@ -1,6 +1,6 @@
-// f16 and bf16 conversions against independent references: decoding by
-// std::ldexp of the IEEE fields, rounding by GCC's _Float16 (libgcc's IEEE
-// soft-float) for f16 and by an exhaustive nearest-even search in f64 for bf16.
+// f16 and bf16 conversions against the independent references of
+// tests/support/half_reference.h: decoding by std::ldexp of the IEEE fields,
+// rounding by a nearest-even search over the patterns in f64.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,63 +9,21 @@
 #include <random>
 
 #include "kernels/half.h"
+#include "support/half_reference.h"
 
 using namespace lockstep::kernels;
+using lockstep::test::decode_fields;
+using lockstep::test::nearest_even_bits;
 
 namespace {
-
-// Decodes a binary16/bfloat16 pattern from its fields, in f64.
-double decode_fields(std::uint16_t bits, int exponent_bits, int mantissa_bits) {
-  const int bias = (1 << (exponent_bits - 1)) - 1;
-  const int exp = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1);
-  const int mant = bits & ((1 << mantissa_bits) - 1);
-  const double sign = (bits >> 15) ? -1.0 : 1.0;
-  if (exp == (1 << exponent_bits) - 1)
-    return mant ? std::numeric_limits<double>::quiet_NaN() : sign * INFINITY;
-  if (exp == 0) return sign * std::ldexp(mant, 1 - bias - mantissa_bits);
-  return sign * std::ldexp(mant + (1 << mantissa_bits), exp - bias - mantissa_bits);
-}
 
 bool same_float(float a, double b) {
   if (std::isnan(b)) return std::isnan(a);
   return static_cast<double>(a) == b && std::signbit(a) == std::signbit(b);
 }
 
-std::uint16_t f16_reference(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
-  std::uint16_t bits;
-  std::memcpy(&bits, &h, sizeof bits);
-  return bits;
-}
-
-// bfloat16 round-to-nearest-even by search: the finite bf16 values nearest to
-// f in f64, ties to the even pattern; past the largest finite value's rounding
-// boundary, inf.
-std::uint16_t bf16_reference(float f) {
-  const double x = f;
-  const std::uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-  const double ax = std::fabs(x);
-  if (std::isinf(ax)) return sign | 0x7f80;
-  // Largest finite bf16 is (2 - 2^-7) 2^127; the boundary to inf is (2 - 2^-8) 2^127.
-  if (ax >= std::ldexp(2.0 - std::ldexp(1.0, -8), 127)) return sign | 0x7f80;
-  std::uint16_t lo = 0, hi = 0x7f7f;  // largest pattern whose value <= ax
-  while (lo < hi) {
-    const std::uint16_t mid = static_cast<std::uint16_t>((lo + hi + 1) / 2);
-    if (decode_fields(mid, 8, 7) <= ax)
-      lo = mid;
-    else
-      hi = static_cast<std::uint16_t>(mid - 1);
-  }
-  const double below = decode_fields(lo, 8, 7), above = decode_fields(lo + 1, 8, 7);
-  std::uint16_t pick;
-  if (ax - below < above - ax)
-    pick = lo;
-  else if (ax - below > above - ax)
-    pick = static_cast<std::uint16_t>(lo + 1);
-  else
-    pick = (lo & 1) ? static_cast<std::uint16_t>(lo + 1) : lo;
-  return sign | pick;
-}
+std::uint16_t f16_reference(float f) { return nearest_even_bits(f, 5, 10); }
+std::uint16_t bf16_reference(float f) { return nearest_even_bits(f, 8, 7); }
 
 // Inputs that probe rounding around pattern `bits`: its value, the midpoint to
 // the next pattern, and the f32 neighbours of that midpoint.

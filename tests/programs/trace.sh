@@ -59,7 +59,7 @@ for rank in (0, 1):
     named = [e for e in events if e["ph"] != "M"]
     names = {e["name"] for e in named}
     for want in ("step", "data wait", "forward", "backward", "forward fc1", "backward fc1",
-                 "bucket 0 ready", "allreduce bucket 0", "gradient sync wait", "unscale and measure",
+                 "forward loss", "backward loss", "bucket 0 ready", "allreduce bucket 0", "gradient sync wait", "unscale and measure",
                  "agreement", "decide and schedule", "optimizer", "evaluate", "load batch"):
         assert want in names, (path, want, sorted(names))
     assert "checkpoint save" in names, (path, "the save after step 8")

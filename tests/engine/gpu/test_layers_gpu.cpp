@@ -36,7 +36,8 @@ void require_close(const core::Tensor& gpu, const core::Tensor& cpu, double abs_
   const auto c = cpu.cast(DType::f32).to_vector<float>();
   for (std::size_t i = 0; i < g.size(); ++i) {
     if (std::isinf(c[i]) && g[i] == c[i]) continue;
-    if (std::fabs(g[i] - c[i]) <= abs_tol + rel_tol * std::fabs(c[i])) continue;  // a message only for the element that fails
+    if (std::fabs(g[i] - c[i]) <= abs_tol + rel_tol * std::fabs(c[i]))
+      continue;  // a message only for the element that fails
     INFO(what << " element " << i << ": cuda " << g[i] << ", cpu " << c[i]);
     REQUIRE(std::fabs(g[i] - c[i]) <= abs_tol + rel_tol * std::fabs(c[i]));
   }

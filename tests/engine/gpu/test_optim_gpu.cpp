@@ -31,7 +31,8 @@ void require_close(const core::Tensor& gpu, const core::Tensor& cpu, double tol,
   const auto g = test::read(gpu), c = test::read(cpu);
   REQUIRE(g.size() == c.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
-    if (std::fabs(g[i] - c[i]) <= tol * (1 + std::fabs(c[i]))) continue;  // a message only for the element that fails
+    if (std::fabs(g[i] - c[i]) <= tol * (1 + std::fabs(c[i])))
+      continue;  // a message only for the element that fails
     INFO(what << " element " << i << ": cuda " << g[i] << ", cpu " << c[i]);
     REQUIRE(std::fabs(g[i] - c[i]) <= tol * (1 + std::fabs(c[i])));
   }
