@@ -16,10 +16,11 @@
 #                                  bench_step against PyTorch (mlp-large, resnet,
 #                                  gpt2 bf16), and a 300-step training run held
 #                                  to the packed cpu run
-#   tools/gpu-check.sh run-profile optional call: the [gpu] kernel tests again,
-#                                  the whole GEMM sweep, and where gpt2's and
-#                                  resnet's steps spend their time (bench_step
-#                                  --trace, tools/trace.py top; nsys where present)
+#   tools/gpu-check.sh run-profile optional call: the whole GEMM sweep, where
+#                                  gpt2's and resnet's steps spend their time
+#                                  (bench_step --trace, tools/trace.py top; nsys
+#                                  where present), and the loader's batches to
+#                                  the device against cudaMemcpyAsync (bench_loader)
 #   tools/gpu-check.sh run-scaling optional call: bench_scaling profiles
 #                                  (feed them to tools/scaling_model.py here)
 #   tools/gpu-check.sh plan        here: each call's steps, their timeouts and
@@ -34,10 +35,11 @@ set -uo pipefail
 pack_file=.gpu-pack/lockstep-gpu.tar.gz
 pack_limit_bytes=$((64 << 20))
 targets=(lockstep-gpu-smoke lockstep_gpu_tests lockstep_comm_gpu_tests lockstep_io_gpu_tests
-         lockstep_engine_gpu_tests bench_gemm bench_step bench_scaling lockstep-train lockstep-shard)
+         lockstep_engine_gpu_tests bench_gemm bench_step bench_scaling bench_loader lockstep-train
+         lockstep-shard)
 binaries=(tests/lockstep-gpu-smoke tests/lockstep_gpu_tests tests/comm/lockstep_comm_gpu_tests
           tests/io/lockstep_io_gpu_tests tests/engine/lockstep_engine_gpu_tests bench/bench_gemm
-          bench/bench_step bench/bench_scaling examples/train/lockstep-train
+          bench/bench_step bench/bench_scaling bench/bench_loader examples/train/lockstep-train
           examples/shard/lockstep-shard)
 # The training comparison: the same data, model, seed and steps on both devices.
 shard_args=(synthetic --count 8192 --shape 1,28,28 --dtype u8 --classes 10 --shards 2 --seed 1)
@@ -200,7 +202,6 @@ run_bench() {
 run_profile() {
   [ -z "${PLAN:-}" ] && prepare profile
   local bin=$work/bin
-  step gpu_tests 60 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
   step bench_gemm 80 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
   for config in "gpt2 8 bf16 45" "resnet 256 fp16 40"; do
     set -- $config
@@ -213,6 +214,11 @@ run_profile() {
   else
     echo "nsys: not on this machine; per-kernel times from the trace spans only" | tee "$OUT/nsys.txt"
   fi
+  # 4096 images of 3 x 224 x 224 u8 (616 MB), batches of 256 to GPU memory.
+  step loader_shards 20 "$bin/lockstep-shard" synthetic --count 4096 --shape 3,224,224 --dtype u8 \
+    --classes 10 --shards 4 --seed 1 --out "$work/images"
+  step loader_cuda 40 "$bin/bench_loader" --data "$work/images" --batch 256 --threads 4 --trials 3 \
+    --device cuda --python "" --json "$OUT/bench_loader.json"
   [ -n "${PLAN:-}" ] && return 0
   local model
   for model in gpt2 resnet; do
@@ -223,6 +229,7 @@ run_profile() {
     "$work/gpt2.nsys-rep" >"$OUT/nsys_gpt2_kernels.txt" 2>&1
   head -n 45 "$OUT"/top_*.txt
   [ -f "$OUT/nsys_gpt2_kernels.txt" ] && head -n 40 "$OUT/nsys_gpt2_kernels.txt" | cut -c1-200
+  tail -n 12 "$OUT/loader_cuda.log"
   verdicts
 }
 

@@ -31,8 +31,7 @@ inline std::uint16_t nearest_even_bits(double x, int exponent_bits, int mantissa
   const auto inf = static_cast<std::uint16_t>(((1 << exponent_bits) - 1) << mantissa_bits);
   const double ax = std::fabs(x);
   const int max_exponent = (1 << (exponent_bits - 1)) - 1;
-  if (ax >= std::ldexp(2.0 - std::ldexp(1.0, -mantissa_bits - 1), max_exponent))
-    return sign | inf;
+  if (ax >= std::ldexp(2.0 - std::ldexp(1.0, -mantissa_bits - 1), max_exponent)) return sign | inf;
   std::uint16_t lo = 0, hi = inf - 1;  // the largest pattern whose value <= ax
   while (lo < hi) {
     const auto mid = static_cast<std::uint16_t>((lo + hi + 1) / 2);
