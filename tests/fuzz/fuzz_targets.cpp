@@ -27,22 +27,34 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A name of fixed length (not the process id): paths appear in error
-// messages, and the inputs a fixed seed tries must not depend on their length.
-const fs::path& scratch_dir() {
-  static const fs::path dir = [] {
+// A directory of one input's own, made before the input is written and
+// removed when it is done, also when its code throws. Not one directory for the
+// whole process removed at exit: libFuzzer ends a run that reaches -runs
+// without running atexit handlers (`fuzz_shard -runs=10` left its directory
+// in /tmp), so every fuzzing run left one behind. A crashing input leaves its
+// directory, beside the artifact libFuzzer writes. The name has a fixed length
+// (not the process id): paths appear in error messages, and the inputs a fixed
+// seed tries must not depend on their length.
+class Scratch {
+ public:
+  Scratch() {
     std::string name = (fs::temp_directory_path() / "lockstep-fuzz-XXXXXX").string();
     if (::mkdtemp(name.data()) == nullptr)
       throw std::runtime_error("fuzz: cannot make a directory like " + name);
-    const fs::path d = name;
-    std::atexit([] {
-      std::error_code ignored;
-      fs::remove_all(scratch_dir(), ignored);
-    });
-    return d;
-  }();
-  return dir;
-}
+    dir_ = name;
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  fs::path operator/(const char* name) const { return dir_ / name; }
+
+ private:
+  fs::path dir_;
+};
 
 void write_file(const fs::path& path, const void* data, std::size_t size) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -137,7 +149,8 @@ void read_some_rows(const io::Dataset& data) {
 }  // namespace
 
 int shard_input(const std::uint8_t* data, std::size_t size) {
-  const fs::path file = scratch_dir() / "input.h5";
+  const Scratch scratch;
+  const fs::path file = scratch / "input.h5";
   write_file(file, data, size);
   for (bool force_hdf5 : {false, true}) {
     try {
@@ -157,7 +170,8 @@ int image_input(const std::uint8_t* data, std::size_t size) {
 }
 
 int checkpoint_input(const std::uint8_t* data, std::size_t size) {
-  const fs::path file = scratch_dir() / "ckpt-1.h5";
+  const Scratch scratch;
+  const fs::path file = scratch / "ckpt-1.h5";
   write_file(file, data, size);
   const auto crc = crc32(crc32(0L, Z_NULL, 0), data, static_cast<uInt>(size));
   char line[64];
@@ -175,8 +189,9 @@ int checkpoint_input(const std::uint8_t* data, std::size_t size) {
 }
 
 int convert_input(const std::uint8_t* data, std::size_t size) {
-  const fs::path images = scratch_dir() / "images.idx", labels = scratch_dir() / "labels.idx";
-  const fs::path out = scratch_dir() / "shards";
+  const Scratch scratch;
+  const fs::path images = scratch / "images.idx", labels = scratch / "labels.idx";
+  const fs::path out = scratch / "shards";
   write_file(images, data, size);
   // An IDX header of labels: magic 0x00000801, then the count bytes 4-7 of
   // the images (gunzipped when gzipped) declare; as many labels as that, up
@@ -194,8 +209,6 @@ int convert_input(const std::uint8_t* data, std::size_t size) {
   }
   label_file.resize(8 + std::min<std::uint32_t>(count, 1 << 16), 3);
   write_file(labels, label_file.data(), label_file.size());
-  std::error_code ignored;
-  fs::remove_all(out, ignored);
   try {
     examples::convert_idx(images, labels, out, 1, "train");
   } catch (const Error&) {
@@ -207,6 +220,7 @@ int convert_input(const std::uint8_t* data, std::size_t size) {
   text_options.seq = 1 + data[0] % 64;
   text_options.shards = 1 + data[1] % 4;
   text_options.val_fraction = 0.1 * (data[2] % 5);
+  std::error_code ignored;
   fs::remove_all(out, ignored);
   try {
     text(text_options);
