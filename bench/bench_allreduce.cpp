@@ -6,7 +6,6 @@
 #include <fmt/core.h>
 #include <mpi.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <optional>

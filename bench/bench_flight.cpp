@@ -4,10 +4,10 @@
 // The recorder is always on, so this is its whole overhead per collective.
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 
 #include "comm/watchdog.h"
+#include "examples/common/cli.h"
 
 using namespace lockstep;
 

@@ -5,7 +5,6 @@
 // f16/bf16 on the CPU are reported without a baseline: neither CPU library's
 // sgemm takes half precision.
 #include <fmt/core.h>
-#include <CLI/CLI.hpp>
 
 #include <optional>
 #include <string>

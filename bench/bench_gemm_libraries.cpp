@@ -9,7 +9,6 @@
 #include <dlfcn.h>
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <random>
 #include <string>

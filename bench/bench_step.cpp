@@ -10,7 +10,6 @@
 // checkpointing instead (Note [checkpointing comparison]).
 #include <fmt/core.h>
 #include <fmt/ranges.h>
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -8,12 +8,13 @@
 
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "examples/common/cli.h"
 
 #include "engine/core/device.h"
 #include "engine/core/trace.h"

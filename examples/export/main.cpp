@@ -4,7 +4,6 @@
 // engine::export_onnx with the input shape and scaling the preset trains on.
 #include <fmt/core.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 

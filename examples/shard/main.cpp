@@ -7,7 +7,6 @@
 // order, hand them to io::DatasetWriter in pieces, close it.
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstring>

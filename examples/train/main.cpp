@@ -3,7 +3,6 @@
 // example of the whole API: World, Dataset and DataLoader, model and
 // ParameterStore, optimizer, schedule, loss scaler, Trainer, checkpoints.
 #include <fmt/core.h>
-#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
