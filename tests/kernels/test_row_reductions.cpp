@@ -1,11 +1,13 @@
 // The CPU row kernels whose f64 reductions run over eight lanes
 // (kernels/detail/lane_sum.h): LayerNorm and the causal softmax, forward and
 // backward, against float64 loops, at widths with and without a tail past the
-// last whole group of eight, and the softmax run in place.
+// last whole group of eight, the softmax run in place, and its vector and
+// scalar paths giving an input the same bits.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -130,5 +132,35 @@ TEST_CASE("the causal softmax keeps a NaN in any lane", "[kernels][attention]") 
     cpu::causal_softmax_forward(1, seq, 1.0f, scores.data(), probs.data());
     for (std::int64_t j = 0; j < seq; ++j) CHECK(std::isnan(probs[11 * seq + j]));
     CHECK(probs[10 * seq] == Approx(1.0 / 11));
+  }
+}
+
+// Note [softmax in vectors] (kernels/detail/vector_softmax.h): a row of 31
+// takes its exponentials two vectors at a time (columns 0-15), one vector
+// (16-23) and one at a time (24-30). The same seven inputs at columns 0-6,
+// 16-22 and 24-30 must give the same bits in all three places: an
+// element's probability depends on its value, never on the path that took
+// it. The inputs span [-120, 8] after scaling, below the -87 where the
+// exponential is 0, and -inf.
+TEST_CASE("the causal softmax gives an input the same bits in a vector lane and in the tail",
+          "[kernels][attention]") {
+  const std::int64_t seq = 32, row = 30, matrices = 200;
+  std::vector<float> scores(matrices * seq * seq, 0.0f), probs(scores.size());
+  const auto values = uniform(matrices * 7, 11, -240.0f, 16.0f);
+  for (std::int64_t m = 0; m < matrices; ++m) {
+    float* in = scores.data() + (m * seq + row) * seq;
+    for (std::int64_t k = 0; k < 7; ++k) {
+      const float v = m == 0 && k == 3 ? -INFINITY : values[m * 7 + k];
+      in[k] = in[16 + k] = in[24 + k] = v;
+    }
+  }
+  cpu::causal_softmax_forward(matrices, seq, 0.5f, scores.data(), probs.data());
+  for (std::int64_t m = 0; m < matrices; ++m) {
+    const float* p = probs.data() + (m * seq + row) * seq;
+    for (std::int64_t k = 0; k < 7; ++k) {
+      INFO("matrix " << m << ", input " << scores[(m * seq + row) * seq + k]);
+      CHECK(std::memcmp(&p[k], &p[16 + k], sizeof(float)) == 0);
+      CHECK(std::memcmp(&p[k], &p[24 + k], sizeof(float)) == 0);
+    }
   }
 }
