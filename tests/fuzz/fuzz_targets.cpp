@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -21,40 +20,22 @@
 #include "io/dataset.h"
 #include "io/image_decode.h"
 #include "io/image_transform.h"
+#include "tests/temp_dir.h"
 
 namespace lockstep::fuzz {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A directory of one input's own, made before the input is written and
-// removed when it is done, also when its code throws. Not one directory for the
-// whole process removed at exit: libFuzzer ends a run that reaches -runs
-// without running atexit handlers (`fuzz_shard -runs=10` left its directory
-// in /tmp), so every fuzzing run left one behind. A crashing input leaves its
-// directory, beside the artifact libFuzzer writes. The name has a fixed length
-// (not the process id): paths appear in error messages, and the inputs a fixed
-// seed tries must not depend on their length.
-class Scratch {
- public:
-  Scratch() {
-    std::string name = (fs::temp_directory_path() / "lockstep-fuzz-XXXXXX").string();
-    if (::mkdtemp(name.data()) == nullptr)
-      throw std::runtime_error("fuzz: cannot make a directory like " + name);
-    dir_ = name;
-  }
-  ~Scratch() {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-
-  fs::path operator/(const char* name) const { return dir_ / name; }
-
- private:
-  fs::path dir_;
-};
+// Each input gets a directory of its own (test::TempDir, removed when the
+// input is done, also when its code throws), not one directory for the whole
+// process removed at exit: libFuzzer ends a run that reaches -runs without
+// running atexit handlers (`fuzz_shard -runs=10` left its directory in
+// /tmp), so every fuzzing run left one behind. A crashing input leaves its
+// directory, beside the artifact libFuzzer writes. The directory's name has a
+// fixed length (not the process id): paths appear in error messages, and the
+// inputs a fixed seed tries must not depend on their length.
+using Scratch = test::TempDir;
 
 void write_file(const fs::path& path, const void* data, std::size_t size) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

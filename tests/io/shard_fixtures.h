@@ -1,12 +1,12 @@
-// Test fixtures for the io tests: a temporary directory, a file's bytes, the expected value
-// of every sample (a formula, independent of the reader), and shards written
-// straight through the HDF5 C API in the layouts h5py produces (contiguous;
-// chunked with gzip; big-endian; with a user block; libver latest), so the
-// reader is tested against files lockstep's writer did not make.
+// Test fixtures for the io tests: a temporary directory (tests/temp_dir.h),
+// a file's bytes, the expected value of every sample (a formula, independent
+// of the reader), and shards written straight through the HDF5 C API in the
+// layouts h5py produces (contiguous; chunked with gzip; big-endian; with a
+// user block; libver latest), so the reader is tested against files
+// lockstep's writer did not make.
 #pragma once
 
 #include <hdf5.h>
-#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
@@ -20,30 +20,11 @@
 #include "engine/core/tensor.h"
 #include "kernels/dtype.h"
 #include "kernels/half.h"
+#include "tests/temp_dir.h"
 
 namespace lockstep::test {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "lockstep-io-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
 
 // The whole of `path`, byte for byte ("" when it cannot be read).
 inline std::string file_text(const fs::path& path) {
