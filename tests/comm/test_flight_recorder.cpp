@@ -20,6 +20,7 @@
 
 #include "comm/watchdog.h"
 #include "engine/core/log.h"
+#include "tests/temp_dir.h"
 
 using namespace lockstep;
 using comm::FlightRecorder;
@@ -39,18 +40,6 @@ OperationInfo info(const char* name, std::uint64_t sequence, std::int64_t count)
   i.bucket = static_cast<std::int64_t>(sequence % 3);
   return i;
 }
-
-// A fresh directory, removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "lockstep-flight-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 bool wait_for_file(const std::filesystem::path& path) {
   for (int i = 0; i < 1000 && !std::filesystem::exists(path); ++i)
@@ -116,13 +105,13 @@ TEST_CASE("the flight recorder's states follow their tickets; overwritten ones a
 }
 
 TEST_CASE("the flight recorder truncates long names and escapes the reason in its JSON") {
-  TempDir dir;
+  test::TempDir dir;
   FlightRecorder recorder(3);
   OperationInfo long_name = info("allreduce", 7, 5);
   long_name.communicator = std::string(100, 'c');
   recorder.record(long_name, true);
   recorder.record(info("reduce_scatter", 8, 6), false);
-  const auto file = dir.path / "dump.json";
+  const auto file = dir.path() / "dump.json";
   std::ofstream(file) << recorder.json(2, 4, 12, "watchdog: \"x\"\n  rank 1\\ said\t");
   CHECK(python_accepts(file,
                        "d['rank'] == 2 and d['size'] == 4 and d['step'] == 12 and "
@@ -140,8 +129,8 @@ TEST_CASE("the flight recorder truncates long names and escapes the reason in it
 }
 
 TEST_CASE("a watchdog records its collectives and dumps them on SIGUSR2 and on a timeout") {
-  TempDir dir;
-  comm::set_flight_directory(dir.path);
+  test::TempDir dir;
+  comm::set_flight_directory(dir.path());
   comm::install_flight_signal();
   std::mutex mutex;  // guards message, written on the watchdog thread
   std::string message;
@@ -175,7 +164,7 @@ TEST_CASE("a watchdog records its collectives and dumps them on SIGUSR2 and on a
   CHECK(records[1].state == FlightState::failed);
   CHECK(records[1].bucket == -1);
 
-  const auto file = dir.path / "flight-rank-0.json";
+  const auto file = dir.path() / "flight-rank-0.json";
   REQUIRE(std::raise(SIGUSR2) == 0);
   REQUIRE(wait_for_file(file));
   CHECK(python_accepts(file, "d['reason'] == 'SIGUSR2' and len(d['collectives']) == 2"));
@@ -191,7 +180,7 @@ TEST_CASE("a watchdog records its collectives and dumps them on SIGUSR2 and on a
   CHECK(python_accepts(file,
                        "d['reason'].startswith('watchdog: allreduce #2') and "
                        "d['collectives'][2]['state'] == 'started'"));
-  CHECK_THAT(message, Catch::Contains("python3 tools/flight.py " + dir.path.string()));
+  CHECK_THAT(message, Catch::Contains("python3 tools/flight.py " + dir.path().string()));
   comm::set_flight_directory({});
 }
 
@@ -219,8 +208,8 @@ class OneSilentPeer final : public comm::PeerChannel {
 // who did not; the times are the recorder's, ordered against the dump's
 // now_ns (rank 0 answers at once, then the check waits out its grace).
 TEST_CASE("a watchdog's dump after a timeout carries its liveness check") {
-  TempDir dir;
-  comm::set_flight_directory(dir.path);
+  test::TempDir dir;
+  comm::set_flight_directory(dir.path());
   std::atomic<bool> reported{false};
   comm::Watchdog watchdog(
       comm::Seconds(0.1), [&](const std::string&) { reported = true; },
@@ -234,7 +223,7 @@ TEST_CASE("a watchdog's dump after a timeout carries its liveness check") {
   comm::set_flight_directory({});
   REQUIRE(reported);
   // The grace is min(timeout, 2 s) = 0.1 s; the check ends at least that long after it began.
-  CHECK(python_accepts(dir.path / "flight-rank-1.json",
+  CHECK(python_accepts(dir.path() / "flight-rank-1.json",
                        "d['liveness']['answered'] == [0] and d['liveness']['silent'] == [2] and "
                        "d['liveness']['grace_s'] == 0.1 and d['collectives'][0]['start_ns'] < "
                        "d['liveness']['asked_ns'] <= d['liveness']['answered_ns'][0] and "
@@ -243,8 +232,8 @@ TEST_CASE("a watchdog's dump after a timeout carries its liveness check") {
 }
 
 TEST_CASE("a flight dump that cannot be written is reported with the reason, and no partial file") {
-  TempDir dir;
-  const auto not_a_directory = dir.path / "a-file";
+  test::TempDir dir;
+  const auto not_a_directory = dir.path() / "a-file";
   std::ofstream(not_a_directory) << "x";
   comm::set_flight_directory(not_a_directory);
   comm::Watchdog watchdog(comm::Seconds(60), [](const std::string&) {});
@@ -256,6 +245,6 @@ TEST_CASE("a flight dump that cannot be written is reported with the reason, and
       "the flight dump " + (not_a_directory / "flight-rank-0.json").string() + ": Not a directory";
   CHECK(std::any_of(failures.begin(), failures.end(),
                     [&](const std::string& line) { return line.rfind(expected, 0) == 0; }));
-  CHECK(std::distance(std::filesystem::directory_iterator(dir.path),
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
                       std::filesystem::directory_iterator()) == 1);
 }

@@ -8,12 +8,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
 
 #include "comm/world.h"
 #include "kernels/error.h"
+#include "tests/temp_dir.h"
 
 using namespace lockstep;
 
@@ -123,8 +125,12 @@ TEST_CASE("World::abort logs the message and ends the process with the abort cod
 TEST_CASE("a collective that never completes ends the process within the timeout",
           "[comm][world]") {
   clear_launcher_environment();
-  const ChildResult child = run_in_child([] {
+  // The timeout writes the flight recorder's dump: into a directory of the
+  // test's own, not the working directory.
+  const test::TempDir flight;
+  const ChildResult child = run_in_child([&] {
     setenv("LOCKSTEP_COMM_TIMEOUT", "0.3", 1);
+    setenv("LOCKSTEP_FLIGHT_DIR", flight.path().c_str(), 1);
     int argc = 0;
     char** argv = nullptr;
     auto world = comm::init(argc, argv, {.use_gpu = false});
@@ -140,4 +146,5 @@ TEST_CASE("a collective that never completes ends the process within the timeout
   CHECK_THAT(child.output, Catch::Contains("allreduce #0 on 'world'") &&
                                Catch::Contains("at step 12") &&
                                Catch::Contains("has not completed after"));
+  CHECK(std::filesystem::exists(flight / "flight-rank-0.json"));
 }
