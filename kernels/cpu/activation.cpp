@@ -85,10 +85,22 @@ ExpBounds exp_bounds() {
 // columns, magnitudes 2^-20 to 2^20, a NaN and an infinity); the step, 3
 // interleaved pairs at load 0.8-1.0: 120.3, 118.8, 119.1 ms without, 120.0,
 // 117.7, 117.8 with.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void activation_forward(Activation act,
-                                                                             const void* x, void* y,
-                                                                             DType type,
-                                                                             std::int64_t n) {
+//
+// Note [clones behind the API]: every cloned CPU kernel is an internal
+// function (NAME_clones) with target_clones, behind the public function its
+// kernels/ header declares, which calls it. clang 14 ignores target_clones on
+// a function that an earlier declaration without the attribute names (the
+// header's), silently, and compiles it for the first target listed alone:
+// CI's clang build ran the causal softmax's AVX-512 code on the AVX2 VM and
+// died of SIGILL once that loop was written in explicit vectors (Note
+// [softmax in vectors]); before, its loops had happened to meet no
+// instruction the VM lacks (a clang build at -O3 would have). Measured with nm: the clang objects
+// had no clones of the 13 public kernels, the gcc ones had them; an internal function gets its
+// clones and resolver from both compilers.
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void activation_forward_clones(
+    Activation act, const void* x, void* y, DType type, std::int64_t n) {
   detail::require_float(type, "activation_forward");
   if (type == DType::f32) {
     const auto* in = static_cast<const float*>(x);
@@ -109,7 +121,16 @@ ExpBounds exp_bounds() {
     detail::store_f32(y, type, i, detail::activation_value(act, detail::load_f32(x, type, i)));
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void activation_backward(
+}  // namespace
+
+// Note [clones behind the API], above.
+void activation_forward(Activation act, const void* x, void* y, DType type, std::int64_t n) {
+  activation_forward_clones(act, x, y, type, n);
+}
+
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void activation_backward_clones(
     Activation act, const void* dy, const void* x, void* dx, DType type, std::int64_t n) {
   detail::require_float(type, "activation_backward");
   if (type == DType::f32) {
@@ -138,6 +159,14 @@ ExpBounds exp_bounds() {
                                                        detail::load_f32(x, type, i));
     detail::store_f32(dx, type, i, gradient);
   }
+}
+
+}  // namespace
+
+// Note [clones behind the API], above.
+void activation_backward(Activation act, const void* dy, const void* x, void* dx, DType type,
+                         std::int64_t n) {
+  activation_backward_clones(act, dy, x, dx, type, n);
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -51,7 +51,9 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
 // AVX-512 and AVX2 clones besides the baseline one, as the activations have
 // (Note [AVX-512 clones] in cpu/activation.cpp): the same bits, 16 or 8
 // exponentials at a time.
-[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_forward(
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_forward_clones(
     std::int64_t matrices, std::int64_t seq, float scale, const float* scores, float* probs) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {
     const std::int64_t i = r % seq;  // this row attends to columns 0..i
@@ -62,7 +64,17 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
   }
 }
 
-[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_backward(
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void causal_softmax_forward(std::int64_t matrices, std::int64_t seq, float scale,
+                            const float* scores, float* probs) {
+  causal_softmax_forward_clones(matrices, seq, scale, scores, probs);
+}
+
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void causal_softmax_backward_clones(
     std::int64_t matrices, std::int64_t seq, float scale, const float* probs, const float* dprobs,
     float* dscores) {
   for (std::int64_t r = 0; r < matrices * seq; ++r) {
@@ -74,6 +86,14 @@ void merge_heads(const AttentionShape& s, const void* heads, void* rows) {
     for (std::int64_t j = 0; j <= i; ++j) out[j] = scale * p[j] * (dp[j] - d);
     std::fill(out + i + 1, out + seq, 0.0f);
   }
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void causal_softmax_backward(std::int64_t matrices, std::int64_t seq, float scale,
+                             const float* probs, const float* dprobs, float* dscores) {
+  causal_softmax_backward_clones(matrices, seq, scale, probs, dprobs, dscores);
 }
 
 }  // namespace lockstep::kernels::cpu

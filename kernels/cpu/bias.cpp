@@ -9,10 +9,12 @@ namespace lockstep::kernels::cpu {
 
 // AVX-512 and AVX2 clones besides the baseline one: additions only, so every
 // clone gives the same bits (Note [AVX-512 clones] in activation.cpp).
-[[gnu::target_clones("avx512f", "avx2", "default")]] void add_bias(void* y, DType type,
-                                                                   const float* bias,
-                                                                   std::int64_t rows,
-                                                                   std::int64_t cols) {
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void add_bias_clones(void* y, DType type,
+                                                                          const float* bias,
+                                                                          std::int64_t rows,
+                                                                          std::int64_t cols) {
   detail::require_float(type, "add_bias");
   if (type == DType::f32) {
     auto* out = static_cast<float*>(y);
@@ -27,11 +29,19 @@ namespace lockstep::kernels::cpu {
     }
 }
 
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void add_bias(void* y, DType type, const float* bias, std::int64_t rows, std::int64_t cols) {
+  add_bias_clones(y, type, bias, rows, cols);
+}
+
 // AVX2: four columns' f64 sums per vector, AVX-512 eight (the same sums, in
 // the same order).
-[[gnu::target_clones("avx512f", "avx2", "default")]] void bias_grad(const void* dy, DType type,
-                                                                    std::int64_t rows,
-                                                                    std::int64_t cols, float* db) {
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void bias_grad_clones(
+    const void* dy, DType type, std::int64_t rows, std::int64_t cols, float* db) {
   detail::require_float(type, "bias_grad");
   std::vector<double> acc(static_cast<std::size_t>(cols), 0.0);
   if (type == DType::f32) {
@@ -43,6 +53,13 @@ namespace lockstep::kernels::cpu {
       for (std::int64_t j = 0; j < cols; ++j) acc[j] += detail::load_f32(dy, type, i * cols + j);
   }
   for (std::int64_t j = 0; j < cols; ++j) db[j] = static_cast<float>(db[j] + acc[j]);
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void bias_grad(const void* dy, DType type, std::int64_t rows, std::int64_t cols, float* db) {
+  bias_grad_clones(dy, type, rows, cols, db);
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -33,11 +33,11 @@ std::int64_t counted_label(const ClassificationShape& s, const void* labels, std
 
 // An AVX2 clone besides the baseline one, as the activations have (Note
 // [vector tanh]): the same bits, 8 exponentials at a time.
-[[gnu::target_clones("avx2", "default")]] void softmax_xent_forward(const ClassificationShape& s,
-                                                                    const float* logits,
-                                                                    const void* labels,
-                                                                    float* probs, float* loss,
-                                                                    float* count) {
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void softmax_xent_forward_clones(
+    const ClassificationShape& s, const float* logits, const void* labels, float* probs,
+    float* loss, float* count) {
   double total = 0.0;
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < s.rows; ++i) {
@@ -59,6 +59,14 @@ std::int64_t counted_label(const ClassificationShape& s, const void* labels, std
   }
   *count = static_cast<float>(counted);
   *loss = counted ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void softmax_xent_forward(const ClassificationShape& s, const float* logits, const void* labels,
+                          float* probs, float* loss, float* count) {
+  softmax_xent_forward_clones(s, logits, labels, probs, loss, count);
 }
 
 void softmax_xent_backward(const ClassificationShape& s, const float* probs, const void* labels,

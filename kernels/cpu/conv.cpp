@@ -326,10 +326,13 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
 }
 
 // AVX2: the four f64 lanes are one vector (the same sums, in the same order).
-[[gnu::target_clones("avx2", "default")]] void channel_bias_grad(const void* dy, DType type,
-                                                                 std::int64_t batch,
-                                                                 std::int64_t channels,
-                                                                 std::int64_t spatial, float* db) {
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void channel_bias_grad_clones(const void* dy, DType type,
+                                                                        std::int64_t batch,
+                                                                        std::int64_t channels,
+                                                                        std::int64_t spatial,
+                                                                        float* db) {
   detail::require_float(type, "channel_bias_grad");
   for (std::int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;
@@ -344,6 +347,14 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
     }
     db[c] = static_cast<float>(db[c] + acc);
   }
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
+                       std::int64_t spatial, float* db) {
+  channel_bias_grad_clones(dy, type, batch, channels, spatial, db);
 }
 
 }  // namespace cpu

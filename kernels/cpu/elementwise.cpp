@@ -133,11 +133,20 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, std::int64
 
 // The residual adds: AVX-512 and AVX2 clones, the same bits (one addition per
 // element; Note [AVX-512 clones] in activation.cpp).
-[[gnu::target_clones("avx512f", "avx2", "default")]] void add(const void* a, const void* b,
-                                                              void* out, DType type,
-                                                              std::int64_t n) {
+namespace {
+
+[[gnu::target_clones("avx512f", "avx2", "default")]] void add_clones(const void* a, const void* b,
+                                                                     void* out, DType type,
+                                                                     std::int64_t n) {
   detail::require_float(type, "add");
   binary(a, b, out, type, n, [](float x, float y) { return x + y; });
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void add(const void* a, const void* b, void* out, DType type, std::int64_t n) {
+  add_clones(a, b, out, type, n);
 }
 
 void mul(const void* a, const void* b, void* out, DType type, std::int64_t n) {

@@ -11,10 +11,13 @@
 
 namespace lockstep::kernels::cpu {
 
-[[gnu::target_clones("avx2", "default")]] void layernorm_forward(const LayerNormShape& s,
-                                                                 const float* x, const float* gamma,
-                                                                 const float* beta, float* y,
-                                                                 float* mean, float* rstd) {
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void layernorm_forward_clones(const LayerNormShape& s,
+                                                                        const float* x,
+                                                                        const float* gamma,
+                                                                        const float* beta, float* y,
+                                                                        float* mean, float* rstd) {
   const std::int64_t n = s.cols;
   for (std::int64_t i = 0; i < s.rows; ++i) {
     const float* row = x + i * n;
@@ -41,7 +44,17 @@ namespace lockstep::kernels::cpu {
   }
 }
 
-[[gnu::target_clones("avx2", "default")]] void layernorm_backward(
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void layernorm_forward(const LayerNormShape& s, const float* x, const float* gamma,
+                       const float* beta, float* y, float* mean, float* rstd) {
+  layernorm_forward_clones(s, x, gamma, beta, y, mean, rstd);
+}
+
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void layernorm_backward_clones(
     const LayerNormShape& s, const float* dy, const float* x, const float* mean, const float* rstd,
     const float* gamma, float* dx, float* dgamma, float* dbeta) {
   const std::int64_t n = s.cols;
@@ -70,6 +83,15 @@ namespace lockstep::kernels::cpu {
     for (std::int64_t j = 0; j < n; ++j) dgamma[j] = static_cast<float>(dgamma[j] + dgamma_acc[j]);
   if (dbeta)
     for (std::int64_t j = 0; j < n; ++j) dbeta[j] = static_cast<float>(dbeta[j] + dbeta_acc[j]);
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void layernorm_backward(const LayerNormShape& s, const float* dy, const float* x, const float* mean,
+                        const float* rstd, const float* gamma, float* dx, float* dgamma,
+                        float* dbeta) {
+  layernorm_backward_clones(s, dy, x, mean, rstd, gamma, dx, dgamma, dbeta);
 }
 
 }  // namespace lockstep::kernels::cpu

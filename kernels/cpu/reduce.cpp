@@ -23,16 +23,32 @@ template <typename Term>
 
 }  // namespace
 
-[[gnu::target_clones("avx2", "default")]] void sum(const void* x, DType type, std::int64_t n,
-                                                   float* out) {
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void sum_clones(const void* x, DType type, std::int64_t n,
+                                                          float* out) {
   detail::require_float(type, "sum");
   *out = static_cast<float>(accumulate(x, type, n, [](double v) { return v; }));
 }
 
-[[gnu::target_clones("avx2", "default")]] void sum_squares(const void* x, DType type,
-                                                           std::int64_t n, double* out) {
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void sum(const void* x, DType type, std::int64_t n, float* out) { sum_clones(x, type, n, out); }
+
+namespace {
+
+[[gnu::target_clones("avx2", "default")]] void sum_squares_clones(const void* x, DType type,
+                                                                  std::int64_t n, double* out) {
   detail::require_float(type, "sum_squares");
   *out = accumulate(x, type, n, [](double v) { return v * v; });
+}
+
+}  // namespace
+
+// Note [clones behind the API] (kernels/cpu/activation.cpp).
+void sum_squares(const void* x, DType type, std::int64_t n, double* out) {
+  sum_squares_clones(x, type, n, out);
 }
 
 void sum_squares(const void* x, DType type, std::int64_t n, float* out) {
