@@ -3,10 +3,8 @@
 // write the same layout (contiguous and chunked), and damaged offsets are
 // refused naming the shard, the dataset and the values.
 #include <fmt/core.h>
-#include <sys/wait.h>
 #include <catch2/catch.hpp>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,26 +12,16 @@
 #include "io/dataset.h"
 #include "io/encoded_shard_writer.h"
 #include "io/shard_fixtures.h"
+#include "io/shard_tool.h"
 #include "kernels/error.h"
 
 using namespace lockstep;
 using namespace lockstep::io;
+using test::run_shard_tool;
 using test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-int run_tool(const std::string& arguments, std::string* output = nullptr) {
-  const std::string command = std::string(LOCKSTEP_SHARD_TOOL) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string text;
-  std::array<char, 4096> buffer;
-  while (std::fgets(buffer.data(), buffer.size(), pipe)) text += buffer.data();
-  const int status = pclose(pipe);
-  if (output) *output = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 bool have_h5py() { return std::system("/usr/bin/python3 -c 'import h5py' 2>/dev/null") == 0; }
 
@@ -81,9 +69,9 @@ TEST_CASE("lockstep-shard images packs an image folder undecoded in ImageFolder'
   const std::vector<int> order{4, 2, 3, 1, 0};
   const std::vector<std::int64_t> labels{0, 0, 0, 1, 1};
   std::string log;
-  REQUIRE(run_tool(fmt::format("images --src {} --out {} --shards 2", (dir / "src").string(),
-                               (dir / "out").string()),
-                   &log) == 0);
+  REQUIRE(run_shard_tool(fmt::format("images --src {} --out {} --shards 2", (dir / "src").string(),
+                                     (dir / "out").string()),
+                         &log) == 0);
   CHECK_THAT(log, Catch::Contains("wrote 5 images") && Catch::Contains("2 classes") &&
                       Catch::Contains("1 files of other types skipped"));
   CHECK(test::file_text(dir / "out/classes.txt") == "cat\ndog\n");
@@ -104,21 +92,21 @@ TEST_CASE("lockstep-shard images packs an image folder undecoded in ImageFolder'
 
   // A list of paths: the class is the folder's name, the order the list's.
   std::ofstream(dir / "list.txt") << "src/dog/b.png\n" << (dir / "src/cat/m.png").string() << "\n";
-  REQUIRE(run_tool(fmt::format("images --src {} --out {}", (dir / "list.txt").string(),
-                               (dir / "listed").string())) == 0);
+  REQUIRE(run_shard_tool(fmt::format("images --src {} --out {}", (dir / "list.txt").string(),
+                                     (dir / "listed").string())) == 0);
   const Dataset listed = Dataset::open(dir / "listed");
   CHECK(listed.labels() == std::vector<std::int64_t>{1, 0});
   CHECK(encoded(listed, 0) == files[0].second);
 
   // A file named as an image that is not one is refused by name.
   write_file(dir / "bad/cat/x.jpg", "GIF89a");
-  CHECK(run_tool(fmt::format("images --src {} --out {}", (dir / "bad").string(),
-                             (dir / "bad-out").string()),
-                 &log) == 1);
+  CHECK(run_shard_tool(fmt::format("images --src {} --out {}", (dir / "bad").string(),
+                                   (dir / "bad-out").string()),
+                       &log) == 1);
   CHECK_THAT(log, Catch::Contains("bad/cat/x.jpg' does not start as a JPEG or PNG file does"));
-  CHECK(run_tool(fmt::format("images --src {} --out {} --shards 9", (dir / "src").string(),
-                             (dir / "nine").string()),
-                 &log) == 1);
+  CHECK(run_shard_tool(fmt::format("images --src {} --out {} --shards 9", (dir / "src").string(),
+                                   (dir / "nine").string()),
+                       &log) == 1);
   CHECK_THAT(log, Catch::Contains("--shards 9 is more than the 5 images"));
 }
 

@@ -3,7 +3,6 @@
 // the dataset's published facts), synthetic datasets equal to their Philox
 // definition, and usage errors.
 #include <fmt/core.h>
-#include <sys/wait.h>
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
@@ -14,28 +13,18 @@
 
 #include "io/dataset.h"
 #include "io/shard_fixtures.h"
+#include "io/shard_tool.h"
 #include "kernels/philox.h"
 
 using namespace lockstep;
 using namespace lockstep::io;
+using test::run_shard_tool;
 using test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
 const fs::path kFashionMnist = "/usr/share/datasets/fashion-mnist";
-
-int run_tool(const std::string& arguments, std::string* output = nullptr) {
-  const std::string command = std::string(LOCKSTEP_SHARD_TOOL) + " " + arguments + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe);
-  std::string text;
-  std::array<char, 4096> buffer;
-  while (std::fgets(buffer.data(), buffer.size(), pipe)) text += buffer.data();
-  const int status = pclose(pipe);
-  if (output) *output = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 // The pixels of an IDX image file, after its 16-byte header.
 std::vector<std::uint8_t> idx_pixels(const fs::path& path) {
@@ -67,7 +56,7 @@ TEST_CASE("lockstep-shard converts Fashion-MNIST into train and val shards", "[i
   }
   TempDir out;
   std::string log;
-  REQUIRE(run_tool("fashion-mnist --out " + out.path().string() + " --shards 3", &log) == 0);
+  REQUIRE(run_shard_tool("fashion-mnist --out " + out.path().string() + " --shards 3", &log) == 0);
   CHECK_THAT(log, Catch::Contains("train: 60000/60000 samples (100%"));
 
   const Dataset train = Dataset::open(out / "train");
@@ -93,9 +82,9 @@ TEST_CASE("lockstep-shard converts Fashion-MNIST into train and val shards", "[i
 TEST_CASE("lockstep-shard synthetic writes sample i from Philox (seed, i)", "[io][tool]") {
   for (const char* dtype : {"u8", "f32"}) {
     TempDir out;
-    REQUIRE(run_tool(fmt::format("synthetic --out {} --count 300 --shape 2,5 --dtype {} "
-                                 "--classes 7 --shards 4 --seed 99",
-                                 out.path().string(), dtype)) == 0);
+    REQUIRE(run_shard_tool(fmt::format("synthetic --out {} --count 300 --shape 2,5 --dtype {} "
+                                       "--classes 7 --shards 4 --seed 99",
+                                       out.path().string(), dtype)) == 0);
     const Dataset data = Dataset::open(out.path());
     REQUIRE(data.size() == 300);
     REQUIRE(data.shards().size() == 4);
@@ -125,14 +114,16 @@ TEST_CASE("lockstep-shard synthetic writes sample i from Philox (seed, i)", "[io
 
 TEST_CASE("lockstep-shard explains bad usage", "[io][tool]") {
   std::string out;
-  CHECK(run_tool("--help", &out) == 0);
+  CHECK(run_shard_tool("--help", &out) == 0);
   CHECK_THAT(out, Catch::Contains("fashion-mnist") && Catch::Contains("synthetic"));
   TempDir dir;
   // Refused while parsing (CLI11's validation error), naming the flag and the choices.
-  CHECK(run_tool("synthetic --out " + dir.path().string() + " --count 4 --dtype f64", &out) != 0);
+  CHECK(run_shard_tool("synthetic --out " + dir.path().string() + " --count 4 --dtype f64", &out) !=
+        0);
   CHECK_THAT(out, Catch::Contains("--dtype: 'f64' is not allowed (allowed: u8, f16, f32)"));
-  CHECK(run_tool("fashion-mnist --src " + dir.path().string() + " --out " + (dir / "o").string(),
-                 &out) == 1);
+  CHECK(run_shard_tool(
+            "fashion-mnist --src " + dir.path().string() + " --out " + (dir / "o").string(),
+            &out) == 1);
   CHECK_THAT(out, Catch::Contains("cannot open IDX file"));
-  CHECK(run_tool("synthetic --count 4", &out) != 0);  // --out is required
+  CHECK(run_shard_tool("synthetic --count 4", &out) != 0);  // --out is required
 }

@@ -115,7 +115,7 @@ TEST_CASE("token formats are checked when written and when read", "[io][tokens]"
 
 TEST_CASE("h5py reads lockstep's token shards and writes u16 and i32 ones", "[io][tokens][h5py]") {
   const char* python = "/usr/bin/python3";
-  if (std::system((std::string(python) + " -c 'import h5py' 2>/dev/null").c_str()) != 0) {
+  if (std::system(fmt::format("{} -c 'import h5py' 2>/dev/null", python).c_str()) != 0) {
     WARN("Debian's python3-h5py is not installed: skipping the h5py round trip");
     return;
   }
