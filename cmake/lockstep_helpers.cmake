@@ -39,6 +39,15 @@ function(lockstep_component target export_name)
   else()
     target_compile_definitions(${target} PUBLIC LOCKSTEP_WITH_CUDA=0)
   endif()
+  # Note [library precompiled header]: the standard and fmt headers most
+  # sources include, parsed once per library instead of once per source (C++
+  # sources only). They are 2.3 s of the 3.9 s gcc 12 takes to parse
+  # engine/run_report.cpp, which it compiles in 8.8 s at -O3. A source with
+  # its own code-generation flags skips it (kernels/CMakeLists.txt).
+  foreach(header algorithm chrono cmath cstdint cstring filesystem functional map memory mutex
+          optional string utility vector fmt/format.h)
+    target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<${header}$<ANGLE-R>>")
+  endforeach()
   install(TARGETS ${target} EXPORT lockstepTargets
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endfunction()
