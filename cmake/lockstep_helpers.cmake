@@ -14,12 +14,12 @@ endif()
 # without: under clang 14's sanitizers the coverage made a test source
 # (tests/engine/test_optim.cpp) 15% and Catch2's runner 25% slower to
 # compile, for hooks that are no-ops outside a fuzzer; the four fuzzers
-# start from the same coverage as before (libFuzzer's INITED line). And everywhere, __FILE__ relative to the source root:
-# error messages name source files, and their length must not depend on
-# where the checkout lies, or neither would the inputs a fixed seed tries
-# (.ci/run, fuzzing). The second map covers a compiler launcher such as
-# ccache, which hands the compiler paths relative to the build folder
-# ("../io/...").
+# start from the same coverage as before (libFuzzer's INITED line). And
+# everywhere, __FILE__ relative to the source root: error messages name
+# source files, and their length must not depend on where the checkout lies,
+# or neither would the inputs a fixed seed tries (.ci/run, fuzzing). The
+# second map covers a compiler launcher such as ccache, which hands the
+# compiler paths relative to the build folder ("../io/...").
 set(lockstep_fuzz_coverage "")
 if(LOCKSTEP_FUZZ)
   set(lockstep_fuzz_coverage $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
