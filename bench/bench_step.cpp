@@ -2,12 +2,11 @@
 // engine::DataParallelStep: forward, cross-entropy, backward, the gradient
 // norm, SGD with momentum) of a model preset, against PyTorch running the
 // same step in the same run (bench/torch_step.py under one or more Pythons,
-// timed in warm blocks alternating with lockstep's), and for mlp against the
-// floor of its GEMMs alone (the CPU GEMM library's own sgemm on the same
-// shapes, Note [CPU GEMM libraries]). Language models
-// (gpt-tiny, gpt2) also report tokens/s (samples/s x T). With
-// --activation-checkpointing it compares the step with and without activation
-// checkpointing instead (Note [checkpointing comparison]).
+// timed in warm blocks alternating with lockstep's), and for mlp, gpt-tiny
+// and gpt2 against the floor of their GEMMs alone (bench/gemm_floor.h).
+// Language models (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
+// With --activation-checkpointing it compares the step with and without
+// activation checkpointing instead (Note [checkpointing comparison]).
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -20,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gemm_floor.h"
 #include "bench/report.h"
 #include "bench/synthetic_training.h"
 #include "bench/torch_baseline.h"
@@ -191,42 +191,6 @@ CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string
   return m;
 }
 
-// mlp's GEMMs alone (forward, input and weight gradients of fc1..fc3), the
-// floor a step cannot beat on the CPU. Every layer has its own weight,
-// activation and gradient buffers, as in the model: shared buffers would keep
-// the floor's data in cache and make it 3-5% faster than the step can be.
-std::function<void()> mlp_gemms(std::int64_t batch) {
-  const std::int64_t dims[] = {784, 512, 512, 10};
-  struct Layer {
-    std::vector<float> x, w, y, dw, dy, dx;
-  };
-  auto layers = std::make_shared<std::vector<Layer>>();
-  for (int l = 0; l < 3; ++l) {
-    const std::size_t in = dims[l], o = dims[l + 1], b = static_cast<std::size_t>(batch);
-    layers->push_back({std::vector<float>(b * in, 0.5f), std::vector<float>(o * in, 0.25f),
-                       std::vector<float>(b * o), std::vector<float>(o * in),
-                       std::vector<float>(b * o, 0.125f), std::vector<float>(b * in)});
-  }
-  const kernels::cpu::GemmLibrary library = kernels::cpu::gemm_library();
-  return [layers, batch, dims, library] {
-    for (int l = 0; l < 3; ++l) {
-      Layer& L = (*layers)[l];
-      const std::int64_t in = dims[l], o = dims[l + 1];
-      kernels::cpu::raw_sgemm(library, false, true, batch, o, in, 1, L.x.data(), in, L.w.data(), in,
-                              0, L.y.data(), o);
-    }
-    for (int l = 2; l >= 0; --l) {
-      Layer& L = (*layers)[l];
-      const std::int64_t in = dims[l], o = dims[l + 1];
-      kernels::cpu::raw_sgemm(library, true, false, o, in, batch, 1, L.dy.data(), o, L.x.data(), in,
-                              1, L.dw.data(), in);
-      if (l > 0)
-        kernels::cpu::raw_sgemm(library, false, false, batch, in, o, 1, L.dy.data(), o, L.w.data(),
-                                in, 0, L.dx.data(), in);
-    }
-  };
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -317,13 +281,14 @@ int main(int argc, char** argv) {
       world->shutdown();
       return 0;
     }
-    const bool gemm_floor = model == "mlp" && !device.is_cuda() && precision == "fp32";
+    const bool with_floor = !device.is_cuda() && precision == "fp32";
     const std::string torch_args =
         fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,
                     precision, device.is_cuda() ? "cuda" : "cpu", threads);
-    const Measure ours = run_lockstep(
-        *world, model, batch, autocast, device, steps, gemm_floor ? mlp_gemms(batch) : nullptr,
-        baseline ? pythons : std::vector<std::string>{}, torch_args, threads);
+    const Measure ours =
+        run_lockstep(*world, model, batch, autocast, device, steps,
+                     with_floor ? bench::gemm_floor(model, batch) : nullptr,
+                     baseline ? pythons : std::vector<std::string>{}, torch_args, threads);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
     const std::optional<Baseline> first =
@@ -347,8 +312,9 @@ int main(int argc, char** argv) {
     };
     const std::optional<double> torch_sps = first ? sps(*first) : std::nullopt;
     const std::optional<double> ratio = first ? ratio_of(*first) : std::nullopt;
-    std::optional<double> gemm_ratio;
+    std::optional<double> gemm_ratio, torch_over_gemm;
     if (gemm_ms) gemm_ratio = ours.ms_per_step / *gemm_ms;
+    if (gemm_ms && first && first->ms_per_step) torch_over_gemm = *first->ms_per_step / *gemm_ms;
     const ModelPreset& preset = model_preset(model);
     std::optional<double> tokens_per_s, torch_tokens_per_s;
     if (preset.language_model) {
@@ -365,9 +331,13 @@ int main(int argc, char** argv) {
                torch_sps ? fmt::format("{:.0f}", *torch_sps) : "-",
                ratio ? fmt::format("{:.3f}", *ratio) : "-", ours.peak_bytes / 1048576.0);
     if (gemm_ms)
-      fmt::print("mlp GEMMs alone ({}): {:.2f} ms; step / GEMMs = {:.3f}\n",
+      fmt::print("{} GEMMs alone ({}): {:.2f} ms; step / GEMMs = {:.3f}{}\n", model,
                  kernels::cpu::gemm_library_name(kernels::cpu::gemm_library()), *gemm_ms,
-                 *gemm_ratio);
+                 *gemm_ratio,
+                 torch_over_gemm ? fmt::format("; PyTorch's step / these GEMMs = {:.3f}, the "
+                                               "highest ratio a step with them can reach",
+                                               *torch_over_gemm)
+                                 : "");
     fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
     fmt::print("lockstep: {:.2f} ms/step, median of {} blocks ({:.2f}-{:.2f})\n", ours.ms_per_step,
                kBlocks, 1e3 * ours.blocks.low, 1e3 * ours.blocks.high);
@@ -435,6 +405,7 @@ int main(int argc, char** argv) {
          bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
          bench::field("gemm_ms", gemm_ms),
          bench::field("step_over_gemm", gemm_ratio),
+         bench::field("torch_over_gemm", torch_over_gemm),
          bench::field("tokens_per_s", tokens_per_s),
          bench::field("torch_tokens_per_s", torch_tokens_per_s),
          bench::JsonField{"baselines", baselines_json},

@@ -66,12 +66,13 @@ class BenchTableTest(unittest.TestCase):
                  "ms_per_step": 4.9, "torch_samples_per_s": None, "ratio": None,
                  "gemm_ms": 4.5, "step_over_gemm": 1.09,
                  "no_baseline": "python3 could not run bench/torch_step.py (no torch)"}])
-            for name, model, batch in (("step_cnn.jsonl", "cnn", 64),
-                                       ("step_gpt.jsonl", "gpt-tiny", 16)):
+            for name, model, batch, gemm_ms in (("step_cnn.jsonl", "cnn", 64, None),
+                                                ("step_gpt.jsonl", "gpt-tiny", 16, 16.0)):
                 write_lines(os.path.join(out, name), [
                     {"bench": "step", "model": model, "batch": batch, "samples_per_s": 3000.0,
                      "ms_per_step": 20.0, "torch_samples_per_s": 2000.0, "ratio": 1.5,
-                     "ratio_low": 1.25, "ratio_high": 1.625, "gemm_ms": None,
+                     "ratio_low": 1.25, "ratio_high": 1.625, "gemm_ms": gemm_ms,
+                     "step_over_gemm": gemm_ms and 1.25, "torch_over_gemm": gemm_ms and 1.875,
                      "baselines": [{"torch_version": "2.15.0+cpu", "ratio": 1.5}],
                      "no_baseline": None}])
             for name, model in (("scaling_mlp.jsonl", "mlp"), ("scaling_cnn.jsonl", "cnn")):
@@ -84,8 +85,9 @@ class BenchTableTest(unittest.TestCase):
             lines = bench_table.table(out)
         self.assertIn("Measured 2026-12-01 on vm (X, 2 cores, shared)", lines[0])
         rows = [l for l in lines if l.startswith("| ") and "benchmark" not in l]
-        # f32 GEMM only, mlp step, step / GEMMs, cnn and gpt-tiny steps, two scalings
-        self.assertEqual(len(rows), 7)
+        # f32 GEMM only, mlp step, step / GEMMs, cnn step, gpt-tiny step and its step /
+        # GEMMs, two scalings
+        self.assertEqual(len(rows), 8)
         self.assertIn("| 99.0 GF/s | OpenBLAS 100.0 GF/s | 0.990 |", rows[0])
         self.assertIn("none: python3 could not run bench/torch_step.py (no torch) | — |", rows[1])
         self.assertIn("| mlp step over its GEMMs alone | same |", rows[2])
@@ -93,7 +95,10 @@ class BenchTableTest(unittest.TestCase):
         self.assertIn("| PyTorch 2.15.0+cpu 2,000 samples/s | 1.500 (1.250–1.625 block by block) |",
                       rows[3])
         self.assertIn("| gpt-tiny training step, batch 16 | `bench_step --model gpt-tiny", rows[4])
-        self.assertIn("0.80 (efficiency)", rows[5])
+        self.assertIn("1.250 (step / GEMMs, lower is better; PyTorch's step / these GEMMs "
+                      "1.875, the highest ratio they allow)", rows[5])
+        self.assertNotIn("PyTorch's step / these GEMMs", rows[2])  # mlp: no PyTorch ran
+        self.assertIn("0.80 (efficiency)", rows[6])
 
     def test_processor_named_by_family_and_model(self):
         cpuinfo = ["processor\t: 0\n", "cpu family\t: 23\n", "model\t\t: 1\n",
