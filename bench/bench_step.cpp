@@ -15,7 +15,9 @@
 #include <csignal>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -71,15 +73,16 @@ std::pair<double, double> ratio_spread(const bench::BlockTimes& ours,
 }
 
 // The Trainer's step (engine::DataParallelStep over a world of one) on one
-// batch, again and again. The step, its GEMM floor (when given) and every
-// PyTorch baseline that started are timed in warm blocks taking turns
-// (bench::warm_blocks; each block at least `steps` steps), so that neither
-// the machine's drift and other load nor the switches between processes tilt
-// their ratios. The peak memory comes from the warm-up.
+// batch, again and again. The step, its GEMM floor (with_floor, where the
+// preset has one: bench/gemm_floor.h) and every PyTorch baseline that
+// started are timed in warm blocks taking turns (bench::warm_blocks; each
+// block at least `steps` steps), so that neither the machine's drift and
+// other load nor the switches between processes tilt their ratios. The peak
+// memory comes from the warm-up.
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
-                     std::optional<DType> autocast, core::Device device, int steps,
-                     const std::function<void()>& floor, const std::vector<std::string>& pythons,
-                     const std::string& torch_args, int threads) {
+                     std::optional<DType> autocast, core::Device device, int steps, bool with_floor,
+                     const std::vector<std::string>& pythons, const std::string& torch_args,
+                     int threads) {
   bench::SyntheticTraining t(name, batch, device);
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
@@ -106,6 +109,17 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
       static_cast<double>(warm.allocations - allocations_before) / 2;
   const std::size_t peak = warm.peak_bytes;
 
+  // Made after the step's own memory, so that a batch too large for the
+  // machine is the step's error, not the floor's (bench/gemm_floor.h).
+  std::function<void()> floor;
+  try {
+    if (with_floor) floor = bench::gemm_floor(name, batch);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(fmt::format(
+        "no memory for the GEMM floor of {} at batch {} (its buffers are about the step's own); "
+        "give a smaller --batch",
+        name, batch));
+  }
   std::vector<std::unique_ptr<bench::TorchBaseline>> torches;
   std::vector<std::function<double(int)>> contenders{
       [&](int calls) { return bench::batch_seconds(step, sync, calls); }};
@@ -286,8 +300,7 @@ int main(int argc, char** argv) {
         fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,
                     precision, device.is_cuda() ? "cuda" : "cpu", threads);
     const Measure ours =
-        run_lockstep(*world, model, batch, autocast, device, steps,
-                     with_floor ? bench::gemm_floor(model, batch) : nullptr,
+        run_lockstep(*world, model, batch, autocast, device, steps, with_floor,
                      baseline ? pythons : std::vector<std::string>{}, torch_args, threads);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
