@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/report.h"
@@ -101,25 +102,21 @@ Result run_cpu(const Shape3& s, DType type, int trials, double batch_s) {
                               c.data_as<float>(), c.dim(1));
     };
   };
-  Result r{0.0, 0.0, "", {}};
+  std::vector<std::pair<double, double>> first;  // per library: lockstep's seconds, its own
+  for (kernels::cpu::GemmLibrary library : libraries)
+    first.push_back(bench::compare_seconds(ours, raw_call(library), no_sync, trials, batch_s));
   std::size_t fastest = 0;
-  for (std::size_t i = 0; i < libraries.size(); ++i) {
-    const auto [t_ours, t_raw] =
-        bench::compare_seconds(ours, raw_call(libraries[i]), no_sync, trials, batch_s);
-    r.library_gflops.push_back(flop / t_raw / 1e9);
-    if (flop / t_raw / 1e9 > *r.raw_gflops) {
-      fastest = i;
-      r.raw_gflops = flop / t_raw / 1e9;
-      r.lockstep_gflops = flop / t_ours / 1e9;
-    }
-  }
-  r.baseline = kernels::cpu::gemm_library_name(libraries[fastest]);
-  if (libraries.size() > 1) {  // the second round (Note [baseline selection])
-    const auto [t_ours, t_raw] =
-        bench::compare_seconds(ours, raw_call(libraries[fastest]), no_sync, trials, batch_s);
-    r.lockstep_gflops = flop / t_ours / 1e9;
-    r.raw_gflops = flop / t_raw / 1e9;
-  }
+  for (std::size_t i = 0; i < first.size(); ++i)
+    if (first[i].second < first[fastest].second) fastest = i;
+  const auto [t_ours, t_raw] =
+      libraries.size() > 1  // the second round
+          ? bench::compare_seconds(ours, raw_call(libraries[fastest]), no_sync, trials, batch_s)
+          : first[0];
+  Result r{flop / t_ours / 1e9,
+           flop / t_raw / 1e9,
+           kernels::cpu::gemm_library_name(libraries[fastest]),
+           {}};
+  for (const auto& timing : first) r.library_gflops.push_back(flop / timing.second / 1e9);
   return r;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/models.h"
+#include "engine/nn/attention.h"
 #include "kernels/gemm.h"
 
 namespace lockstep::bench {
@@ -23,17 +24,15 @@ namespace lockstep::bench {
 // cache and make it 3-5% faster than the step can be (measured on the mlp).
 // Weight gradients accumulate (beta 1), as the step's do. The attention
 // products are the step's blocked ones (Note [blocked causal attention],
-// engine/nn/attention.cpp: query blocks of 64 rows over the keys up to the
-// block's end, per head, in the rows c_attn writes), so the floor does the
-// step's FLOPs, no more. It leaves out everything that is not a GEMM:
-// LayerNorm, GELU, the softmaxes, the residual adds, the loss, the gradient
-// norm and SGD.
+// engine/nn/attention.cpp: query blocks of kCausalQueryBlock rows over the
+// keys up to the block's end, per head, in the rows c_attn writes), so the
+// floor does the step's FLOPs, no more. It leaves out everything that is not
+// a GEMM: LayerNorm, GELU, the softmaxes, the residual adds, the loss, the
+// gradient norm and SGD.
 namespace gemm_floor_detail {
 
 using kernels::cpu::GemmLibrary;
 using kernels::cpu::raw_sgemm;
-
-constexpr std::int64_t kQueryBlock = 64;  // Note [blocked causal attention]
 
 inline std::vector<float> filled(std::int64_t n, float v) {
   return std::vector<float>(static_cast<std::size_t>(n), v);
@@ -101,8 +100,9 @@ inline std::function<void()> gpt(const engine::GptConfig& c, std::int64_t batch,
   // for every one (Note [blocked causal attention]).
   auto each_block = [T, H, batch](auto&& f) {
     for (std::int64_t b = 0; b < batch; ++b)
-      for (std::int64_t start = 0; start < T; start += kQueryBlock)
-        for (std::int64_t h = 0; h < H; ++h) f(b, start, std::min(kQueryBlock, T - start), h);
+      for (std::int64_t start = 0; start < T; start += engine::kCausalQueryBlock)
+        for (std::int64_t h = 0; h < H; ++h)
+          f(b, start, std::min(engine::kCausalQueryBlock, T - start), h);
   };
   return [net, library, T, C, H, D, rows, each_block] {
     const GemmLibrary lib = library;

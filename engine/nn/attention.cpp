@@ -114,7 +114,7 @@ struct HeadShape {
 };
 
 // Note [blocked causal attention]: on the CPU the six head products run per
-// block of kQueryBlock query rows [start, end), over keys [0, end) only: the
+// block of kCausalQueryBlock query rows [start, end), over keys [0, end) only: the
 // scores' entries right of the diagonal block are never computed, read or
 // written, and the [B * H, T, T] layout of S, P and dP stays as it is (their
 // row stride is T; the softmax kernels and the saved P are unchanged).
@@ -146,13 +146,12 @@ struct HeadShape {
 // against 0.53, dV = P^T dO 0.48 against 0.52; inside the step these
 // products ran at 56-105 GF/s against 136-180 for the Linears'. At gpt2's T
 // = 1024 the blocks skip 15/32 of the products' work.
-constexpr std::int64_t kQueryBlock = 64;
 
 // Calls f(start, rows) for each block of query rows.
 template <typename F>
 void for_each_block(std::int64_t seq, F&& f) {
-  for (std::int64_t start = 0; start < seq; start += kQueryBlock)
-    f(start, std::min(kQueryBlock, seq - start));
+  for (std::int64_t start = 0; start < seq; start += kCausalQueryBlock)
+    f(start, std::min(kCausalQueryBlock, seq - start));
 }
 
 // C = op(A) op(B) for every head of every sample, on the CPU.

@@ -17,6 +17,10 @@
 
 namespace lockstep::engine {
 
+// The CPU head products' query rows per block (Note [blocked causal
+// attention], attention.cpp); bench/gemm_floor.h times the same blocks.
+inline constexpr std::int64_t kCausalQueryBlock = 64;
+
 class CausalSelfAttention : public Module {
  public:
   // `dropout` is nanoGPT's: the attention weights' and the output's.
