@@ -159,9 +159,10 @@ std::optional<std::pair<double, double>> run_h5py(const std::string& python,
                                                   std::int64_t batch) {
   const fs::path order_file =
       fs::temp_directory_path() / fmt::format("bench_loader_{}.i64", getpid());
-  std::ofstream(order_file, std::ios::binary)
-      .write(reinterpret_cast<const char*>(order.data()),
-             static_cast<std::streamsize>(order.size() * sizeof(std::int64_t)));
+  core::write_file(order_file,
+                   std::string_view(reinterpret_cast<const char*>(order.data()),
+                                    order.size() * sizeof(std::int64_t)),
+                   "the h5py baseline's order file");
   const std::string command = fmt::format("{} {} --data {} --order {} --batch {}", python, script,
                                           data.string(), order_file.string(), batch);
   FILE* pipe = popen(command.c_str(), "r");

@@ -645,15 +645,13 @@ void scaling_tables(comm::World& world, const Options& o, const Config& config,
     const auto p = runner.warm_profile(5);
     const auto& buckets = runner.synchronizer().buckets();
     auto fields = common("scaling_profile");
-    std::string list = "[";
+    core::Json list = core::Json::array();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       double ready = 0;
       for (std::size_t s = buckets[b].first_segment; s < buckets[b].end_segment; ++s)
         ready = std::max(ready, p.segment_ready_ms[s]);
-      list += fmt::format("{}{{\"bytes\": {}, \"ready_ms\": {:.6g}}}", b ? ", " : "",
-                          buckets[b].numel * 4, ready);
+      list.push(core::Json::object().set("bytes", buckets[b].numel * 4).set("ready_ms", ready));
     }
-    list += "]";
     for (auto& f : std::vector<bench::JsonField>{
              bench::field("batch", static_cast<long long>(o.batch)),
              bench::field("params", static_cast<long long>(runner.parameters())),
@@ -698,9 +696,8 @@ void scaling_tables(comm::World& world, const Options& o, const Config& config,
     fields.push_back(bench::field("zero", static_cast<long long>(o.zero)));
     fields.push_back(bench::field("optimizer_state_bytes",
                                   static_cast<long long>(runner.optimizer_state_bytes())));
-    fields.push_back(device.is_cuda()
-                         ? bench::JsonField{"host_overlap", "null"}
-                         : bench::JsonField{"host_overlap", sync.host_overlap ? "true" : "false"});
+    fields.push_back(device.is_cuda() ? bench::field("host_overlap", core::Json())
+                                      : bench::field("host_overlap", sync.host_overlap));
     json.write(fields);
   };
 

@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
         std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
             (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
         ratio ? "" : why_none);
-    std::string baselines_json = "[";
+    core::Json baselines = core::Json::array();
     for (const Baseline& b : ours.baselines) {
       const std::vector<bench::JsonField> fields{
           bench::field("python", b.python),
@@ -387,42 +387,36 @@ int main(int argc, char** argv) {
                        b.blocks ? std::optional<double>(1e3 * b.blocks->low) : std::nullopt),
           bench::field("ms_per_step_high",
                        b.blocks ? std::optional<double>(1e3 * b.blocks->high) : std::nullopt),
-          b.ms_per_step ? bench::JsonField{"no_baseline", "null"}
-                        : bench::field("no_baseline", b.why_none)};
-      std::string object = "{";
-      for (const bench::JsonField& f : fields)
-        object += fmt::format("{}\"{}\": {}", object.size() > 1 ? ", " : "", f.key, f.value);
-      baselines_json += (baselines_json.size() > 1 ? ", " : "") + object + "}";
+          bench::field("no_baseline", b.ms_per_step ? core::Json() : core::Json(b.why_none))};
+      baselines.push(bench::object(fields));
     }
-    baselines_json += "]";
     bench::JsonLines json(json_path);
-    json.write(
-        {bench::field("bench", "step"),
-         bench::field("model", model),
-         bench::field("batch", static_cast<long long>(batch)),
-         bench::field("precision", precision),
-         bench::field("device", device.str()),
-         bench::field("threads", static_cast<long long>(threads)),
-         bench::field("cpu_gemm", kernels::cpu::cpu_gemm_kernels().describe()),
-         bench::field("samples_per_s", samples_per_s),
-         bench::field("ms_per_step", ours.ms_per_step),
-         bench::field("ms_per_step_low", 1e3 * ours.blocks.low),
-         bench::field("ms_per_step_high", 1e3 * ours.blocks.high),
-         bench::field("blocks", static_cast<long long>(kBlocks)),
-         bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
-         bench::field("allocations_per_step", ours.allocations_per_step),
-         bench::field("torch_samples_per_s", torch_sps),
-         bench::field("ratio", ratio),
-         bench::field("ratio_low", first ? spread_of(*first).first : std::nullopt),
-         bench::field("ratio_high", first ? spread_of(*first).second : std::nullopt),
-         bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
-         bench::field("gemm_ms", gemm_ms),
-         bench::field("step_over_gemm", gemm_ratio),
-         bench::field("torch_over_gemm", torch_over_gemm),
-         bench::field("tokens_per_s", tokens_per_s),
-         bench::field("torch_tokens_per_s", torch_tokens_per_s),
-         bench::JsonField{"baselines", baselines_json},
-         ratio ? bench::JsonField{"no_baseline", "null"} : bench::field("no_baseline", why_none)});
+    json.write({bench::field("bench", "step"),
+                bench::field("model", model),
+                bench::field("batch", static_cast<long long>(batch)),
+                bench::field("precision", precision),
+                bench::field("device", device.str()),
+                bench::field("threads", static_cast<long long>(threads)),
+                bench::field("cpu_gemm", kernels::cpu::cpu_gemm_kernels().describe()),
+                bench::field("samples_per_s", samples_per_s),
+                bench::field("ms_per_step", ours.ms_per_step),
+                bench::field("ms_per_step_low", 1e3 * ours.blocks.low),
+                bench::field("ms_per_step_high", 1e3 * ours.blocks.high),
+                bench::field("blocks", static_cast<long long>(kBlocks)),
+                bench::field("peak_bytes", static_cast<long long>(ours.peak_bytes)),
+                bench::field("allocations_per_step", ours.allocations_per_step),
+                bench::field("torch_samples_per_s", torch_sps),
+                bench::field("ratio", ratio),
+                bench::field("ratio_low", first ? spread_of(*first).first : std::nullopt),
+                bench::field("ratio_high", first ? spread_of(*first).second : std::nullopt),
+                bench::field("torch_peak_bytes", ratio ? first->peak_bytes : std::nullopt),
+                bench::field("gemm_ms", gemm_ms),
+                bench::field("step_over_gemm", gemm_ratio),
+                bench::field("torch_over_gemm", torch_over_gemm),
+                bench::field("tokens_per_s", tokens_per_s),
+                bench::field("torch_tokens_per_s", torch_tokens_per_s),
+                bench::field("baselines", std::move(baselines)),
+                bench::field("no_baseline", ratio ? core::Json() : core::Json(why_none))});
     world->shutdown();
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench_step: {}\n", e.what());

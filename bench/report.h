@@ -6,42 +6,36 @@
 #pragma once
 
 #include <fmt/core.h>
-#include <fmt/os.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/core/json.h"
+#include "engine/core/output_file.h"
+
 namespace lockstep::bench {
 
-// One JSON value, already formatted: numbers, quoted strings or null.
+// One member of a measurement's JSON object (Note [JSON by a library] in
+// engine/core/json.h): numbers, strings, null (an empty optional), arrays.
 struct JsonField {
   std::string key;
-  std::string value;
+  core::Json value;
 };
 
-inline JsonField field(std::string key, const std::string& text) {
-  std::string quoted = "\"";
-  for (char c : text) quoted += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return {std::move(key), quoted + "\""};
+inline JsonField field(std::string key, core::Json value) {
+  return {std::move(key), std::move(value)};
 }
-inline JsonField field(std::string key, const char* text) {
-  return field(std::move(key), std::string(text));
-}
-inline JsonField field(std::string key, double v) {
-  return {std::move(key), fmt::format("{:.6g}", v)};
-}
-inline JsonField field(std::string key, long long v) {
-  return {std::move(key), fmt::format("{}", v)};
-}
-inline JsonField field(std::string key, std::optional<double> v) {
-  return v ? field(std::move(key), *v) : JsonField{std::move(key), "null"};
+
+// The fields as one JSON object, in their order.
+inline core::Json object(const std::vector<JsonField>& fields) {
+  core::Json out = core::Json::object();
+  for (const JsonField& f : fields) out.set(f.key, f.value);
+  return out;
 }
 
 // The legend printed under a table: `baseline` says what lockstep is measured
@@ -53,30 +47,23 @@ inline void print_legend(const std::string& baseline, const std::string& ratio,
   if (!no_baseline.empty()) fmt::print("\"-\":      {}\n", no_baseline);
 }
 
-// Appends JSON lines to a file, or does nothing when no file was asked for.
+// JSON lines in a file, or nothing when no file was asked for. The file is
+// rewritten whole after each line (core::write_file, Note [one way to write a
+// file]): a benchmark cut short leaves the lines measured so far, and a link
+// planted at the name, or an input named as the output, is refused.
 class JsonLines {
  public:
-  explicit JsonLines(const std::string& path) {
-    if (!path.empty()) file_ = std::fopen(path.c_str(), "w");
-    if (!path.empty() && !file_) throw std::runtime_error("cannot open --json file " + path);
-  }
-  ~JsonLines() {
-    if (file_) std::fclose(file_);
-  }
-  JsonLines(const JsonLines&) = delete;
-  JsonLines& operator=(const JsonLines&) = delete;
+  explicit JsonLines(std::string path) : path_(std::move(path)) {}
 
   void write(const std::vector<JsonField>& fields) {
-    if (!file_) return;
-    std::string line = "{";
-    for (std::size_t i = 0; i < fields.size(); ++i)
-      line += fmt::format("{}\"{}\": {}", i ? ", " : "", fields[i].key, fields[i].value);
-    fmt::print(file_, "{}}}\n", line);
-    std::fflush(file_);
+    if (path_.empty()) return;
+    text_ += object(fields).dump() + "\n";
+    core::write_file(path_, text_, "the --json file");
   }
 
  private:
-  std::FILE* file_ = nullptr;
+  std::string path_;
+  std::string text_;
 };
 
 // Seconds for `calls` calls of `run`, then `sync` (a GPU stream

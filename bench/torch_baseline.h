@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/core/json.h"
+
 namespace lockstep::bench {
 
 class TorchBaseline {
@@ -56,11 +58,9 @@ class TorchBaseline {
     from_ = ::fdopen(from_child[0], "r");
     const std::optional<std::string> ready = reply("\"ready\"");
     if (!ready) return;
-    const auto at = ready->find("\"torch_version\": \"");
-    if (at != std::string::npos) {
-      const auto start = at + 18;
-      version_ = ready->substr(start, ready->find('"', start) - start);
-    }
+    version_ = core::Json::parse(*ready, "bench/torch_step.py's ready line")
+                   .text("torch_version")
+                   .value_or("");
   }
   ~TorchBaseline() {
     if (to_) std::fclose(to_);  // end of input: the child exits
@@ -82,15 +82,15 @@ class TorchBaseline {
     fmt::print(to_, "{}\n", steps);
     std::fflush(to_);
     const std::optional<std::string> line = reply("\"seconds\"");
-    double seconds = 0;
-    if (!line ||
-        std::sscanf(line->c_str() + line->find("\"seconds\": ") + 11, "%lf", &seconds) != 1)
+    const std::optional<core::Json> answer =
+        line ? std::optional(core::Json::parse(*line, "bench/torch_step.py's answer"))
+             : std::nullopt;
+    const std::optional<double> seconds = answer ? answer->number("seconds") : std::nullopt;
+    if (!seconds)
       throw std::runtime_error(python_ + " stopped answering bench/torch_step.py's requests (" +
                                why_none_ + ")");
-    const auto at_peak = line->find("\"peak_bytes\": ");
-    if (at_peak != std::string::npos)
-      std::sscanf(line->c_str() + at_peak + 14, "%lf", &peak_bytes_);
-    return seconds;
+    peak_bytes_ = answer->number("peak_bytes").value_or(peak_bytes_);
+    return *seconds;
   }
 
  private:

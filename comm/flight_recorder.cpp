@@ -128,30 +128,48 @@ std::vector<FlightRecord> FlightRecorder::records() const {
 
 std::string FlightRecorder::json(int rank, int size, std::int64_t step,
                                  std::string_view reason) const {
-  std::string out = fmt::format(
-      "{{\"rank\": {}, \"size\": {}, \"reason\": {}, \"step\": {}, \"capacity\": {}, "
-      "\"recorded\": {}, \"epoch_unix_ns\": {}, \"now_ns\": {},\n \"liveness\": {},\n "
-      "\"collectives\": [",
-      rank, size, core::json_string(reason), step, ring_.size(), next_, epoch_unix_ns_, now_ns(),
-      liveness_
-          ? fmt::format("{{\"asked_ns\": {}, \"ended_ns\": {}, \"grace_s\": {}, "
-                        "\"answered\": [{}], \"answered_ns\": [{}], \"silent\": [{}]}}",
-                        liveness_->asked_ns, liveness_->ended_ns, liveness_->grace_s,
-                        fmt::join(liveness_->answered, ", "),
-                        fmt::join(liveness_->answered_ns, ", "), fmt::join(liveness_->silent, ", "))
-          : std::string("null"));
-  bool first = true;
-  for (const FlightRecord& r : records()) {
-    out += fmt::format(
-        "{}\n  {{\"sequence\": {}, \"communicator\": {}, \"kind\": {}, \"count\": {}, "
-        "\"bytes\": {}, \"dtype\": \"{}\", \"step\": {}, \"bucket\": {}, \"enqueue_ns\": {}, "
-        "\"start_ns\": {}, \"end_ns\": {}, \"state\": \"{}\"}}",
-        first ? "" : ",", r.sequence, core::json_string(r.communicator), core::json_string(r.kind),
-        r.count, r.count * static_cast<std::int64_t>(dtype_size(r.dtype)), dtype_name(r.dtype),
-        r.step, r.bucket, r.enqueue_ns, r.start_ns, r.end_ns, flight_state_name(r.state));
-    first = false;
-  }
-  return out + "\n]}\n";
+  auto numbers = [](const auto& values) {
+    core::Json list = core::Json::array();
+    for (const auto& v : values) list.push(v);
+    return list;
+  };
+  core::Json liveness;
+  if (liveness_)
+    liveness = core::Json::object()
+                   .set("asked_ns", liveness_->asked_ns)
+                   .set("ended_ns", liveness_->ended_ns)
+                   .set("grace_s", liveness_->grace_s)
+                   .set("answered", numbers(liveness_->answered))
+                   .set("answered_ns", numbers(liveness_->answered_ns))
+                   .set("silent", numbers(liveness_->silent));
+  core::Json collectives = core::Json::array();
+  for (const FlightRecord& r : records())
+    collectives.push(core::Json::object()
+                         .set("sequence", r.sequence)
+                         .set("communicator", r.communicator)
+                         .set("kind", r.kind)
+                         .set("count", r.count)
+                         .set("bytes", r.count * static_cast<std::int64_t>(dtype_size(r.dtype)))
+                         .set("dtype", dtype_name(r.dtype))
+                         .set("step", r.step)
+                         .set("bucket", r.bucket)
+                         .set("enqueue_ns", r.enqueue_ns)
+                         .set("start_ns", r.start_ns)
+                         .set("end_ns", r.end_ns)
+                         .set("state", flight_state_name(r.state)));
+  return core::Json::object()
+             .set("rank", rank)
+             .set("size", size)
+             .set("reason", reason)
+             .set("step", step)
+             .set("capacity", ring_.size())
+             .set("recorded", next_)
+             .set("epoch_unix_ns", epoch_unix_ns_)
+             .set("now_ns", now_ns())
+             .set("liveness", std::move(liveness))
+             .set("collectives", std::move(collectives))
+             .dump() +
+         "\n";
 }
 
 std::filesystem::path flight_directory() {

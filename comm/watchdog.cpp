@@ -34,16 +34,15 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <sstream>
 
 #include "engine/core/log.h"
+#include "engine/core/output_file.h"
 #include "kernels/error.h"
 
 namespace lockstep::comm {
@@ -220,31 +219,17 @@ std::filesystem::path Watchdog::dump_flight(std::string_view reason) {
   }
   const std::filesystem::path directory = flight_directory();
   const std::filesystem::path path = directory / flight_file_name(rank_);
-  const std::filesystem::path partial = path.string() + ".partial";
   std::lock_guard writing(dump_mutex_);  // abort's dump may meet the watchdog thread's
   std::error_code error;
   std::filesystem::create_directories(directory, error);
-  {
-    errno = 0;
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) {
-      const int failure = errno;
-      std::filesystem::remove(partial, error);
-      // Note [write failures] in engine/core/log.h: said whatever the log level.
-      core::report_write_failure(
-          "the flight dump " + path.string(),
-          fmt::format("{} (set LOCKSTEP_FLIGHT_DIR to a writable directory with free space)",
-                      failure != 0 ? std::strerror(failure) : "a write failed"));
-      return {};
-    }
-  }
-  std::filesystem::rename(partial, path, error);
-  if (error) {
-    core::report_write_failure("the flight dump " + path.string(),
-                               "renaming " + partial.string() + " failed: " + error.message());
-    std::filesystem::remove(partial, error);
+  try {
+    core::write_file(path, text, "the flight dump");  // Note [one way to write a file]
+  } catch (const core::OutputFileError& e) {
+    // Note [write failures] in engine/core/log.h: said whatever the log level.
+    core::report_write_failure(
+        "the flight dump " + path.string(),
+        fmt::format("{} (set LOCKSTEP_FLIGHT_DIR to a writable directory with free space)",
+                    e.reason()));
     return {};
   }
   return path;

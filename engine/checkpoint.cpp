@@ -1,11 +1,17 @@
-// Checkpoint contents: capture and restore (engine/checkpoint.h).
+// Checkpoint contents: capture and restore, and weights-only loading (Note
+// [weights files]) (engine/checkpoint.h).
 #include "engine/checkpoint.h"
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
+#include <vector>
 
+#include "engine/nn/batchnorm.h"
+#include "engine/nn/linear.h"
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -24,9 +30,9 @@ T attribute(const CheckpointContents& c, const std::string& file, const std::str
   return std::get<T>(it->second);
 }
 
-// Copies `saved` into `live`, naming the tensor on a shape mismatch.
-void copy_into(core::Tensor& live, const core::Tensor& saved, const std::string& what,
-               const std::string& file, const core::Stream& stream) {
+// Throws unless `saved` fits `live` (shape and type), naming the tensor.
+void check_fits(const core::Tensor& live, const core::Tensor& saved, const std::string& what,
+                const std::string& file) {
   if (saved.shape() != live.shape())
     throw InvalidArgument("checkpoint " + file + ": " + what + " has shape " +
                           core::shape_str(saved.shape()) + ", the model's is " +
@@ -38,12 +44,18 @@ void copy_into(core::Tensor& live, const core::Tensor& saved, const std::string&
         "checkpoint " + file + ": " + what + " is stored as " + dtype_name(saved.dtype()) +
         ", the model's is " + dtype_name(live.dtype()) +
         " (floats load into floats, as f16, f32 or f64; integers into the same integer type)");
+}
+
+// Copies `saved` into `live`, naming the tensor on a mismatch.
+void copy_into(core::Tensor& live, const core::Tensor& saved, const std::string& what,
+               const std::string& file, const core::Stream& stream) {
+  check_fits(live, saved, what, file);
   live.copy_from(saved, stream);
 }
 
+// A checkpoint's weights and buffers (load_weights has its own rules: Note [weights files]).
 void load_group(const std::map<std::string, core::Tensor>& tensors, const std::string& prefix,
-                Module& model, const std::string& file, const core::Stream& stream,
-                bool buffers_required) {
+                Module& model, const std::string& file, const core::Stream& stream) {
   for (Parameter* p : model.parameters()) {
     auto it = tensors.find(prefix + "model/" + p->name);
     if (it == tensors.end())
@@ -55,14 +67,38 @@ void load_group(const std::map<std::string, core::Tensor>& tensors, const std::s
   }
   for (Buffer* b : model.buffers()) {
     auto it = tensors.find(prefix + "buffers/" + b->name);
-    if (it == tensors.end()) {
-      if (buffers_required)
-        throw InvalidArgument("checkpoint " + file + " has no buffer '" + b->name + "'");
-      continue;
-    }
+    if (it == tensors.end())
+      throw InvalidArgument("checkpoint " + file + " has no buffer '" + b->name + "'");
     copy_into(b->value, it->second, "buffer '" + b->name + "'", file, stream);
   }
 }
+
+// Note [weights files]: names in an error, the first few of a long list.
+constexpr std::size_t kNamesShown = 8;
+
+// "a, b, c" for up to kNamesShown names, then "and N more".
+std::string name_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < kNamesShown; ++i)
+    out += (i > 0 ? ", " : "") + names[i];
+  if (names.size() > kNamesShown) out += fmt::format(" and {} more", names.size() - kNamesShown);
+  return out;
+}
+
+// The modules of the tree, root first.
+void collect_modules(Module& module, std::vector<Module*>& out) {
+  out.push_back(&module);
+  for (Module* child : module.children()) collect_modules(*child, out);
+}
+
+// One copy load_weights makes once every check has passed.
+struct WeightCopy {
+  core::Tensor* live;
+  const core::Tensor* saved;
+  const char* kind;      // "parameter" or "buffer"
+  std::string name;      // dotted
+  Parameter* parameter;  // its version is bumped; null for a buffer
+};
 
 // A checkpoint is what a run falls back to; one with an inf or NaN would
 // replace a good one in the retention window, so it is never made.
@@ -149,7 +185,7 @@ TrainingState restore_checkpoint(const CheckpointContents& c, const std::string&
     throw IoError(fmt::format("checkpoint {} has format version {}, this lockstep reads {}", file,
                               version, kCheckpointFormatVersion));
   check_fingerprint(c, file, config, config_defaults);
-  load_group(c.tensors, "/", model, file, stream, true);
+  load_group(c.tensors, "/", model, file, stream);
   for (const auto& [parameter, state] : optimizer.state_names()) {
     const std::string name = "/optimizer/" + parameter + "/" + state;
     auto it = c.tensors.find(name);
@@ -172,12 +208,122 @@ TrainingState restore_checkpoint(const CheckpointContents& c, const std::string&
   return state;
 }
 
+WeightsLoadReport load_weights(const std::filesystem::path& file, Module& model,
+                               const core::Stream& stream, const WeightsLoadOptions& options) {
+  const std::string name = fmt::format("'{}'", file.string());
+  // The file's weights by dataset path ("/model/fc1.weight", "/buffers/bn1.running_mean").
+  std::map<std::string, core::Tensor> entries;
+  for (auto& [key, t] : read_group(file, "/model")) entries["/model/" + key] = t;
+  for (auto& [key, t] : read_group(file, "/buffers", false)) entries["/buffers/" + key] = t;
+  std::set<std::string> used;
+  std::vector<WeightCopy> copies;
+  WeightsLoadReport report;
+
+  for (Parameter* p : model.parameters()) {
+    const auto it = entries.find("/model/" + p->name);
+    if (it == entries.end()) {
+      report.missing.push_back(p->name);
+      continue;
+    }
+    used.insert(it->first);
+    copies.push_back({&p->value, &it->second, "parameter", p->name, p});
+  }
+  std::vector<Module*> modules;
+  collect_modules(model, modules);
+  std::set<const Buffer*> counters;
+  for (Module* m : modules)
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(m); bn && bn->num_batches_tracked())
+      counters.insert(bn->num_batches_tracked());
+  for (Buffer* b : model.buffers()) {
+    const auto own = entries.find("/buffers/" + b->name);
+    const auto pytorch = entries.find("/model/" + b->name);
+    if (own != entries.end() && pytorch != entries.end())
+      throw InvalidArgument(fmt::format(
+          "weights file {} holds buffer '{}' twice, as {} and {} (keep one: lockstep writes "
+          "buffers under /buffers, PyTorch's state_dict has them with the parameters)",
+          name, b->name, own->first, pytorch->first));
+    const auto it = own != entries.end() ? own : pytorch;
+    if (it == entries.end()) {
+      (counters.count(b) ? report.kept_counters : report.missing).push_back(b->name);
+      continue;
+    }
+    used.insert(it->first);
+    copies.push_back({&b->value, &it->second, "buffer", b->name, nullptr});
+  }
+  // Note [weights files]: a tied weight's second name, as PyTorch lists it.
+  for (Module* m : modules) {
+    auto* linear = dynamic_cast<Linear*>(m);
+    if (!linear) continue;
+    const std::vector<Parameter*> own = linear->own_parameters();
+    Parameter& weight = linear->weight();
+    if (std::find(own.begin(), own.end(), &weight) != own.end()) continue;
+    const std::string alias = "/model/" + (m->path().empty() ? "" : m->path() + ".") + "weight";
+    const auto tied = entries.find(alias);
+    const auto owner = entries.find("/model/" + weight.name);
+    if (tied == entries.end() || owner == entries.end()) continue;
+    const core::Tensor &a = tied->second, &b = owner->second;
+    if (a.shape() != b.shape() || a.dtype() != b.dtype() ||
+        std::memcmp(a.data(), b.data(), a.nbytes()) != 0)
+      throw InvalidArgument(fmt::format(
+          "weights file {}: {} is tied to {} in this model (one tensor), but the file holds "
+          "different values for them (write one, or the same tensor under both names)",
+          name, alias, owner->first));
+    used.insert(alias);
+  }
+  for (const auto& [key, t] : entries)
+    if (!used.count(key)) report.unused.push_back(key);
+
+  if (report.partial() && !options.allow_partial) {
+    std::string found;
+    if (!report.missing.empty())
+      found = fmt::format("{} of the model's entries {} missing: {}", report.missing.size(),
+                          report.missing.size() == 1 ? "is" : "are", name_list(report.missing));
+    if (!report.unused.empty())
+      found += fmt::format("{}{} of the file's entries {} unused: {}", found.empty() ? "" : "; ",
+                           report.unused.size(), report.unused.size() == 1 ? "is" : "are",
+                           name_list(report.unused));
+    throw InvalidArgument(fmt::format(
+        "weights file {} does not match the model: {} (is the model the file's? A PyTorch "
+        "state_dict goes in whole, buffers included, as /model/<name>: docs/models.md. To load "
+        "only the entries both have, on purpose, allow a partial load: --allow-partial-weights "
+        "in lockstep-train and lockstep-export, WeightsLoadOptions::allow_partial in the library)",
+        name, found));
+  }
+  if (copies.empty() && !report.missing.empty())
+    throw InvalidArgument(fmt::format(
+        "weights file {} has none of the model's parameters and buffers, so even a partial "
+        "load would take nothing from it (the model's: {}; the file's: {})",
+        name, name_list(report.missing),
+        report.unused.empty() ? "no datasets under /model or /buffers" : name_list(report.unused)));
+  for (const WeightCopy& c : copies)
+    check_fits(*c.live, *c.saved, fmt::format("{} '{}'", c.kind, c.name), name);
+  for (const WeightCopy& c : copies) {
+    c.live->copy_from(*c.saved, stream);
+    if (c.parameter) ++c.parameter->version;
+    report.loaded.push_back(c.name);
+  }
+  return report;
+}
+
 void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream) {
-  std::map<std::string, core::Tensor> tensors;
-  for (auto& [name, t] : read_group(file, "/model")) tensors["/model/" + name] = t;
-  // Weights-only files need no buffers.
-  for (auto& [name, t] : read_group(file, "/buffers", false)) tensors["/buffers/" + name] = t;
-  load_group(tensors, "/", model, file.string(), stream, false);
+  load_weights(file, model, stream, WeightsLoadOptions{});
+}
+
+std::string WeightsLoadReport::summary() const {
+  const std::size_t total = loaded.size() + missing.size() + kept_counters.size();
+  std::string line = partial() ? "partial load: " : "";
+  line +=
+      loaded.size() == total
+          ? fmt::format("all {} of the model's parameters and buffers loaded", total)
+          : fmt::format("{} of the model's {} parameters and buffers loaded", loaded.size(), total);
+  if (!missing.empty()) line += "; missing from the file, left as they were: " + name_list(missing);
+  if (!unused.empty()) line += "; the file's entries left unused: " + name_list(unused);
+  if (!kept_counters.empty())
+    line += fmt::format(
+        "; {} num_batches_tracked absent from the file, kept as they were (a count that no "
+        "output depends on)",
+        kept_counters.size());
+  return line;
 }
 
 }  // namespace lockstep::engine

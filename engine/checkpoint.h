@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/checkpoint_file.h"
 #include "engine/nn/module.h"
@@ -64,10 +65,57 @@ TrainingState restore_checkpoint(const CheckpointContents& contents, const std::
                                  const std::map<std::string, std::string>& config_defaults,
                                  const core::Stream& stream);
 
-// Weights only: every trainable parameter from /model/<name> of any HDF5
-// file with that layout (and /buffers/<name> when present); f16 and f64
-// weights load as f32 (io::read_tensor). Missing or misshapen parameters, and
-// types that do not fit, are errors naming them.
+// Note [weights files]: load_weights reads lockstep's layout (parameters
+// under /model, buffers under /buffers: a checkpoint, or a file written the
+// same way) and PyTorch's state_dict as h5py writes it (every entry under
+// /model, BatchNorm's running_mean, running_var and num_batches_tracked
+// included), or a mix of both. Every parameter and buffer of the model must
+// be in the file once, and every dataset under /model and /buffers must be
+// taken by one of them; other groups (a checkpoint's /optimizer) and
+// attributes are not weights and are not read. Anything else is refused,
+// naming what is missing and what is unused, unless the caller allows a
+// partial load (PyTorch's load_state_dict(strict=False)). Two entries are not
+// held to that:
+// - num_batches_tracked (an int64 scalar in PyTorch) loads when present; when
+//   absent it keeps its value, as PyTorch 2's BatchNorm does with a
+//   state_dict that has no version metadata (a dict read back from h5py;
+//   older releases set 0), and the report says so. lockstep's BatchNorm2d
+//   only counts batches: its momentum is always a number, so no output
+//   depends on the count (PyTorch reads it only with momentum=None);
+// - a tied weight's second name (GPT's lm_head.weight, which PyTorch's
+//   state_dict lists beside transformer.wte.weight) is taken when it holds
+//   the owner's values bit for bit, and refused when it differs.
+// Everything is checked (names, shapes, types) before anything is copied: a
+// refused file leaves the model as it was.
+struct WeightsLoadOptions {
+  // Load the entries the model and the file both have, leave the model's
+  // other parameters and buffers as they are, and report the rest instead of
+  // refusing the file. A file that shares no entry with the model is refused
+  // all the same.
+  bool allow_partial = false;
+};
+
+// What load_weights did (Note [weights files]), by dotted name.
+struct WeightsLoadReport {
+  std::vector<std::string> loaded;  // parameters and buffers set from the file
+  // Partial loads only: the model's entries the file lacks (left as they
+  // were), and the file's datasets nothing took ("/model/head.weight").
+  std::vector<std::string> missing, unused;
+  // num_batches_tracked buffers the file lacks, kept as they were.
+  std::vector<std::string> kept_counters;
+  bool partial() const { return !missing.empty() || !unused.empty(); }
+  // One line for a run header or a program's output: what was loaded and
+  // what was skipped, naming the first few of each.
+  std::string summary() const;
+};
+
+// Weights only (Note [weights files]): the model's parameters and buffers
+// from `file`; f16 and f64 floats load as f32 (io::read_tensor). A missing or
+// unused entry (without allow_partial), a misshapen one or a type that does
+// not fit is an error naming it and the file.
+WeightsLoadReport load_weights(const std::filesystem::path& file, Module& model,
+                               const core::Stream& stream, const WeightsLoadOptions& options);
+// The same with WeightsLoadOptions{} (no partial load), the report dropped.
 void load_weights(const std::filesystem::path& file, Module& model, const core::Stream& stream);
 
 }  // namespace lockstep::engine

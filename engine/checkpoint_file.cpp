@@ -1,6 +1,6 @@
 // Checkpoint files (engine/checkpoint_file.h): HDF5 writing (in memory, Note
 // [checkpoint image]) and reading through io/hdf5.h, CRC-32 (zlib) checksums,
-// the commit sequence through io/durable_file.h, and retention.
+// the commit sequence through engine/core/output_file.h, and retention.
 #include "engine/checkpoint_file.h"
 
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "engine/core/log.h"
-#include "io/durable_file.h"
+#include "engine/core/output_file.h"
 #include "io/hdf5.h"
 #include "kernels/checked_math.h"
 
@@ -114,7 +114,7 @@ void write_contents(Hdf5Id& file, const CheckpointContents& contents) {
 
 // Note [checkpoint image]: HDF5 builds a checkpoint in memory (the core
 // driver without a backing store) and save() writes the file's image with
-// io/durable_file.h's checked write(2)s. When HDF5 wrote the file itself, a
+// engine/core/output_file.h's checked write(2)s. When HDF5 wrote the file itself, a
 // full disk met in the flush of a dataset's close left that identifier open:
 // the save failed as it should, and then HDF5 crashed at exit closing it
 // (SIGSEGV in H5D_close from H5_term_library). In memory, nothing HDF5 does
@@ -216,7 +216,7 @@ fs::path CheckpointDirectory::save(std::int64_t step, const CheckpointContents& 
   const fs::path sum_tmp = dir_ / ("." + name + ".crc32.tmp");
   // Note [checkpoint lock]: without it, a temporary may be another run's.
   for (const fs::path& stale : {tmp, sum_tmp})
-    if (lock_ && io::remove_temporary(stale))
+    if (lock_ && core::remove_temporary(stale))
       core::log_warn("removed the leftover temporary {} (an earlier save was cut short)",
                      quoted(stale));
   // Only what this save created is removed on failure: something that
@@ -224,31 +224,31 @@ fs::path CheckpointDirectory::save(std::int64_t step, const CheckpointContents& 
   bool created = false, sum_created = false;
   try {
     const std::vector<unsigned char> image = checkpoint_image(contents, tmp);
-    const int image_fd = io::create_exclusive(tmp);  // Note [exclusive creation] in io/hdf5.cpp
+    const int image_fd = core::create_exclusive(tmp);  // Note [exclusive creation] in io/hdf5.cpp
     created = true;
     try {
-      io::write_all(image_fd, image.data(), image.size(), tmp);
+      core::write_all(image_fd, image.data(), image.size(), tmp);
     } catch (...) {
       ::close(image_fd);
       throw;
     }
-    io::sync_and_close(image_fd, tmp);
+    core::sync_and_close(image_fd, tmp);
     const std::string line = checksum_line(tmp);
-    const int fd = io::create_exclusive(sum_tmp);
+    const int fd = core::create_exclusive(sum_tmp);
     sum_created = true;
     try {
-      io::write_all(fd, line.data(), line.size(), sum_tmp);
+      core::write_all(fd, line.data(), line.size(), sum_tmp);
     } catch (...) {
       ::close(fd);
       throw;
     }
-    io::sync_and_close(fd, sum_tmp);
-    io::commit_rename(sum_tmp, checksum_path(final_path));
+    core::sync_and_close(fd, sum_tmp);
+    core::commit_rename(sum_tmp, checksum_path(final_path));
     sum_created = false;
-    io::commit_rename(tmp, final_path);
+    core::commit_rename(tmp, final_path);
   } catch (...) {
-    if (created) io::remove_temporary(tmp);
-    if (sum_created) io::remove_temporary(sum_tmp);
+    if (created) core::remove_temporary(tmp);
+    if (sum_created) core::remove_temporary(sum_tmp);
     try {
       throw;
     } catch (const Error& e) {

@@ -95,6 +95,17 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
         "which needs the whole gradient buffer; ZeRO-{} keeps only each rank's shard (use "
         "zero_stage 1 with it)",
         options_.sync.zero_stage));
+  // Note [parameter units]: without a unit there is nothing to gather.
+  if (options_.sync.zero_stage == 3 && world_ && store_.pieces().empty() &&
+      default_units(model_).empty())
+    throw InvalidArgument(fmt::format(
+        "DataParallelStep: ZeRO-3 (StepOptions::sync.zero_stage 3) gathers the parameters unit "
+        "by unit, by default the children with parameters of the model's outermost Sequential "
+        "(Note [parameter units], engine/zero3.h), and {} has none: its tree holds no Sequential, "
+        "or that Sequential has no child with trainable parameters. Put its layers in a "
+        "Sequential, lay the ParameterStore out with units of your own (ParameterUnits), or use "
+        "zero_stage 2 (the gradients and optimizer state sharded, the parameters whole)",
+        model_.describe()));
   if (options_.sync.zero_stage == 3 && world_ &&
       (store_.pieces().empty() || store_.units().ranks != world_->size()))
     throw InvalidArgument(fmt::format(

@@ -1,24 +1,24 @@
-// Heartbeat (engine/heartbeat.h, Note [heartbeat]): write a temporary, rename
-// it over the file; a Busy keeps a thread rewriting it while a save runs.
+// Heartbeat (engine/heartbeat.h, Note [heartbeat]): each beat an OutputFile
+// (Note [one way to write a file]) renamed over the file; a Busy keeps a
+// thread rewriting it while a save runs.
 #include "engine/heartbeat.h"
 
 #include <fmt/core.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
-#include <cstring>
+#include <cmath>
 #include <ctime>
 
+#include "engine/core/json.h"
 #include "engine/core/log.h"
+#include "engine/core/output_file.h"
+#include "kernels/error.h"
 
 namespace lockstep::engine {
 namespace fs = std::filesystem;
 
-Heartbeat::Heartbeat(fs::path file) : file_(std::move(file)) {
-  if (!file_.empty()) temporary_ = file_.string() + ".tmp";
-}
+Heartbeat::Heartbeat(fs::path file) : file_(std::move(file)) {}
 
 Heartbeat::~Heartbeat() = default;
 
@@ -31,24 +31,26 @@ void Heartbeat::beat(std::int64_t step, const std::string& phase) {
   char time[32];
   std::strftime(time, sizeof time, "%Y-%m-%dT%H:%M:%SZ", &utc);
   const double unix_time = std::chrono::duration<double>(now.time_since_epoch()).count();
-  const std::string line =
-      fmt::format(R"({{"step": {}, "phase": "{}", "time": "{}", "unix_time": {:.3f}, "pid": {}}})",
-                  step, phase, time, unix_time, ::getpid()) +
-      "\n";
+  const std::string line = core::Json::object()
+                               .set("step", step)
+                               .set("phase", phase)
+                               .set("time", time)
+                               .set("unix_time", std::round(unix_time * 1e3) / 1e3)
+                               .set("pid", static_cast<std::int64_t>(::getpid()))
+                               .dump() +
+                           "\n";
   std::lock_guard lock(mutex_);
-  errno = 0;
-  std::FILE* out = std::fopen(temporary_.c_str(), "w");
-  bool written = out != nullptr;
-  if (out) {
-    written = std::fputs(line.c_str(), out) >= 0;
-    written = std::fclose(out) == 0 && written;
+  try {
+    // Not fsynced: a liveness signal rewritten every step is stale after a
+    // machine crash whatever was synced; the rename keeps it whole.
+    core::OutputFile out(file_, "the heartbeat file", /*durable=*/false);
+    out.write(line);
+    out.commit();
+  } catch (const core::OutputFileError& e) {
+    core::report_write_failure(
+        "the heartbeat file " + file_.string(),
+        fmt::format("{} (a liveness check on it will fail; the run goes on)", e.reason()));
   }
-  if (written && std::rename(temporary_.c_str(), file_.c_str()) == 0) return;
-  const int error = errno;
-  std::remove(temporary_.c_str());
-  core::report_write_failure("the heartbeat file " + file_.string(),
-                             fmt::format("{} (a liveness check on it will fail; the run goes on)",
-                                         error != 0 ? std::strerror(error) : "a write failed"));
 }
 
 Heartbeat::Busy::Busy(Heartbeat& heartbeat, std::int64_t step, std::string phase, double period_s)

@@ -16,9 +16,9 @@ namespace lockstep::engine {
 
 // Note [heartbeat]: one line of JSON, {"step": 12, "phase": "training",
 // "time": "2026-12-02T14:11:05Z", "unix_time": 1796220665.123, "pid": 4242},
-// written to FILE.tmp and renamed over FILE, so that a reader never sees a
-// partial line. Phases: "starting" (before the first step), "training" (at
-// each step boundary), "saving" (rewritten every second while a checkpoint is
+// written to a temporary beside FILE and renamed over it (core::OutputFile),
+// so that a reader never sees a partial line. Phases: "starting" (before the first step),
+// "training" (at each step boundary), "saving" (rewritten every second while a checkpoint is
 // written), "done". A file that cannot be written is reported once (Note
 // [write failures] in engine/core/log.h) and the run goes on: a missing
 // heartbeat makes the scheduler act, which is the failure's cost.
@@ -48,7 +48,7 @@ class Heartbeat {
   };
 
  private:
-  std::filesystem::path file_, temporary_;
+  std::filesystem::path file_;
   std::mutex mutex_;
 };
 

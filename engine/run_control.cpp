@@ -60,6 +60,16 @@ std::string step_detail(const core::trace::Breakdown& b, double step_ms, std::si
       format_bytes(peak_bytes), device);
 }
 
+void add_step_detail(core::Json& record, const core::trace::Breakdown& b, double step_ms,
+                     std::size_t peak_bytes) {
+  record.set("data_wait_ms", b.data_wait_ms)
+      .set("compute_ms", b.compute_ms)
+      .set("exposed_comm_ms", b.exposed_comm_ms)
+      .set("optimizer_ms", b.optimizer_ms)
+      .set("step_ms", step_ms)
+      .set("peak_memory_bytes", peak_bytes);
+}
+
 std::string step_detail_fields(const core::trace::Breakdown& b, double step_ms,
                                std::size_t peak_bytes) {
   return fmt::format(R"("data_wait_ms": {:.4f}, "compute_ms": {:.4f}, "exposed_comm_ms": {:.4f}, )"
@@ -77,36 +87,31 @@ std::string format_bytes(std::size_t bytes) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "a");
-  if (!file_)
-    throw IoError("cannot open the metrics file " + path +
-                  " for appending: " + std::strerror(errno));
+  if (!path.empty()) file_ = std::make_unique<core::AppendFile>(path, "the metrics file");
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (file_) std::fclose(file_);
-}
+MetricsWriter::~MetricsWriter() = default;
 
 void MetricsWriter::write(const std::string& fields) {
-  if (!file_ || failed_) return;
-  errno = 0;
-  bool written = true;
+  core::Json record;
   try {
-    fmt::print(file_, "{{{}}}\n", fields);
-  } catch (const std::exception&) {
-    written = false;
+    record = core::Json::parse("{" + fields + "}", "a metrics record");
+  } catch (const InvalidArgument&) {
+    record = core::Json::object().set("unparsed_record", fields);
   }
-  // A full disk shows at the flush: the record sat in stdio's buffer until then.
-  if (std::fflush(file_) != 0 || std::ferror(file_)) written = false;
-  if (written) return;
+  write(record);
+}
+
+void MetricsWriter::write(const core::Json& record) {
+  if (!file_ || failed_) return;
+  const int error = file_->append(record.dump() + "\n");
+  if (error == 0) return;
   failed_ = true;  // Note [write failures]: the rule for metrics
-  const int error = errno;
   core::report_write_failure(
       "the metrics file " + path_,
       fmt::format("{} (this record and every later one are lost: the run stops at the next step "
                   "boundary, after saving)",
-                  error != 0 ? std::strerror(error) : "a write failed"));
+                  std::strerror(error)));
   comm::request_stop();
 }
 

@@ -12,8 +12,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 
+#include "engine/core/json.h"
+#include "engine/core/output_file.h"
 #include "engine/core/trace.h"
 
 namespace lockstep::engine {
@@ -31,10 +34,14 @@ std::string progress_line(std::int64_t step, std::int64_t total_steps, double lo
 // (of 12.40)  peak 120.4 MiB on cpu".
 std::string step_detail(const core::trace::Breakdown& breakdown, double step_ms,
                         std::size_t peak_bytes, const std::string& device);
-// The same as metrics fields: "data_wait_ms": 0.031, "compute_ms": ...,
-// "exposed_comm_ms": ..., "optimizer_ms": ..., "step_ms": ..., "peak_memory_bytes": ...
-std::string step_detail_fields(const core::trace::Breakdown& breakdown, double step_ms,
-                               std::size_t peak_bytes);
+// The same in a metrics record: adds "data_wait_ms", "compute_ms",
+// "exposed_comm_ms", "optimizer_ms", "step_ms" and "peak_memory_bytes".
+void add_step_detail(core::Json& record, const core::trace::Breakdown& breakdown, double step_ms,
+                     std::size_t peak_bytes);
+// The same fields as text: "\"data_wait_ms\": 0.031, \"compute_ms\": ...".
+[[deprecated(
+    "since 0.2.0, removed in 0.3.0: add_step_detail writes them into a core::Json")]] std::string
+step_detail_fields(const core::trace::Breakdown& breakdown, double step_ms, std::size_t peak_bytes);
 // "2m13s", "1h04m", "45s", "3.2s".
 std::string format_duration(double seconds);
 // "812 B", "3.0 KiB", "120.4 MiB", "1.20 GiB".
@@ -48,17 +55,27 @@ std::string format_bytes(std::size_t bytes);
 // saving. failed() says so.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // "" writes nothing
+  // "" writes nothing. The file is a core::AppendFile (Note [one way to
+  // write a file]): a symlink or a directory there, or one of the run's
+  // inputs, is refused with an IoError.
+  explicit MetricsWriter(const std::string& path);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
-  // `fields` is the inside of the object: "\"step\": 3, \"loss\": 0.5".
-  void write(const std::string& fields);
+  // One record, one line (Note [JSON by a library]: a non-finite number is
+  // written as null and named in the record's "non_finite" member).
+  void write(const core::Json& record);
+  // `fields` is the inside of an object: "\"step\": 3, \"loss\": 0.5". Parsed
+  // and written as write(Json); text that is not JSON is kept as a string in
+  // {"unparsed_record": ...}.
+  [[deprecated(
+      "since 0.2.0, removed in 0.3.0: build a core::Json object and call write(Json)")]] void
+  write(const std::string& fields);
   bool failed() const { return failed_; }
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<core::AppendFile> file_;
   bool failed_ = false;
 };
 

@@ -204,22 +204,33 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   return lines;
 }
 
-std::string run_start_record(const RunHeader& h, int world_size) {
-  std::string record = fmt::format(
-      R"("run": "start", "program": {}, "model": {}, "ranks": {}, "micro_batch": {}, )"
-      R"("accumulation": {}, "global_batch": {}, "precision": {}, "loss_scaling": {}, )"
-      R"("deterministic": {}, "threads": {}, "start_step": {}, "total_steps": {}, )"
-      R"("steps_per_epoch": {}, "zero_stage": {}, "activation_checkpointing": {})",
-      core::json_string(h.program), core::json_string(h.model), world_size, h.micro_batch,
-      h.accumulation, global_batch(h, world_size), core::json_string(h.precision), h.loss_scaling,
-      deterministic_run(), h.threads, h.start_step, h.total_steps, h.steps_per_epoch, h.zero_stage,
-      h.activation_checkpointing);
+core::Json start_record(const RunHeader& h, int world_size) {
+  core::Json record = core::Json::object()
+                          .set("run", "start")
+                          .set("program", h.program)
+                          .set("model", h.model)
+                          .set("ranks", world_size)
+                          .set("micro_batch", h.micro_batch)
+                          .set("accumulation", h.accumulation)
+                          .set("global_batch", global_batch(h, world_size))
+                          .set("precision", h.precision)
+                          .set("loss_scaling", h.loss_scaling)
+                          .set("deterministic", deterministic_run())
+                          .set("threads", h.threads)
+                          .set("start_step", h.start_step)
+                          .set("total_steps", h.total_steps)
+                          .set("steps_per_epoch", h.steps_per_epoch)
+                          .set("zero_stage", h.zero_stage)
+                          .set("activation_checkpointing", h.activation_checkpointing);
   if (h.parameter_bytes > 0)
-    record +=
-        fmt::format(R"(, "expected_model_state_bytes": {})", model_state_bytes(h, world_size));
-  if (h.tokens_per_sample > 0)
-    record += fmt::format(R"(, "tokens_per_sample": {})", h.tokens_per_sample);
+    record.set("expected_model_state_bytes", model_state_bytes(h, world_size));
+  if (h.tokens_per_sample > 0) record.set("tokens_per_sample", h.tokens_per_sample);
   return record;
+}
+
+std::string run_start_record(const RunHeader& h, int world_size) {
+  const std::string text = start_record(h, world_size).dump();
+  return text.substr(1, text.size() - 2);
 }
 
 RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metrics)
@@ -231,7 +242,7 @@ RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metric
     for (const std::string& line : format_run_header(header_, world_.size(), placement_))
       fmt::print("{}\n", line);
     std::fflush(stdout);
-    metrics_.write(run_start_record(header_, world_.size()));
+    metrics_.write(start_record(header_, world_.size()));
   }
   figures_.last_step = header_.start_step;
   start_ = epoch_start_ = Clock::now();
@@ -370,34 +381,35 @@ void RunReport::finish() {
     fmt::print("{}\n", format_peak_split(static_cast<int>(high), splits[high]));
   }
   std::fflush(stdout);
-  auto number = [](const std::optional<double>& v) {
-    return v ? fmt::format("{:.6g}", *v) : std::string("null");
-  };
-  std::string record = fmt::format(
-      R"("run": "end", "step": {}, "wall_s": {:.3f}, "epoch_wall_s": {}, "samples_per_s": {}, )"
-      R"("skipped_steps": {}, "steps": {}, "train_loss": {}, "val_loss": {}, "val_accuracy": {}, )"
-      R"("best_val_accuracy": {}, "best_val_step": {}, "checkpoint": {}, )"
-      R"("peak_memory_bytes": [{}])",
-      s.last_step, s.wall_s,
-      s.epoch_wall_s.empty() ? std::string("null") : fmt::format("{:.3f}", mean(s.epoch_wall_s)),
-      s.step_s > 0 ? fmt::format("{:.1f}", s.samples / s.step_s) : std::string("null"),
-      s.skipped_steps, s.steps, number(s.last_epoch_train_loss), number(s.val_loss),
-      number(s.val_accuracy), number(s.best_val_accuracy),
-      s.best_val_accuracy ? std::to_string(s.best_val_step) : std::string("null"),
-      last_checkpoint_.empty() ? std::string("null") : core::json_string(last_checkpoint_),
-      fmt::join(peaks, ", "));
+  core::Json record =
+      core::Json::object()
+          .set("run", "end")
+          .set("step", s.last_step)
+          .set("wall_s", s.wall_s)
+          .set("epoch_wall_s", s.epoch_wall_s.empty() ? core::Json() : mean(s.epoch_wall_s))
+          .set("samples_per_s", s.step_s > 0 ? core::Json(s.samples / s.step_s) : core::Json())
+          .set("skipped_steps", s.skipped_steps)
+          .set("steps", s.steps)
+          .set("train_loss", s.last_epoch_train_loss)
+          .set("val_loss", s.val_loss)
+          .set("val_accuracy", s.val_accuracy)
+          .set("best_val_accuracy", s.best_val_accuracy)
+          .set("best_val_step", s.best_val_accuracy ? core::Json(s.best_val_step) : core::Json())
+          .set("checkpoint", last_checkpoint_.empty() ? core::Json() : last_checkpoint_);
+  core::Json peak_list = core::Json::array();
+  for (const std::uint64_t p : peaks) peak_list.push(p);
+  record.set("peak_memory_bytes", std::move(peak_list));
   if (header_.tokens_per_sample > 0 && s.step_s > 0)
-    record += fmt::format(R"(, "tokens_per_s": {:.1f})",
-                          static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
-  std::vector<std::string> objects;  // Note [memory kinds]
+    record.set("tokens_per_s",
+               static_cast<double>(s.samples * header_.tokens_per_sample) / s.step_s);
+  core::Json by_kind = core::Json::array();  // Note [memory kinds]
   for (const std::vector<std::uint64_t>& split : splits) {
-    std::vector<std::string> fields;
+    core::Json kinds = core::Json::object();
     for (std::size_t k = 0; k < split.size(); ++k)
-      fields.push_back(fmt::format(
-          R"("{}": {})", core::memory_kind_name(static_cast<core::MemoryKind>(k)), split[k]));
-    objects.push_back("{" + fmt::format("{}", fmt::join(fields, ", ")) + "}");
+      kinds.set(core::memory_kind_name(static_cast<core::MemoryKind>(k)), split[k]);
+    by_kind.push(std::move(kinds));
   }
-  record += fmt::format(R"(, "peak_memory_by_kind": [{}])", fmt::join(objects, ", "));
+  record.set("peak_memory_by_kind", std::move(by_kind));
   metrics_.write(record);
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/world.h"
+#include "engine/core/json.h"
 #include "engine/run_control.h"
 #include "io/dataset.h"
 
@@ -68,7 +69,9 @@ struct RunHeader {
   std::int64_t total_steps = 0;
   std::string length_reason;  // how total_steps was chosen, e.g. "3 epochs"
   std::int64_t start_step = 0;
-  std::string resume;     // "resumed from ckpt-6.h5 at step 6 ..."; "": no resume asked
+  // How the run starts (the "start" line): "resumed from ckpt-6.h5 at step 6 ...",
+  // "weights of w.h5: ..." (--init-from, WeightsLoadReport::summary); "": fresh.
+  std::string resume;
   std::string precision;  // "fp32", "bf16"
   bool loss_scaling = false;
   int zero_stage = 0;                     // StepOptions::sync.zero_stage
@@ -88,8 +91,12 @@ struct RunHeader {
 // The header's lines, each without a newline (pure: what start_run prints).
 std::vector<std::string> format_run_header(const RunHeader& header, int world_size,
                                            const std::vector<RankPlacement>& placement);
-// The "run": "start" metrics record (Note [run records]), its inside only.
-std::string run_start_record(const RunHeader& header, int world_size);
+// The "run": "start" metrics record (Note [run records]).
+core::Json start_record(const RunHeader& header, int world_size);
+// The same record's inside as text.
+[[deprecated(
+    "since 0.2.0, removed in 0.3.0: start_record returns the record as a core::Json")]] std::string
+run_start_record(const RunHeader& header, int world_size);
 
 // The figures a run keeps for its summary, fed one step and one evaluation at
 // a time on every rank (the numbers are global already); rank 0 reports.

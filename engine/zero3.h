@@ -51,7 +51,8 @@
 namespace lockstep::engine {
 
 // The default units of Note [parameter units], in forward order; empty when
-// the tree has no Sequential (then every parameter is one resident piece).
+// the tree has no Sequential or its outermost has no child with trainable
+// parameters (a ZeRO-3 step then refuses the model, saying why).
 std::vector<Module*> default_units(Module& root);
 
 class ParameterGathers {

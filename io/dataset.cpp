@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include "io/detail/shard_file.h"
 #include "kernels/error.h"
@@ -20,7 +21,41 @@ struct Dataset::State {
   std::vector<std::int64_t> labels;
   std::vector<float> targets;
   ShardFormat format;
+  std::vector<std::string> class_names;
+  fs::path class_names_file;
 };
+
+namespace {
+
+// A directory's classes.txt, one name a line; none when it has no such file.
+std::vector<std::string> read_class_names(const fs::path& file) {
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) return {};
+  std::ifstream in(file);
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);) names.push_back(line);
+  if (in.bad() || !in.eof())
+    throw IoError("cannot read the class names in '" + file.string() +
+                  "' (check the file and its permissions)");
+  return names;
+}
+
+// Throws InvalidArgument naming the shard, the row and the value when a
+// target of `shard` lies outside [0, 1] (OpenOptions::probability_targets).
+void check_probabilities(const fs::path& shard, const std::vector<float>& targets,
+                         std::int64_t per_row) {
+  const auto bad = std::find_if(targets.begin(), targets.end(),
+                                [](float v) { return !(v >= 0.0f && v <= 1.0f); });
+  if (bad == targets.end()) return;
+  const std::int64_t at = bad - targets.begin();
+  throw InvalidArgument(fmt::format(
+      "shard '{}', dataset '{}', row {}: target {} (value {} of the row) is outside [0, 1], but "
+      "binary cross-entropy reads each target as a probability, and past [0, 1] its loss falls "
+      "without bound (fix the data, or train with a loss for any real target: mse, l1 or huber)",
+      shard.string(), kTargetsName, at / per_row, *bad, at % per_row));
+}
+
+}  // namespace
 
 Dataset Dataset::open(const fs::path& path, const OpenOptions& options) {
   std::error_code error;
@@ -38,10 +73,15 @@ Dataset Dataset::open(const fs::path& path, const OpenOptions& options) {
                   "' holds no *.h5 files (write some with lockstep-shard)");
   std::sort(shards.begin(), shards.end(),
             [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
-  return open(shards, options);
+  return open_shards(shards, options, path);
 }
 
 Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOptions& options) {
+  return open_shards(shard_paths, options, {});
+}
+
+Dataset Dataset::open_shards(const std::vector<fs::path>& shard_paths, const OpenOptions& options,
+                             const fs::path& directory) {
   if (shard_paths.empty()) throw IoError("no shards: the list of shard files is empty");
   auto state = std::make_shared<State>();
   std::int64_t rows = 0;
@@ -61,8 +101,14 @@ Dataset Dataset::open(const std::vector<fs::path>& shard_paths, const OpenOption
     const std::vector<std::int64_t> labels = file->take_labels();
     state->labels.insert(state->labels.end(), labels.begin(), labels.end());
     const std::vector<float> targets = file->take_targets();
+    if (options.probability_targets && state->format.has_targets)
+      check_probabilities(path, targets, core::shape_numel(state->format.target_shape));
     state->targets.insert(state->targets.end(), targets.begin(), targets.end());
     state->files.push_back(std::move(file));
+  }
+  if (!directory.empty()) {
+    state->class_names = read_class_names(directory / "classes.txt");
+    if (!state->class_names.empty()) state->class_names_file = directory / "classes.txt";
   }
   return Dataset(std::move(state));
 }
@@ -90,6 +136,8 @@ std::vector<std::pair<std::string, std::string>> Dataset::agreement_fields() con
 
 const std::vector<std::int64_t>& Dataset::labels() const { return state_->labels; }
 const std::vector<float>& Dataset::targets() const { return state_->targets; }
+const std::vector<std::string>& Dataset::class_names() const { return state_->class_names; }
+const fs::path& Dataset::class_names_file() const { return state_->class_names_file; }
 
 std::string Dataset::describe_row(std::int64_t row) const {
   const auto shard =
@@ -176,6 +224,27 @@ void Dataset::read_encoded(std::int64_t row, std::vector<std::uint8_t>& bytes) c
   const std::size_t shard =
       std::upper_bound(state_->ends.begin(), state_->ends.end(), row) - state_->ends.begin();
   state_->files[shard]->read_encoded(row - state_->infos[shard].first_row, bytes);
+}
+
+void check_same_classes(const Dataset& data, const std::string& name, const Dataset& other,
+                        const std::string& other_name) {
+  const std::vector<std::string>& a = data.class_names();
+  const std::vector<std::string>& b = other.class_names();
+  if (a.empty() || b.empty() || a == b) return;
+  const std::size_t first = static_cast<std::size_t>(
+      std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+  const auto in = [first](const Dataset& d) {
+    const std::vector<std::string>& names = d.class_names();
+    return first < names.size()
+               ? fmt::format("{:?} in '{}'", names[first], d.class_names_file().string())
+               : fmt::format("missing from '{}' (it names {} classes)",
+                             d.class_names_file().string(), names.size());
+  };
+  throw InvalidArgument(fmt::format(
+      "{} and {} number their classes differently: class {} is {} but {} (label {} would name "
+      "a different class in each: shard both from folders with the same class names, none of "
+      "them empty)",
+      other_name, name, first, in(other), in(data), first));
 }
 
 }  // namespace lockstep::io

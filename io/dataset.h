@@ -3,7 +3,7 @@
 // format, and loads every label (8 bytes a sample) or target (4 bytes a
 // value) into memory, so that checks happen once and batches only read
 // inputs (fixed-shape rows, or an encoded-image shard's files). Reads are
-// thread-safe.
+// thread-safe. A directory's classes.txt names its classes (Note [same classes]).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,10 @@ struct OpenOptions {
   // Read every shard through HDF5, even contiguous ones: slower, for checks
   // that the two read paths agree (Note [contiguous reads]).
   bool force_hdf5 = false;
+  // The targets are probabilities, as binary cross-entropy reads them: every
+  // target of a target shard must lie in [0, 1] (outside it the loss has no
+  // minimum and falls without bound), checked as each shard is opened.
+  bool probability_targets = false;
 };
 
 class Dataset {
@@ -60,6 +64,13 @@ class Dataset {
   // label lies outside [0, num_classes).
   void check_labels(std::int64_t num_classes) const;
 
+  // The class names of a dataset opened as a directory that holds a
+  // classes.txt beside its shards (lockstep-shard images writes one), one a
+  // line, class 0 first; empty otherwise (shard files, or no such file).
+  const std::vector<std::string>& class_names() const;
+  // That classes.txt; empty when class_names() is.
+  const std::filesystem::path& class_names_file() const;
+
   // "shard 'data/shard-00001-of-00004.h5', row 17": where global `row` lives,
   // for messages.
   std::string describe_row(std::int64_t row) const;
@@ -77,7 +88,20 @@ class Dataset {
  private:
   struct State;
   explicit Dataset(std::shared_ptr<const State> state) : state_(std::move(state)) {}
+  // Both open()s: `directory` is the one given to open(path), empty for a
+  // list of shard files (only a directory's classes.txt is read).
+  static Dataset open_shards(const std::vector<std::filesystem::path>& shard_paths,
+                             const OpenOptions& options, const std::filesystem::path& directory);
   std::shared_ptr<const State> state_;
 };
+
+// Note [same classes]: a label is a class's number, so two datasets trained
+// and evaluated together (a train and a val split) must number the same
+// classes alike. When both name their classes (Dataset::class_names), throws
+// InvalidArgument unless the names are the same, in the same order, naming
+// both datasets (`name`, `other_name`: "--data photos/train") and the first
+// class that differs. Datasets without names (h5py's shards) are not compared.
+void check_same_classes(const Dataset& data, const std::string& name, const Dataset& other,
+                        const std::string& other_name);
 
 }  // namespace lockstep::io

@@ -5,7 +5,7 @@
 #include <fmt/core.h>
 
 #include "engine/core/log.h"
-#include "io/durable_file.h"
+#include "engine/core/output_file.h"
 #include "io/hdf5.h"
 #include "io/shard_format.h"
 #include "kernels/checked_math.h"
@@ -63,7 +63,7 @@ EncodedShardWriter::EncodedShardWriter(fs::path path, std::span<const std::int64
   temp_path_ = path_;
   temp_path_ += ".tmp";
   Hdf5Lock lock;
-  if (remove_temporary(temp_path_))
+  if (core::remove_temporary(temp_path_))
     core::log_warn("removed the leftover temporary '{}' (an earlier write was cut short)",
                    temp_path_.string());
   handles_ = std::make_unique<Handles>();
@@ -77,7 +77,7 @@ EncodedShardWriter::EncodedShardWriter(fs::path path, std::span<const std::int64
   } catch (const Error& e) {
     const bool created = static_cast<bool>(handles_->file);
     handles_.reset();
-    if (created) remove_temporary(temp_path_);
+    if (created) core::remove_temporary(temp_path_);
     throw IoError(
         fmt::format("cannot create shard '{}' ({} encoded images, {} bytes): {} (check "
                     "that the directory exists and is writable)",
@@ -88,7 +88,7 @@ EncodedShardWriter::EncodedShardWriter(fs::path path, std::span<const std::int64
 EncodedShardWriter::~EncodedShardWriter() {
   if (!handles_) return;
   handles_.reset();
-  remove_temporary(temp_path_);
+  core::remove_temporary(temp_path_);
 }
 
 void EncodedShardWriter::append(std::span<const std::uint8_t> image, std::int64_t label) {
@@ -136,8 +136,8 @@ void EncodedShardWriter::close() {
     throw IoError("closing shard '" + temp_path_.string() + "': " + e.what() +
                   " (check the disk and its free space)");
   }
-  fsync_path(temp_path_, false);
-  commit_rename(temp_path_, path_);
+  core::fsync_path(temp_path_, false);
+  core::commit_rename(temp_path_, path_);
   handles_.reset();
 }
 

@@ -7,7 +7,7 @@
 #include <bit>
 #include <string>
 
-#include "io/durable_file.h"
+#include "engine/core/output_file.h"
 
 namespace lockstep::io {
 namespace {
@@ -106,12 +106,12 @@ Hdf5Id create_hdf5_file(const std::filesystem::path& file) {
   // leave a half-made file behind when its first write fails. So the name is
   // taken with O_EXCL | O_NOFOLLOW here; only then does HDF5 truncate and
   // fill that file, and on failure the file is ours to remove.
-  ::close(create_exclusive(file));
+  ::close(core::create_exclusive(file));
   Hdf5Lock lock;
   const hid_t id = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) {
     const std::string stack = hdf5_error_stack();
-    remove_temporary(file);
+    core::remove_temporary(file);
     throw IoError("cannot create HDF5 file '" + file.string() + "': " + stack +
                   " (check the disk and its free space)");
   }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/output_file.h"
 #include "io/detail/hdf5_format_check.h"
 #include "io/hdf5.h"
 #include "kernels/checked_math.h"
@@ -198,6 +199,7 @@ Hdf5Id open_hdf5_file(const fs::path& file, const std::string& what) {
                   " (the file is damaged or not HDF5: re-create it)");
   Hdf5Id opened(id);
   check_object_headers(opened.get(), file, what);
+  core::note_input(file);  // Note [one way to write a file]: no output may replace it
   return opened;
 }
 

@@ -22,7 +22,7 @@
 #include <system_error>
 
 #include "engine/core/log.h"
-#include "io/durable_file.h"
+#include "engine/core/output_file.h"
 #include "io/hdf5.h"
 
 namespace lockstep::io {
@@ -131,7 +131,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
   temp_path_ = path_;
   temp_path_ += ".tmp";
   Hdf5Lock lock;
-  if (remove_temporary(temp_path_))
+  if (core::remove_temporary(temp_path_))
     core::log_warn("removed the leftover temporary {} (an earlier write was cut short)",
                    quoted(temp_path_));
   handles_ = std::make_unique<Handles>();
@@ -145,7 +145,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
   } catch (const Error& e) {
     const bool created = static_cast<bool>(handles_->file);
     handles_.reset();
-    if (created) remove_temporary(temp_path_);
+    if (created) core::remove_temporary(temp_path_);
     throw IoError("cannot create shard " + quoted(temp_path_) + " (" + format.str() + ", " +
                   std::to_string(rows) + " rows): " + e.what() +
                   " (check that the directory exists and is writable)");
@@ -154,7 +154,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
     reserve_space(handles_->file.get(), temp_path_, path_);
   } catch (const Error&) {
     handles_.reset();
-    remove_temporary(temp_path_);
+    core::remove_temporary(temp_path_);
     throw;
   }
 }
@@ -162,7 +162,7 @@ ShardWriter::ShardWriter(fs::path path, const ShardFormat& format, std::int64_t 
 ShardWriter::~ShardWriter() {
   if (!handles_) return;
   handles_.reset();
-  remove_temporary(temp_path_);
+  core::remove_temporary(temp_path_);
 }
 
 void ShardWriter::append(const void* inputs, const void* labels, std::int64_t count) {
@@ -205,8 +205,8 @@ void ShardWriter::close() {
     throw IoError("closing shard " + quoted(temp_path_) + ": " + e.what() +
                   " (check the disk and its free space)");
   }
-  fsync_path(temp_path_, false);
-  commit_rename(temp_path_, path_);
+  core::fsync_path(temp_path_, false);
+  core::commit_rename(temp_path_, path_);
   handles_.reset();
 }
 

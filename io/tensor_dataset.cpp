@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/error.h"
+#include "kernels/half.h"
 
 namespace lockstep::io {
 namespace {
@@ -42,6 +43,20 @@ core::Tensor widened_targets(core::Tensor targets) {
     to[i] = targets.dtype() == DType::i32 ? targets.data_as<std::int32_t>()[i]
                                           : targets.data_as<std::uint8_t>()[i];
   return wide;
+}
+
+// Element i of a host tensor of float or integer targets, as a double.
+double target_value(const core::Tensor& t, std::int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32:
+      return t.data_as<float>()[i];
+    case DType::f16:
+      return kernels::f16_bits_to_f32(t.data_as<std::uint16_t>()[i]);
+    case DType::bf16:
+      return kernels::bf16_bits_to_f32(t.data_as<std::uint16_t>()[i]);
+    default:  // widened_targets made every integer dtype i64
+      return static_cast<double>(t.data_as<std::int64_t>()[i]);
+  }
 }
 
 }  // namespace
@@ -81,6 +96,17 @@ TensorDataset::TensorDataset(core::Tensor inputs, core::Tensor targets, core::Na
             fmt::format("TensorDataset: targets row {} holds {}, outside [0, {}) "
                         "(TensorDatasetOptions::num_classes)",
                         i / per_row, y[i], options_.num_classes));
+  }
+  if (options_.probability_targets) {
+    const std::int64_t per_row = rows > 0 ? labels_.numel() / rows : 0;
+    for (std::int64_t i = 0; i < labels_.numel(); ++i)
+      if (const double v = target_value(labels_, i); !(v >= 0.0 && v <= 1.0))
+        throw InvalidArgument(fmt::format(
+            "TensorDataset: targets row {} holds {} (value {} of the row), outside [0, 1]: "
+            "binary cross-entropy reads each target as a probability, and past [0, 1] its loss "
+            "falls without bound (TensorDatasetOptions::probability_targets; fix the targets, or "
+            "train with a loss for any real target)",
+            i / per_row, v, i % per_row));
   }
 }
 

@@ -29,6 +29,9 @@ struct TensorDatasetOptions {
   core::Stream stream{};
   // > 0: check at construction that every integer target lies in [0, num_classes).
   std::int64_t num_classes = 0;
+  // The targets are probabilities, as binary cross-entropy (BCEWithLogitsLoss)
+  // reads them: check at construction that every target lies in [0, 1].
+  bool probability_targets = false;
 };
 
 class TensorDataset final : public BatchSource {
@@ -42,7 +45,7 @@ class TensorDataset final : public BatchSource {
   TensorDataset(core::Tensor inputs, core::Tensor targets, TensorDatasetOptions options);
   // With further host tensors of the same rows, handed out by name in
   // Batch::named (integer ones widened to i64 as targets are; num_classes
-  // checks the targets only).
+  // and probability_targets check the targets only).
   TensorDataset(core::Tensor inputs, core::Tensor targets, core::NamedTensors named,
                 TensorDatasetOptions options);
 

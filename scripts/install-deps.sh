@@ -4,7 +4,9 @@
 # libprotobuf-dev for the ONNX export, python3-venv for its ONNX Runtime test;
 # libturbojpeg0-dev, libjpeg62-turbo-dev and libpng-dev for decoding encoded-image
 # shards; libdnnl-dev
-# for the default CPU GEMM, Note [CPU GEMM libraries] in kernels/gemm.h).
+# for the default CPU GEMM, Note [CPU GEMM libraries] in kernels/gemm.h;
+# nlohmann-json3-dev for every JSON file written, Note [JSON by a library]
+# in engine/core/json.h).
 # Idempotent: prints nothing and touches nothing when every package is present.
 set -euo pipefail
 
@@ -13,7 +15,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools zlib1g-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
-  catch2 libfmt-dev libopenblas-dev libdnnl-dev libcli11-dev
+  catch2 libfmt-dev libopenblas-dev libdnnl-dev libcli11-dev nlohmann-json3-dev
   libonnx-dev libprotobuf-dev
   clang-format
   dataset-fashion-mnist fortunes

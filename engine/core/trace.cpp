@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
+
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -19,6 +19,7 @@
 #include "engine/core/detail/trace_gpu.h"
 #include "engine/core/json.h"
 #include "engine/core/log.h"
+#include "engine/core/output_file.h"
 #include "kernels/error.h"
 
 #if LOCKSTEP_WITH_CUDA
@@ -158,27 +159,42 @@ void add_to_profile(const char (&name)[kNameBytes], std::int64_t duration_ns) {
   it->second.max_ns = std::max(it->second.max_ns, duration_ns);
 }
 
-std::string us(std::int64_t t) { return fmt::format("{:.3f}", static_cast<double>(t) / 1e3); }
+double us(std::int64_t t) { return static_cast<double>(t) / 1e3; }
+
+// One trace event per line of the file, each an object the JSON library
+// formats (Note [JSON by a library]); only the document's fixed frame around
+// them is literal text, so that a trace of 10^5 events is never held twice.
+void append_line(std::string& out, const Json& event) {
+  out += ",\n";
+  out += event.dump();
+}
 
 void append_track_name(std::string& out, int rank, int tid, const std::string& name) {
-  out += fmt::format(
-      ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {}, \"tid\": {}, "
-      "\"args\": {{\"name\": {}}}}}",
-      rank, tid, json_string(name));
+  append_line(out, Json::object()
+                       .set("name", "thread_name")
+                       .set("ph", "M")
+                       .set("ts", 0)
+                       .set("pid", rank)
+                       .set("tid", tid)
+                       .set("args", Json::object().set("name", name)));
 }
 
 // A complete event, or an instant when duration_ns < 0; a GPU span says so in
 // its args ("gpu": true), which is how tools/trace.py tells them apart.
 void append_event(std::string& out, int rank, int tid, const char* name, const char* category,
                   std::int64_t start_ns, std::int64_t duration_ns, std::int64_t step, bool gpu) {
-  out += fmt::format(",\n{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"{}\", \"ts\": {}, ",
-                     json_string(name), category, duration_ns < 0 ? "i" : "X", us(start_ns));
+  Json event = Json::object()
+                   .set("name", name)
+                   .set("cat", category)
+                   .set("ph", duration_ns < 0 ? "i" : "X")
+                   .set("ts", us(start_ns));
   if (duration_ns >= 0)
-    out += fmt::format("\"dur\": {}, ", us(duration_ns));
+    event.set("dur", us(duration_ns));
   else
-    out += "\"s\": \"t\", ";
-  out += fmt::format("\"pid\": {}, \"tid\": {}, \"args\": {{\"step\": {}{}}}}}", rank, tid, step,
-                     gpu ? ", \"gpu\": true" : "");
+    event.set("s", "t");
+  Json args = Json::object().set("step", step);
+  if (gpu) args.set("gpu", true);
+  append_line(out, event.set("pid", rank).set("tid", tid).set("args", std::move(args)));
 }
 
 std::int64_t parse_step(std::string_view text, std::string_view window, std::string_view what,
@@ -343,10 +359,14 @@ std::filesystem::path finish() {
   update_recording();
   detail::gpu_resolve(true);
   std::string out = "{\"traceEvents\": [\n";
-  out += fmt::format(
-      "{{\"name\": \"process_name\", \"ph\": \"M\", \"ts\": 0, \"pid\": {0}, \"tid\": 0, "
-      "\"args\": {{\"name\": \"rank {0}\"}}}}",
-      s.rank);
+  out += Json::object()
+             .set("name", "process_name")
+             .set("ph", "M")
+             .set("ts", 0)
+             .set("pid", s.rank)
+             .set("tid", 0)
+             .set("args", Json::object().set("name", fmt::format("rank {}", s.rank)))
+             .dump();
   std::uint64_t dropped = 0;
   for (const auto& b : s.buffers) {
     append_track_name(out, s.rank, b->tid, b->thread_name);
@@ -365,21 +385,22 @@ std::filesystem::path finish() {
       append_event(out, s.rank, track.tid, e.name, e.category, e.start_ns, e.duration_ns, e.step,
                    true);
   }
-  out += fmt::format(
-      "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {{\"rank\": {}, \"clock_sync_us\": {}, "
-      "\"dropped_events\": {}, \"dropped_gpu_spans\": {}, \"gpu_anchor_uncertainty_us\": {}}}}}\n",
-      s.rank, us(ns(s.sync)), dropped, gpu.dropped, us(gpu.anchor_uncertainty_ns));
+  out += "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": ";
+  out += Json::object()
+             .set("rank", s.rank)
+             .set("clock_sync_us", us(ns(s.sync)))
+             .set("dropped_events", dropped)
+             .set("dropped_gpu_spans", gpu.dropped)
+             .set("gpu_anchor_uncertainty_us", us(gpu.anchor_uncertainty_ns))
+             .dump();
+  out += "}\n";
   const std::filesystem::path file = s.directory / fmt::format("rank-{}.json", s.rank);
-  errno = 0;
-  std::ofstream f(file, std::ios::binary | std::ios::trunc);
-  f << out;
-  f.close();
   for (const auto& b : s.buffers) b->size.store(0, std::memory_order_relaxed);
-  if (!f) {
-    const int error = errno;
+  try {
+    write_file(file, out, "the trace file");  // Note [one way to write a file]
+  } catch (const OutputFileError& e) {
     report_write_failure("the trace file " + file.string(),
-                         fmt::format("{} (the trace is lost; the run goes on)",
-                                     error != 0 ? std::strerror(error) : "a write failed"));
+                         fmt::format("{} (the trace is lost; the run goes on)", e.reason()));
     return {};
   }
   return file;

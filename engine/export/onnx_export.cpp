@@ -3,9 +3,9 @@
 // outputs, metadata) and writes it with libprotobuf.
 #include "engine/export/onnx_export.h"
 
-#include <fstream>
 #include <limits>
 
+#include "engine/core/output_file.h"
 #include "engine/export/detail/onnx_impl.h"
 #include "kernels/error.h"
 
@@ -139,26 +139,14 @@ void export_onnx(Module& model, const std::filesystem::path& path, const ExportO
   if (bytes >= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
     throw InvalidArgument("ONNX export: the model would be " + std::to_string(bytes) +
                           " bytes, over protobuf's 2 GiB limit (export with f16 precision)");
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  // Written to a temporary name and renamed, so that a cut-short export never
-  // leaves a file under the name a server loads.
-  std::error_code ec;
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    if (!file) throw IoError("ONNX export: cannot open '" + tmp.string() + "' for writing");
-    if (!proto.SerializeToOstream(&file) || !file.flush()) {
-      file.close();
-      std::filesystem::remove(tmp, ec);
-      throw IoError("ONNX export: writing '" + tmp.string() + "' failed (disk full?)");
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    const std::string reason = ec.message();
-    std::filesystem::remove(tmp, ec);
-    throw IoError("ONNX export: cannot rename '" + tmp.string() + "' to '" + path.string() +
-                  "': " + reason);
-  }
+  std::string serialized;
+  if (!proto.SerializeToString(&serialized))
+    throw InvalidArgument("ONNX export: protobuf could not serialise the model for '" +
+                          path.string() + "'");
+  // Note [one way to write a file]: a cut-short export never leaves a file
+  // under the name a server loads, and the checkpoint being exported (an
+  // input) is never the output.
+  core::write_file(path, serialized, "ONNX export: the output file");
 }
 
 }  // namespace lockstep::engine

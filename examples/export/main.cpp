@@ -22,6 +22,7 @@ struct Flags {
   std::string checkpoint, model, out, precision = "fp32", io_precision, batch = "dynamic";
   int opset = kOnnxDefaultOpset;
   std::int64_t seq = 0;
+  bool allow_partial_weights = false;  // Note [weights files] in engine/checkpoint.h
 };
 
 DType float_type(const std::string& flag, const std::string& value) {
@@ -49,7 +50,9 @@ int run(const Flags& f) {
       throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
   }
   std::unique_ptr<Module> model = make_model(f.model);
-  load_weights(f.checkpoint, *model, core::Stream{});
+  const WeightsLoadReport weights =
+      load_weights(f.checkpoint, *model, core::Stream{},
+                   WeightsLoadOptions{.allow_partial = f.allow_partial_weights});
 
   o.opset = f.opset;
   o.precision = float_type("--precision", f.precision);
@@ -57,6 +60,9 @@ int run(const Flags& f) {
   o.sample_shape = preset.sample_shape;
   o.metadata["lockstep.preset"] = preset.name;
   o.metadata["lockstep.checkpoint"] = std::filesystem::path(f.checkpoint).filename().string();
+  // What a partial load skipped travels with the file, and is said below.
+  const bool skipped = weights.partial() || !weights.kept_counters.empty();
+  if (skipped) o.metadata["lockstep.weights"] = weights.summary();
   if (preset.language_model) {
     o.input_dtype = DType::i64;
     o.input_name = "tokens";
@@ -77,6 +83,7 @@ int run(const Flags& f) {
     o.metadata["lockstep.output"] = fmt::format("output: [batch, {}] logits", preset.classes);
   }
   export_onnx(*model, f.out, o);
+  if (skipped) fmt::print("lockstep-export: weights of {}: {}\n", f.checkpoint, weights.summary());
   fmt::print("lockstep-export: wrote {} ({}, opset {}, {}, batch {})\n", f.out, preset.name,
              f.opset, f.precision, f.batch);
   return 0;
@@ -92,9 +99,13 @@ int main(int argc, char** argv) {
       "statistics). Image presets take float input scaled as in training (u8 / 255);\n"
       "GPT presets take int64 tokens. See docs/deploy.md for ONNX Runtime and trtexec.");
   app.add_option("--checkpoint", f.checkpoint,
-                 "a lockstep checkpoint (or any HDF5 file with /model/<param>)")
+                 "a lockstep checkpoint, or a PyTorch state_dict under /model (docs/models.md): "
+                 "every parameter and buffer of the model, nothing left over")
       ->required()
       ->check(non_empty() & CLI::ExistingFile);
+  app.add_flag("--allow-partial-weights", f.allow_partial_weights,
+               "load the entries the model and the file both have, keep the model's others as "
+               "constructed, and say what was skipped (also in the file's metadata_props)");
   std::string presets;
   for (const ModelPreset& p : model_presets())
     presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,

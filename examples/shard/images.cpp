@@ -5,6 +5,16 @@
 // files whose extension (any case) is not .jpg, .jpeg or .png are skipped.
 // Rows are written in that order, shard i holding rows [i*N/S, (i+1)*N/S).
 // Each file's first bytes must be a JPEG or PNG signature; nothing is decoded.
+//
+// Note [class numbering]: a label is a class's place in the sorted names, so
+// it means the same class in two splits only if both have the same classes.
+// A class folder without an image is refused, as torchvision's ImageFolder
+// refuses it (dropped, it would renumber every class after it: a val split
+// missing one would disagree with its train split on every later label); a
+// class name that cannot stand as one line of classes.txt (empty, "." or
+// "..", or holding a newline, a carriage return or another control
+// character) is refused, so that line i of classes.txt is always class i.
+// lockstep-train compares the two splits' classes.txt (io::check_same_classes).
 #include "images.h"
 
 #include <fmt/core.h>
@@ -17,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/output_file.h"
 #include "io/encoded_shard_writer.h"
 #include "kernels/error.h"
 #include "progress.h"
@@ -32,6 +43,16 @@ struct Image {
   std::int64_t bytes = 0;
   std::int64_t label = 0;
 };
+
+// Why class `name` cannot be one line of classes.txt (Note [class
+// numbering]), or nothing when it can.
+std::string class_name_problem(const std::string& name) {
+  const auto control =
+      std::find_if(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7F; });
+  if (control != name.end()) return fmt::format("holds the control character {:?}", *control);
+  if (name.empty() || name == "." || name == "..") return "is not a folder's name";
+  return {};
+}
 
 bool is_image_name(const fs::path& path) {
   std::string ext = path.extension().string();
@@ -50,6 +71,12 @@ std::vector<Image> from_folders(const fs::path& root, std::int64_t& skipped) {
     throw InvalidArgument("--src '" + root.string() +
                           "' holds no class folders (an image folder is SRC/CLASS/FILE.jpg, "
                           "one folder per class)");
+  for (const std::string& name : classes)
+    if (const std::string problem = class_name_problem(name); !problem.empty())
+      throw InvalidArgument(fmt::format(
+          "--src '{}': class folder {:?} {}, but a class name is one line of classes.txt "
+          "(rename the folder, in every split, to a name of printable characters)",
+          root.string(), name, problem));
   for (const std::string& name : classes) {
     std::vector<Image> in_class;
     for (const auto& entry : fs::recursive_directory_iterator(
@@ -61,6 +88,13 @@ std::vector<Image> from_folders(const fs::path& root, std::int64_t& skipped) {
       }
       in_class.push_back({entry.path(), name});
     }
+    if (in_class.empty())  // Note [class numbering]
+      throw InvalidArgument(fmt::format(
+          "class folder '{}' holds no .jpg, .jpeg or .png file: an empty class would renumber "
+          "every class after it, so that a split without it disagrees with the others on their "
+          "labels (torchvision's ImageFolder refuses it too); put the class's images in it, or "
+          "remove the folder from every split",
+          (root / name).string()));
     std::sort(in_class.begin(), in_class.end(), [](const Image& a, const Image& b) {
       return std::pair(a.path.parent_path().string(), a.path.filename().string()) <
              std::pair(b.path.parent_path().string(), b.path.filename().string());
@@ -90,6 +124,11 @@ std::vector<Image> from_list(const fs::path& list) {
           fmt::format("--src '{}', line {}: '{}' is in no folder, and its "
                       "folder's name is its class",
                       list.string(), number, line));
+    if (const std::string problem = class_name_problem(class_name); !problem.empty())
+      throw InvalidArgument(fmt::format(
+          "--src '{}', line {}: the class of '{}' is its folder's name, {:?}, which {} (list "
+          "images by paths that end in CLASS/FILE, CLASS a name of printable characters)",
+          list.string(), number, line, class_name, problem));
     found.push_back({path, class_name});
   }
   return found;
@@ -138,6 +177,10 @@ int images(const ImagesOptions& o) {
         std::lower_bound(classes.begin(), classes.end(), image.class_name) - classes.begin();
     const std::uintmax_t size = fs::file_size(image.path, error);
     if (error) throw IoError("image '" + image.path.string() + "': " + error.message());
+    if (size == 0)
+      throw InvalidArgument("image '" + image.path.string() +
+                            "' is empty (0 bytes): replace it with the image it should be, or "
+                            "remove it from the source");
     image.bytes = static_cast<std::int64_t>(size);
   }
   fs::create_directories(o.out, error);
@@ -157,16 +200,21 @@ int images(const ImagesOptions& o) {
                                   sizes);
     for (std::int64_t i = begin; i < end; ++i) {
       const std::vector<std::uint8_t> image = read_image(found[i]);
+      if (static_cast<std::int64_t>(image.size()) != found[i].bytes)
+        throw IoError(fmt::format(
+            "image '{}' had {} bytes when the source was listed and has {} now (it changed "
+            "while being packed: pack a source nothing writes to)",
+            found[i].path.string(), found[i].bytes, image.size()));
       writer.append(image, found[i].label);
       bytes += found[i].bytes;
       progress.update(i + 1);
     }
     writer.close();
   }
-  std::ofstream names(o.out / "classes.txt");
-  for (const std::string& name : classes) names << name << '\n';
-  if (!names.flush())
-    throw IoError("cannot write '" + (o.out / "classes.txt").string() + "' (check the disk)");
+  std::string names;
+  for (const std::string& name : classes) names += name + '\n';
+  core::write_file(o.out / "classes.txt", names,
+                   "the class list");  // Note [one way to write a file]
   fmt::print("wrote {} images ({} bytes, {} classes{}) in {} shards to {}\n", total, bytes,
              classes.size(),
              skipped ? fmt::format(", {} files of other types skipped", skipped) : std::string(),

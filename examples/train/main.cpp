@@ -49,6 +49,7 @@ struct Flags {
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false, profile = false;
   bool activation_checkpointing = false;  // Note [activation checkpointing]
+  bool allow_partial_weights = false;     // --init-from: Note [weights files]
 
   // The image pipeline and evaluation (docs/data-format.md, "Image pipeline").
   std::string augment, normalize;
@@ -205,6 +206,10 @@ io::ImageOptions image_options(const Flags& f, const ModelPreset& preset, const 
   return o;
 }
 
+// How --data and --val-data are opened: --loss bce reads its targets as
+// probabilities, so the shards' targets must lie in [0, 1].
+io::OpenOptions open_options(const Flags& f) { return {.probability_targets = f.loss == "bce"}; }
+
 // --loss and --label-smoothing as the loss object.
 std::shared_ptr<Loss> loss_for(const Flags& f) {
   if (f.label_smoothing != 0.0 && f.loss != "cross-entropy")
@@ -219,18 +224,18 @@ std::shared_ptr<Loss> loss_for(const Flags& f) {
 // token for a language model, the accuracy where the loss has it.
 // `where` opens the console line ("epoch 2", "step 40"), `fields` the record.
 void print_eval(MetricsWriter& metrics, const EvalResult& e, const std::string& where,
-                const std::string& fields, bool language_model) {
+                core::Json record, bool language_model) {
   std::string console = fmt::format("{}: val_loss {:.4f}", where, e.loss);
-  std::string record = fmt::format(R"({}, "val_loss": {:.6g})", fields, e.loss);
+  record.set("val_loss", e.loss);
   if (language_model) {  // bits per token: per byte for byte-level tokens (gpt-tiny)
     const double bits = e.loss / std::log(2.0);
     console += fmt::format("  val_bits_per_token {:.4f}", bits);
-    record += fmt::format(R"(, "val_bits_per_token": {:.6g})", bits);
+    record.set("val_bits_per_token", bits);
   }
   if (e.accuracy) {
     console += fmt::format("  {} {:.2f}%", language_model ? "next-token accuracy" : "val_accuracy",
                            100 * *e.accuracy);
-    record += fmt::format(R"(, "val_accuracy": {:.6g})", *e.accuracy);
+    record.set("val_accuracy", *e.accuracy);
   }
   fmt::print("{}  ({} {})\n", console, e.samples, language_model ? "windows" : "samples");
   metrics.write(record);
@@ -249,13 +254,16 @@ int evaluate_only(const Flags& f, comm::World& world) {
   set_deterministic_run(f.deterministic);
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
-  io::Dataset val_data = io::Dataset::open(f.val_data);
+  io::Dataset val_data = io::Dataset::open(f.val_data, open_options(f));
   check_data_fits(preset, f.loss, val_data, "--val-data", f.val_data);
   std::unique_ptr<Module> model = make_model(f.model, 0.0f);
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
-  load_weights(f.init_from, *model, stream);
+  const WeightsLoadReport weights = load_weights(
+      f.init_from, *model, stream, WeightsLoadOptions{.allow_partial = f.allow_partial_weights});
+  if (world.rank() == 0 && (weights.partial() || !weights.kept_counters.empty()))
+    fmt::print("weights of {}: {}\n", f.init_from, weights.summary());
   SGD optimizer(store, single_group(store, 0.0, 0.0), SgdOptions{}, stream);  // never steps
   io::LoaderOptions v;
   v.sampler = {.micro_batch = f.batch_size,
@@ -287,8 +295,10 @@ int evaluate_only(const Flags& f, comm::World& world) {
   MetricsWriter metrics(world.rank() == 0 ? f.metrics : "");
   if (world.rank() == 0)
     print_eval(metrics, e, fmt::format("{} on {}", f.init_from, f.val_data),
-               fmt::format(R"("eval_only": "{}", "val_data": "{}", "ranks": {})", f.init_from,
-                           f.val_data, world.size()),
+               core::Json::object()
+                   .set("eval_only", f.init_from)
+                   .set("val_data", f.val_data)
+                   .set("ranks", world.size()),
                preset.language_model);
   return metrics.failed() ? 1 : 0;
 }
@@ -340,8 +350,15 @@ int run(const Flags& flags, comm::World& world) {
     throw InvalidArgument(
         fmt::format("--val-every {} evaluates on --val-data: pass it too", f.val_every));
   std::shared_ptr<Loss> loss = loss_for(f);
-  io::Dataset train_data = io::Dataset::open(f.data);
+  io::Dataset train_data = io::Dataset::open(f.data, open_options(f));
   check_data_fits(preset, f.loss, train_data, "--data", f.data);
+  std::optional<io::Dataset> val_data;
+  if (!f.val_data.empty()) {
+    val_data = io::Dataset::open(f.val_data, open_options(f));
+    check_data_fits(preset, f.loss, *val_data, "--val-data", f.val_data);
+    io::check_same_classes(train_data, "--data " + f.data, *val_data,  // Note [same classes]
+                           "--val-data " + f.val_data);
+  }
   std::unique_ptr<Module> model =
       make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
   initialize(*model, f.seed);
@@ -352,7 +369,13 @@ int run(const Flags& flags, comm::World& world) {
       f.zero >= 2 ? ParameterStore::Gradients::groups : ParameterStore::Gradients::flat,
       f.zero == 3 ? ParameterUnits{default_units(*model), world.size()} : ParameterUnits{});
   core::Stream stream = core::Stream::create(device);
-  if (!f.init_from.empty()) load_weights(f.init_from, *model, stream);
+  std::string weights_note;  // said in the header's "start" line unless a resume replaces them
+  if (!f.init_from.empty())
+    weights_note =
+        fmt::format("weights of {}: {}", f.init_from,
+                    load_weights(f.init_from, *model, stream,
+                                 WeightsLoadOptions{.allow_partial = f.allow_partial_weights})
+                        .summary());
 
   auto groups = f.no_decay_bias_norm ? decay_groups(store, f.lr, f.weight_decay)
                                      : single_group(store, f.lr, f.weight_decay);
@@ -452,11 +475,6 @@ int run(const Flags& flags, comm::World& world) {
   trainer_options.agreement.emplace_back("activation_checkpointing",
                                          f.activation_checkpointing ? "on" : "off");
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
-  std::optional<io::Dataset> val_data;
-  if (!f.val_data.empty()) {
-    val_data = io::Dataset::open(f.val_data);
-    check_data_fits(preset, f.loss, *val_data, "--val-data", f.val_data);
-  }
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);
   trainer_options.agreement.push_back(checkpoints->agreement_field());
@@ -473,6 +491,8 @@ int run(const Flags& flags, comm::World& world) {
                               start.step, epoch + 1, position);
   else if (f.resume == "auto")
     resume_note = fmt::format("no checkpoint in {}: starting fresh", f.checkpoint_dir);
+  if (!checkpoints->resume_file() && !weights_note.empty())
+    resume_note += (resume_note.empty() ? "" : "; ") + weights_note;
   MetricsWriter metrics(lead ? f.metrics : "");
   heartbeat.beat(trainer.steps(), "starting");
   std::optional<RunReport> report;
@@ -542,12 +562,20 @@ int run(const Flags& flags, comm::World& world) {
       heartbeat.beat(r->step, "training");
       // Rank 0's breakdown and device memory; the summary gives every rank's peak.
       const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
-      if (lead && !f.metrics.empty())  // formatted only when written
-        metrics.write(fmt::format(
-            R"("step": {}, "epoch": {}, "loss": {:.6g}, "lr": {:.6g}, "loss_scale": {}, "grad_norm": {:.6g}, "skipped": {}, "samples_per_s": {:.1f}, "skipped_steps": {}, {})",
-            r->step, epoch + 1, r->loss, r->lr, r->loss_scale, r->grad_norm, r->skipped,
-            samples_per_s, r->skipped_steps,
-            step_detail_fields(r->breakdown, 1e3 * r->seconds, peak_bytes)));
+      if (lead && !f.metrics.empty()) {  // formatted only when written
+        core::Json record = core::Json::object()
+                                .set("step", r->step)
+                                .set("epoch", epoch + 1)
+                                .set("loss", r->loss)
+                                .set("lr", r->lr)
+                                .set("loss_scale", r->loss_scale)
+                                .set("grad_norm", r->grad_norm)
+                                .set("skipped", r->skipped)
+                                .set("samples_per_s", samples_per_s)
+                                .set("skipped_steps", r->skipped_steps);
+        add_step_detail(record, r->breakdown, 1e3 * r->seconds, peak_bytes);
+        metrics.write(record);
+      }
       if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
         fmt::print("{}  {}\n",
                    progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
@@ -558,7 +586,7 @@ int run(const Flags& flags, comm::World& world) {
         report->record_eval(r->step, epoch + 1, e.loss, e.accuracy);
         if (lead)
           print_eval(metrics, e, fmt::format("step {}", r->step),
-                     fmt::format(R"("step": {}, "epoch": {})", r->step, epoch + 1),
+                     core::Json::object().set("step", r->step).set("epoch", epoch + 1),
                      preset.language_model);
       }
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0)) save();
@@ -585,7 +613,7 @@ int run(const Flags& flags, comm::World& world) {
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
       if (lead)
         print_eval(metrics, e, fmt::format("epoch {}", epoch + 1),
-                   fmt::format(R"("step": {}, "epoch": {})", trainer.steps(), epoch + 1),
+                   core::Json::object().set("step", trainer.steps()).set("epoch", epoch + 1),
                    preset.language_model);
     }
   }
@@ -632,8 +660,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "model preset: " + presets)->capture_default_str();
   app.add_option("--loss", f.loss,
                  "cross-entropy (class indices from the shards' 'labels'), or mse, l1, huber "
-                 "(delta 1) or bce (with logits) against float 'targets' of the model's output "
-                 "shape")
+                 "(delta 1) or bce (with logits; targets in [0, 1]) against float 'targets' of "
+                 "the model's output shape")
       ->capture_default_str();
   app.add_option("--label-smoothing", f.label_smoothing,
                  "cross-entropy: train towards (1 - e) onehot + e / classes")
@@ -688,7 +716,14 @@ int main(int argc, char** argv) {
                  "save every N steps (0: at the end only)");
   app.add_option("--keep", f.keep, "checkpoints kept")->capture_default_str();
   app.add_option("--resume", f.resume, "auto (the newest good checkpoint) or a checkpoint file");
-  app.add_option("--init-from", f.init_from, "start from the /model weights of this HDF5 file");
+  auto* init_from = app.add_option(
+      "--init-from", f.init_from,
+      "start from the weights of this HDF5 file: a checkpoint, or a PyTorch state_dict under "
+      "/model (docs/models.md); every parameter and buffer, nothing left over");
+  app.add_flag("--allow-partial-weights", f.allow_partial_weights,
+               "with --init-from: load the entries the model and the file both have, keep the "
+               "model's others as initialised, and say in the output what was skipped")
+      ->needs(init_from);
   app.add_option("--metrics", f.metrics, "append JSON lines (one per step and evaluation) here");
   app.add_option("--log-every", f.log_every, "progress line every N steps")->capture_default_str();
   app.add_option("--heartbeat", f.heartbeat,

@@ -17,7 +17,7 @@
 #include <fstream>
 
 #include "engine/checkpoint_file.h"
-#include "io/durable_file.h"
+#include "engine/core/output_file.h"
 #include "io/hdf5.h"
 #include "io/shard_fixtures.h"
 
@@ -127,13 +127,13 @@ TEST_CASE("a symlink planted at a temporary name is never written through",
   std::ofstream(victim) << "precious";
   // The exclusive creators refuse the name and leave the target alone.
   fs::create_symlink(victim, dir / "link");
-  CHECK_THROWS_WITH(io::create_exclusive(dir / "link"), Catch::Contains("already there"));
+  CHECK_THROWS_WITH(core::create_exclusive(dir / "link"), Catch::Contains("already there"));
   {
     io::Hdf5Lock lock;
     CHECK_THROWS_WITH(io::create_hdf5_file(dir / "link"), Catch::Contains("already there"));
   }
   fs::create_symlink(elsewhere / "absent.h5", dir / "dangling");
-  CHECK_THROWS_AS(io::create_exclusive(dir / "dangling"), IoError);
+  CHECK_THROWS_AS(core::create_exclusive(dir / "dangling"), IoError);
   CHECK_FALSE(fs::exists(elsewhere / "absent.h5"));
   CHECK(test::file_text(victim) == "precious");
 

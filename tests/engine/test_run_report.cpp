@@ -110,7 +110,7 @@ TEST_CASE("the run header states the batch arithmetic, length and data", "[engin
   CHECK(describe_dataset(locked) ==
         "10 samples, inputs f32 [3], labels i64, 2 shards read through HDF5 (read through HDF5 "
         "on request)");
-  const std::string record = run_start_record(h, 8);
+  const std::string record = start_record(h, 8).dump();
   CHECK(record.find(R"("run": "start")") != std::string::npos);
   CHECK(record.find(R"("global_batch": 1024)") != std::string::npos);
   CHECK(record.find(R"("precision": "bf16")") != std::string::npos);
@@ -185,7 +185,8 @@ TEST_CASE("the step detail states the breakdown in ms and the peak memory", "[en
   const core::trace::Breakdown b{0.031, 10.2, 1.3, 0.52};
   CHECK(step_detail(b, 12.4, 2048, "cuda:1") ==
         "data 0.03  compute 10.20  comm 1.30  opt 0.52 ms (of 12.40)  peak 2.0 KiB on cuda:1");
-  CHECK(step_detail_fields(b, 12.4, 2048) ==
-        R"("data_wait_ms": 0.0310, "compute_ms": 10.2000, "exposed_comm_ms": 1.3000, )"
-        R"("optimizer_ms": 0.5200, "step_ms": 12.4000, "peak_memory_bytes": 2048)");
+  core::Json record = core::Json::object();
+  add_step_detail(record, b, 12.4, 2048);
+  CHECK(record.dump() == R"({"data_wait_ms": 0.031, "compute_ms": 10.2, "exposed_comm_ms": 1.3, )"
+                         R"("optimizer_ms": 0.52, "step_ms": 12.4, "peak_memory_bytes": 2048})");
 }

@@ -1,11 +1,13 @@
 // Every bad input the reader can meet gives its own lockstep::Error naming the
 // file and the dataset: no shards, unreadable, truncated or corrupt files,
 // missing datasets, inputs and labels of different length, dtype or shape
-// differing across shards, unsupported dtypes, labels out of range.
+// differing across shards, unsupported dtypes, labels out of range, targets
+// out of binary cross-entropy's range.
 #include <catch2/catch.hpp>
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -389,6 +391,44 @@ TEST_CASE("a label out of range names shard, row and value", "[io][errors]") {
                        }));
   CHECK_THROWS_AS(data.check_labels(0), InvalidArgument);
   CHECK_THROWS_AS(data.read_inputs(std::vector<std::int64_t>{20}, nullptr), InvalidArgument);
+}
+
+TEST_CASE("targets outside [0, 1] are refused at open for binary cross-entropy, by shard and row",
+          "[io][errors]") {
+  // Two target shards of 4 rows of 3 targets; b.h5's row 1, value 2 is the
+  // one bad target (the place written out by hand).
+  TempDir dir;
+  const std::vector<float> inputs(4 * 2, 0.5f);
+  const auto write = [&](const char* name, std::vector<float> targets) {
+    const hid_t file = test::create_file(dir / name, {});
+    test::write_dataset(file, "inputs", DType::f32, {4, 2}, inputs.data(), {});
+    test::write_dataset(file, "targets", DType::f32, {4, 3}, targets.data(), {});
+    H5Fclose(file);
+  };
+  std::vector<float> targets(4 * 3);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<float>(i % 5) / 4;
+  write("a.h5", targets);
+  for (const float bad : {1.5f, -0.5f}) {
+    targets[1 * 3 + 2] = bad;
+    write("b.h5", targets);
+    try {
+      Dataset::open(dir.path(), {.probability_targets = true});
+      FAIL("target " << bad << " was accepted for binary cross-entropy");
+    } catch (const InvalidArgument& e) {
+      CHECK_THAT(e.what(), Catch::Contains("b.h5', dataset 'targets', row 1: target " +
+                                           fmt::format("{}", bad) +
+                                           " (value 2 of the row) is outside [0, 1]"));
+    }
+    // Any finite target is one for mse, l1 and huber.
+    CHECK(Dataset::open(dir.path()).targets()[4 * 3 + 1 * 3 + 2] == bad);  // after a.h5's
+  }
+  // NaN is refused whatever the loss (as every non-finite target is).
+  targets[1 * 3 + 2] = std::nanf("");
+  write("b.h5", targets);
+  require_error<IoError>(dir / "b.h5", {"b.h5", "row 1 holds nan: targets must be finite"});
+  // Labels are not targets: a class-index shard opens as before.
+  test::write_shard(dir / "labels.h5", 0, 4, {2}, DType::u8);
+  CHECK(Dataset::open(dir / "labels.h5", {.probability_targets = true}).size() == 4);
 }
 
 TEST_CASE("LOCKSTEP_CHECK_HDF5 names the call, the place and HDF5's error stack", "[io][errors]") {

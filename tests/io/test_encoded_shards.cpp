@@ -110,6 +110,90 @@ TEST_CASE("lockstep-shard images packs an image folder undecoded in ImageFolder'
   CHECK_THAT(log, Catch::Contains("--shards 9 is more than the 5 images"));
 }
 
+TEST_CASE(
+    "lockstep-shard images refuses an empty class, a class name that is not one line, "
+    "and an empty image, naming each",
+    "[io][tool][images]") {
+  TempDir dir;
+  std::string log;
+  const auto shard = [&](const fs::path& src, const fs::path& out) {
+    return run_shard_tool(fmt::format("images --src {} --out {}", src.string(), out.string()),
+                          &log);
+  };
+  // An empty class folder (a file of another type does not fill it) would
+  // renumber emu from 2 to 1: refused naming the folder, before any output.
+  write_file(dir / "empty/cat/a.jpg", fake_image(false, 1));
+  write_file(dir / "empty/dog/notes.txt", "not an image");
+  write_file(dir / "empty/emu/b.png", fake_image(true, 2));
+  CHECK(shard(dir / "empty", dir / "empty-out") == 1);
+  CHECK_THAT(log, Catch::Contains("class folder '" + (dir / "empty/dog").string() +
+                                  "' holds no .jpg, .jpeg or .png file") &&
+                      Catch::Contains("torchvision's ImageFolder refuses it too"));
+  CHECK(!fs::exists(dir / "empty-out"));
+
+  // Names that are not one line of classes.txt, shown escaped as C escapes them.
+  for (const auto& [name, escaped] : std::vector<std::pair<std::string, std::string>>{
+           {"a\nb", R"("a\nb" holds the control character '\n')"},
+           {"c\rd", R"("c\rd" holds the control character '\r')"},
+           {"e\x01", R"("e\x01" holds the control character '\x01')"},
+           {"e\x7F", R"("e\x7f" holds the control character '\x7f')"}}) {
+    INFO(escaped);
+    TempDir tree;
+    write_file(tree / "src/cat/a.jpg", fake_image(false, 1));
+    write_file(tree / "src" / name / "b.jpg", fake_image(false, 2));
+    CHECK(shard(tree / "src", tree / "out") == 1);
+    CHECK_THAT(log, Catch::Contains("class folder " + escaped));
+    CHECK(!fs::exists(tree / "out/classes.txt"));
+  }
+  // In a list, an image's class is its folder's name: "." is none.
+  write_file(dir / "listed/x.jpg", fake_image(false, 3));
+  std::ofstream(dir / "listed/list.txt") << "./x.jpg\n";
+  CHECK(shard(dir / "listed/list.txt", dir / "listed-out") == 1);
+  CHECK_THAT(log, Catch::Contains("line 1: the class of './x.jpg' is its folder's name, \".\", "
+                                  "which is not a folder's name"));
+
+  // An empty image is named by its path, not by its row.
+  write_file(dir / "zero/cat/a.jpg", fake_image(false, 1));
+  write_file(dir / "zero/cat/b.jpg", "");
+  CHECK(shard(dir / "zero", dir / "zero-out") == 1);
+  CHECK_THAT(
+      log, Catch::Contains("image '" + (dir / "zero/cat/b.jpg").string() + "' is empty (0 bytes)"));
+}
+
+TEST_CASE("a val split whose classes differ from its train split's is refused naming both",
+          "[io][tool][images]") {
+  // Splits sharded by the tool; the expected names are the folders made here.
+  TempDir dir;
+  const auto split = [&](const std::string& name, const std::vector<std::string>& classes) {
+    for (std::size_t k = 0; k < classes.size(); ++k)
+      write_file(dir / name / classes[k] / "a.jpg", fake_image(false, static_cast<int>(k)));
+    REQUIRE(run_shard_tool(fmt::format("images --src {} --out {}", (dir / name).string(),
+                                       (dir / (name + "-shards")).string())) == 0);
+    return Dataset::open(dir / (name + "-shards"));
+  };
+  const Dataset train = split("train", {"cat", "dog", "emu"});
+  CHECK(train.class_names() == std::vector<std::string>{"cat", "dog", "emu"});
+  CHECK(train.class_names_file() == dir / "train-shards/classes.txt");
+  CHECK_NOTHROW(
+      check_same_classes(train, "--data T", split("same", {"cat", "dog", "emu"}), "--val-data V"));
+  const std::string val_file = (dir / "other-shards/classes.txt").string();
+  CHECK_THROWS_WITH(
+      check_same_classes(train, "--data T", split("other", {"cat", "eel", "emu"}), "--val-data V"),
+      Catch::Contains("--val-data V and --data T number their classes differently: class 1 is "
+                      "\"eel\" in '" +
+                      val_file + "' but \"dog\" in '" +
+                      (dir / "train-shards/classes.txt").string() + "'"));
+  CHECK_THROWS_WITH(
+      check_same_classes(train, "--data T", split("fewer", {"cat", "dog"}), "--val-data V"),
+      Catch::Contains("class 2 is missing from '" + (dir / "fewer-shards/classes.txt").string() +
+                      "' (it names 2 classes) but \"emu\" in"));
+  // Shards opened as files (or written by h5py, without classes.txt) name no classes.
+  const Dataset files =
+      Dataset::open(std::vector<fs::path>{dir / "other-shards/shard-00000-of-00001.h5"});
+  CHECK(files.class_names().empty());
+  CHECK_NOTHROW(check_same_classes(train, "--data T", files, "--val-data V"));
+}
+
 TEST_CASE("h5py's lines write the encoded-image layout lockstep reads", "[io][images][h5py]") {
   if (!have_h5py()) {
     WARN("Debian's python3-h5py is not installed: skipping the h5py-written shards");

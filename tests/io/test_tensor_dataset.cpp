@@ -1,10 +1,12 @@
 // TensorDataset: each rank's rows are the sampler's (every sample once per
 // epoch across the ranks, a new order per epoch, the same order for the same
 // seed), a batch holds exactly those rows' values, a resumed position
-// continues the sequence, and bad tensors are refused naming the argument.
+// continues the sequence, and bad tensors (a class or a probability out of
+// range included) are refused naming the argument.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "io/tensor_dataset.h"
@@ -121,6 +123,32 @@ TEST_CASE("a TensorDataset refuses tensors it cannot hand out, naming the argume
   o.num_classes = 4;
   TensorDataset d(x, y, o);
   CHECK_THROWS_WITH(d.next(), Catch::Contains("before start_epoch()"));
+}
+
+TEST_CASE(
+    "a TensorDataset for binary cross-entropy refuses a target outside [0, 1], naming its row",
+    "[io][tensor_dataset]") {
+  // Rows of 3 targets; the bad value's place is written out by hand. NaN
+  // compares false with both ends, so it is refused as well.
+  const auto x = core::Tensor::zeros({3, 2}, DType::f32);
+  const TensorDatasetOptions bce{.probability_targets = true};
+  const std::vector<float> good{0.0f, 1.0f, 0.25f, 1.0f, 0.0f, 0.5f, 0.75f, 0.0f, 1.0f};
+  CHECK_NOTHROW(TensorDataset(x, core::Tensor::from_vector(good, {3, 3}, DType::f32), bce));
+  for (const auto& [value, text] : std::vector<std::pair<float, std::string>>{
+           {1.5f, "1.5"}, {-0.25f, "-0.25"}, {std::nanf(""), "nan"}}) {
+    std::vector<float> bad = good;
+    bad[7] = value;  // row 2, value 1 of the row
+    CHECK_THROWS_WITH(
+        TensorDataset(x, core::Tensor::from_vector(bad, {3, 3}, DType::f32), bce),
+        Catch::Contains("targets row 2 holds " + text + " (value 1 of the row), outside [0, 1]"));
+    // Without the option (mse, l1, huber) any finite value is a target.
+    if (!std::isnan(value))
+      CHECK_NOTHROW(TensorDataset(x, core::Tensor::from_vector(bad, {3, 3}, DType::f32), {}));
+  }
+  // f16 targets are checked as their f32 values: 0x3E00 is 1.5.
+  const std::vector<std::uint16_t> half{0x0000, 0x3C00, 0x3E00};
+  CHECK_THROWS_WITH(TensorDataset(x, core::Tensor::from_vector(half, {3, 1}, DType::f16), bce),
+                    Catch::Contains("targets row 2 holds 1.5"));
 }
 
 TEST_CASE("ranks with different rows disagree on the TensorDataset's digest",
