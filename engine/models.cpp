@@ -2,6 +2,8 @@
 // state_dict maps onto parameters one to one (docs/models.md).
 #include "engine/models.h"
 
+#include <fmt/core.h>
+
 #include "engine/nn/activation.h"
 #include "engine/nn/batchnorm.h"
 #include "engine/nn/checkpointed.h"
@@ -13,29 +15,55 @@
 namespace lockstep::engine {
 namespace {
 
-std::unique_ptr<Module> mlp() {
+// An inner width of preset `name` divided by make_model's width_divisor.
+class Narrower {
+ public:
+  Narrower(const std::string& name, std::int64_t divisor) : name_(name), divisor_(divisor) {
+    if (divisor < 1)
+      throw InvalidArgument(fmt::format(
+          "make_model('{}'): width_divisor is {}; it must be at least 1 (1: the preset itself)",
+          name, divisor));
+  }
+  std::int64_t operator()(std::int64_t width, const char* what) const {
+    if (width % divisor_ != 0)
+      throw InvalidArgument(fmt::format(
+          "make_model('{}'): width_divisor {} does not divide its {} of {} (use a power of two "
+          "that does)",
+          name_, divisor_, what, width));
+    return width / divisor_;
+  }
+
+ private:
+  const std::string& name_;
+  std::int64_t divisor_;
+};
+
+std::unique_ptr<Module> mlp(const Narrower& narrow) {
+  const std::int64_t hidden = narrow(512, "hidden features");
   auto net = std::make_unique<Sequential>();
   net->emplace<Flatten>("flatten");
-  net->emplace<Linear>("fc1", 784, 512);
+  net->emplace<Linear>("fc1", 784, hidden);
   net->emplace<ReLU>("relu1");
-  net->emplace<Linear>("fc2", 512, 512);
+  net->emplace<Linear>("fc2", hidden, hidden);
   net->emplace<ReLU>("relu2");
-  net->emplace<Linear>("fc3", 512, 10);
+  net->emplace<Linear>("fc3", hidden, 10);
   return net;
 }
 
-std::unique_ptr<Module> cnn() {
+std::unique_ptr<Module> cnn(const Narrower& narrow) {
+  const std::int64_t c1 = narrow(32, "conv1 channels"), c2 = narrow(64, "conv2 channels");
+  const std::int64_t hidden = narrow(128, "fc1 features");
   auto net = std::make_unique<Sequential>();
-  net->emplace<Conv2d>("conv1", 1, 32, 3, 1, 1);
+  net->emplace<Conv2d>("conv1", 1, c1, 3, 1, 1);
   net->emplace<ReLU>("relu1");
   net->emplace<MaxPool2d>("pool1", 2);
-  net->emplace<Conv2d>("conv2", 32, 64, 3, 1, 1);
+  net->emplace<Conv2d>("conv2", c1, c2, 3, 1, 1);
   net->emplace<ReLU>("relu2");
   net->emplace<MaxPool2d>("pool2", 2);
   net->emplace<Flatten>("flatten");
-  net->emplace<Linear>("fc1", 3136, 128);
+  net->emplace<Linear>("fc1", c2 * 7 * 7, hidden);  // 28 x 28 pooled twice
   net->emplace<ReLU>("relu3");
-  net->emplace<Linear>("fc2", 128, 10);
+  net->emplace<Linear>("fc2", hidden, 10);
   return net;
 }
 
@@ -58,14 +86,15 @@ std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int6
 }
 
 // resnet18 with the CIFAR stem (3x3 conv1, stride 1, no max-pool), 10 classes.
-std::unique_ptr<Module> resnet(bool activation_checkpointing) {
+std::unique_ptr<Module> resnet(bool activation_checkpointing, const Narrower& narrow) {
+  const std::int64_t stem = narrow(64, "stem channels");
   auto net = std::make_unique<Sequential>();
-  net->emplace<Conv2d>("conv1", 3, 64, 3, 1, 1, 1, 1, false);
-  net->emplace<BatchNorm2d>("bn1", 64);
+  net->emplace<Conv2d>("conv1", 3, stem, 3, 1, 1, 1, 1, false);
+  net->emplace<BatchNorm2d>("bn1", stem);
   net->emplace<ReLU>("relu");
-  std::int64_t channels = 64;
+  std::int64_t channels = stem;
   for (int stage = 0; stage < 4; ++stage) {
-    const std::int64_t out = 64 << stage;
+    const std::int64_t out = stem << stage;
     auto layer = std::make_unique<Sequential>();
     layer->add("0", basic_block(channels, out, stage == 0 ? 1 : 2));
     layer->add("1", basic_block(out, out, 1));
@@ -76,17 +105,18 @@ std::unique_ptr<Module> resnet(bool activation_checkpointing) {
   }
   net->emplace<GlobalAvgPool2d>("avgpool");
   net->emplace<Flatten>("flatten");
-  net->emplace<Linear>("fc", 512, 10);
+  net->emplace<Linear>("fc", channels, 10);
   return net;
 }
 
-std::unique_ptr<Module> mlp_large() {
+std::unique_ptr<Module> mlp_large(const Narrower& narrow) {
+  const std::int64_t hidden = narrow(4096, "hidden features");
   auto net = std::make_unique<Sequential>();
   for (int i = 1; i <= 3; ++i) {
-    net->emplace<Linear>("fc" + std::to_string(i), 4096, 4096);
+    net->emplace<Linear>("fc" + std::to_string(i), i == 1 ? 4096 : hidden, hidden);
     net->emplace<GELU>("gelu" + std::to_string(i), true);
   }
-  net->emplace<Linear>("fc4", 4096, 1000);
+  net->emplace<Linear>("fc4", hidden, 1000);
   return net;
 }
 
@@ -116,8 +146,9 @@ GptConfig gpt_config(const std::string& name, float dropout) {
 }
 
 std::unique_ptr<Module> make_model(const std::string& name, float dropout,
-                                   bool activation_checkpointing) {
+                                   bool activation_checkpointing, std::int64_t width_divisor) {
   const ModelPreset& preset = model_preset(name);  // validates the name
+  const Narrower narrow(name, width_divisor);
   if (dropout != 0.0f && !preset.language_model)
     throw InvalidArgument("model '" + name + "' has no dropout to set (only gpt-tiny and gpt2 do)");
   if (activation_checkpointing && !preset.language_model && name != "resnet")
@@ -128,15 +159,21 @@ std::unique_ptr<Module> make_model(const std::string& name, float dropout,
   if (preset.language_model) {
     GptConfig config = gpt_config(name, dropout);
     config.activation_checkpointing = activation_checkpointing;
+    config.embed_dim = narrow(config.embed_dim, "embedding width");
+    if (config.embed_dim % config.heads != 0)
+      throw InvalidArgument(fmt::format(
+          "make_model('{}'): width_divisor {} leaves an embedding width of {}, which its {} heads "
+          "do not divide (use a smaller divisor)",
+          name, width_divisor, config.embed_dim, config.heads));
     model = std::make_unique<GPT>(config);
   } else if (name == "mlp")
-    model = mlp();
+    model = mlp(narrow);
   else if (name == "cnn")
-    model = cnn();
+    model = cnn(narrow);
   else if (name == "resnet")
-    model = resnet(activation_checkpointing);
+    model = resnet(activation_checkpointing, narrow);
   else
-    model = mlp_large();
+    model = mlp_large(narrow);
   model->assign_names();
   model->set_input_grad(false);  // the input is data
   return model;

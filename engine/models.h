@@ -4,6 +4,7 @@
 // and gpt2: nanoGPT's names).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,14 @@ GptConfig gpt_config(const std::string& name, float dropout = 0.0f);
 // and each stage (layer1..layer4) of resnet a Checkpointed: the same names,
 // initial values and gradients (Note [activation checkpointing]); mlp, cnn
 // and mlp-large have no blocks to checkpoint and refuse it.
+// `width_divisor` divides every inner width by that much (the hidden
+// features of mlp and mlp-large, the channels and fc1 of cnn, the channels of
+// resnet, the embedding width of the GPT presets): the same tree, names,
+// depth and input and output shapes at a fraction of the parameters, for
+// tests that loop over every preset in seconds; 1 is the preset itself.
+// Throws InvalidArgument when it does not divide a width.
 std::unique_ptr<Module> make_model(const std::string& name, float dropout = 0.0f,
-                                   bool activation_checkpointing = false);
+                                   bool activation_checkpointing = false,
+                                   std::int64_t width_divisor = 1);
 
 }  // namespace lockstep::engine

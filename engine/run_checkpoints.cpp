@@ -62,6 +62,15 @@ RunPosition RunCheckpoints::restore(Module& model, Optimizer& optimizer, DataPar
                          options_.config, options_.config_defaults, stream);
   step.set_steps(s.step);
   scaler.set_state(s.scaler);
+  // The checkpoint resumed from is this run's save of that step: a save
+  // before any further step (a run resumed at its end) would rewrite one of
+  // the run's inputs with the same state, which Note [one way to write a
+  // file] refuses; it is already saved.
+  std::error_code error;
+  if (directory_ &&
+      std::filesystem::equivalent(
+          *resume_file_, directory_->directory() / fmt::format("ckpt-{}.h5", s.step), error))
+    last_saved_ = s.step;
   return {s.step, {s.epoch, s.position}};
 }
 

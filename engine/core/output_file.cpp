@@ -37,7 +37,7 @@ std::string advice(int error) {
 [[noreturn]] void fail_output(const std::string& what, const fs::path& target,
                               const std::string& step, int error) {
   std::string reason = std::string(std::strerror(error)) + " (" + step + "; " + advice(error) + ")";
-  throw OutputFileError(what + " '" + target.string() + "': " + reason, std::move(reason));
+  throw OutputFileError(what + " '" + target.string() + "': " + reason, reason);
 }
 
 struct Input {
@@ -224,7 +224,10 @@ void write_file(const fs::path& target, std::string_view contents, std::string_v
 
 AppendFile::AppendFile(fs::path target, std::string_view what) : target_(std::move(target)) {
   check_not_input(target_, what);
-  fd_ = ::open(target_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead of
+  // blocking the run in open(); cleared below, so that writes block as usual.
+  fd_ = ::open(target_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
+               0644);
   if (fd_ < 0) {
     const int error = errno;
     if (error == ELOOP) {
@@ -233,8 +236,10 @@ AppendFile::AppendFile(fs::path target, std::string_view what) : target_(std::mo
           "checkpoint): name the file itself";
       throw OutputFileError(std::string(what) + " '" + target_.string() + "': " + reason, reason);
     }
-    fail_output(std::string(what), target_, "opening it to append failed", error);
+    fail_output(std::string(what), target_,
+                error == ENXIO ? "a FIFO with no reader" : "opening it to append failed", error);
   }
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || S_ISDIR(st.st_mode) ||
       !(S_ISREG(st.st_mode) || S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {

@@ -116,8 +116,12 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   const bool want_dx = input_grad();  // the first layer of a model needs no dx
   core::Tensor dx =
       want_dx ? core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream) : core::Tensor();
+  // accumulate_grad before the pointer is taken: under ZeRO-2 and ZeRO-3 it
+  // gives the gradient its storage (Note [transient gradients]); until then
+  // `grad` is undefined, with no data to point at.
+  const bool accumulate =
+      weight_->requires_grad && accumulate_grad(*weight_);  // Note [lazy zero_grad]
   float* dw = weight_->requires_grad ? weight_->grad.data_as<float>() : nullptr;
-  const bool accumulate = dw && accumulate_grad(*weight_);  // Note [lazy zero_grad]
   float* db = bias_ && bias_->requires_grad ? grad_to_add(*bias_, ctx.stream) : nullptr;
   const std::int64_t spatial = s.out_h() * s.out_w();
   core::dispatch(

@@ -814,6 +814,29 @@ int main(int argc, char** argv) {
                            : "--data is required (the training shards)");
     return 1;
   }
+  // Two outputs at one name would replace each other (the heartbeat's
+  // rename would drop the metrics every step); a checkpoint's name in
+  // --checkpoint-dir is the run's own (kubernetes/job.yaml keeps its
+  // metrics and heartbeat beside the checkpoints: that stays allowed).
+  namespace fs = std::filesystem;
+  if (!f.metrics.empty() && !f.heartbeat.empty() &&
+      fs::weakly_canonical(f.metrics) == fs::weakly_canonical(f.heartbeat)) {
+    fmt::print(stderr, "lockstep-train: --metrics and --heartbeat both name '{}': name two files\n",
+               f.metrics);
+    return 1;
+  }
+  for (const auto& [flag, path] : {std::pair{"--metrics", f.metrics}, {"--heartbeat", f.heartbeat}})
+    if (!path.empty() && !f.checkpoint_dir.empty() &&
+        fs::weakly_canonical(fs::path(path).parent_path().empty() ? fs::path(".")
+                                                                  : fs::path(path).parent_path()) ==
+            fs::weakly_canonical(f.checkpoint_dir) &&
+        fs::path(path).filename().string().starts_with("ckpt-")) {
+      fmt::print(stderr,
+                 "lockstep-train: {} '{}' takes a checkpoint's name in --checkpoint-dir, whose "
+                 "ckpt-* files the run writes and prunes: name it otherwise\n",
+                 flag, path);
+      return 1;
+    }
   if (app.count("--momentum") > 0 && f.optimizer != "sgd") {
     fmt::print(stderr,
                "lockstep-train: --momentum {} is SGD's: --optimizer {} has none (leave it out)\n",

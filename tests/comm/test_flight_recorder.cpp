@@ -248,3 +248,21 @@ TEST_CASE("a flight dump that cannot be written is reported with the reason, and
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
                       std::filesystem::directory_iterator()) == 1);
 }
+
+TEST_CASE("a flight dump replaces a link planted at its name, never writing through it") {
+  // Note [one way to write a file]: the link could point at a checkpoint.
+  test::TempDir dir, elsewhere;
+  const auto victim = elsewhere.path() / "ckpt-10.h5";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, dir.path() / "flight-rank-0.json");
+  comm::set_flight_directory(dir.path());
+  comm::Watchdog watchdog(comm::Seconds(60), [](const std::string&) {});
+  const auto dumped = watchdog.dump_flight("a reason with \"quotes\"\nand a newline");
+  watchdog.stop();
+  comm::set_flight_directory({});
+  CHECK(dumped == dir.path() / "flight-rank-0.json");
+  CHECK_FALSE(std::filesystem::is_symlink(dumped));
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "precious");
+}

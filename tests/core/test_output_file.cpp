@@ -2,6 +2,7 @@
 // Note [one way to write a file]): a file appears whole or not at all, links
 // planted at its name are never written through, and an output that is one
 // of the run's inputs is refused with the input untouched.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,4 +121,12 @@ TEST_CASE("an append-only record file grows by whole lines", "[core][files]") {
     core::AppendFile full("/dev/full", "the metrics file");
     CHECK(full.append("{}\n") == ENOSPC);
   }
+}
+
+TEST_CASE("an append-only record file refuses a FIFO without a reader instead of hanging",
+          "[core][files]") {
+  TempDir dir;
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(core::AppendFile(dir / "fifo", "the metrics file"),
+                    Catch::Contains("a FIFO with no reader"));
 }

@@ -48,6 +48,18 @@ grep -q "one of this run's inputs" "$work/err" || fail "the input refusal does n
 [ "$(sha256sum "$data_shard" | cut -d' ' -f1)" = "$data_sum" ] || fail "the data shard changed"
 echo "--metrics: a planted link and a data shard refused, both untouched"
 
+# Two outputs at one name, and an output with a checkpoint's name in the
+# checkpoint directory, are refused before anything starts.
+rc=0
+"$train" "${common[@]}" --steps 1 --metrics "$work/same" --heartbeat "$work/./same" \
+  >"$work/out" 2>"$work/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "both name" "$work/err" || fail "--metrics and --heartbeat at one name"
+rc=0
+"$train" "${common[@]}" --steps 1 --checkpoint-dir "$work/ck2" --heartbeat "$work/ck2/ckpt-1.h5" \
+  >"$work/out" 2>"$work/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "checkpoint's name" "$work/err" || fail "--heartbeat CKPT_DIR/ckpt-1.h5"
+echo "two outputs at one name, and a heartbeat named as a checkpoint, refused"
+
 # --heartbeat and --trace: the link at the name is replaced, never followed.
 ln -s "$victim" "$work/heartbeat.json"
 mkdir "$work/trace" && ln -s "$victim" "$work/trace/rank-0.json"

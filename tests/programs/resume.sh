@@ -67,7 +67,7 @@ exact_resume() {  # exact_resume RANKS ARGS...: 12 steps straight == 6, save, re
   launch "$ranks" "$@" --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" \
     --metrics "$work/a.jsonl" >/dev/null
   mkdir -p "$work/b" && cp "$work"/a/ckpt-6.h5* "$work/b/"
-  grep '"loss":' "$work/a.jsonl" | head -n 6 >"$work/b.jsonl"  # steps 1-6 (Note [run records])
+  grep -m 6 '"loss":' "$work/a.jsonl" >"$work/b.jsonl"  # steps 1-6 (Note [run records])
   launch "$ranks" "$@" --steps 12 --checkpoint-dir "$work/b" --resume auto \
     --metrics "$work/b.jsonl" >/dev/null
   same_checkpoints "$work/a/ckpt-12.h5" "$work/b/ckpt-12.h5" 0
