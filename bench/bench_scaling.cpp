@@ -675,9 +675,9 @@ void scaling_tables(comm::World& world, const Options& o, const Config& config,
         o.zero == 1 ? fmt::format(", ZeRO-1 ({} bytes of optimizer state per rank)",
                                   runner.optimizer_state_bytes())
                     : "",
-        device.is_cuda()    ? ""
-        : sync.host_overlap ? ", reduced during backward"
-                            : ", reduced after backward",
+        device.is_cuda()                   ? ""
+        : sync.host_overlap.value_or(true) ? ", reduced during backward"
+                                           : ", reduced after backward",
         p.forward_ms, p.backward_ms, p.optimizer_ms);
     fmt::print("{:<7} {:>5} {:>7} {:>7} {:>9} {:>11} {:>10} {:>8} {:>10} {:>9} {:>11}\n", "mode",
                "ranks", "B/rank", "global", "solo ms", "compute ms", "synced ms", "comm ms",
@@ -696,8 +696,9 @@ void scaling_tables(comm::World& world, const Options& o, const Config& config,
     fields.push_back(bench::field("zero", static_cast<long long>(o.zero)));
     fields.push_back(bench::field("optimizer_state_bytes",
                                   static_cast<long long>(runner.optimizer_state_bytes())));
-    fields.push_back(device.is_cuda() ? bench::field("host_overlap", core::Json())
-                                      : bench::field("host_overlap", sync.host_overlap));
+    fields.push_back(device.is_cuda()
+                         ? bench::field("host_overlap", core::Json())
+                         : bench::field("host_overlap", sync.host_overlap.value_or(true)));
     json.write(fields);
   };
 

@@ -88,7 +88,6 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   LossScaler scaler = LossScaler::for_autocast(autocast);
   StepOptions options;
   options.autocast = autocast;
-  options.sync.host_overlap = comm::host_overlap_pays(world, threads);  // as lockstep-train
   DataParallelStep data_parallel(*t.model, *t.store, *t.optimizer, make_scheduler("constant", {}),
                                  scaler, &world, options, stream);
   const MicroBatch micro_batch{t.x, t.y};
@@ -161,7 +160,7 @@ struct CheckpointingMeasure {
 
 CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string& name,
                                            std::int64_t batch, std::optional<DType> autocast,
-                                           core::Device device, int steps, int threads) {
+                                           core::Device device, int steps) {
   CheckpointingMeasure m{};
   std::vector<std::unique_ptr<bench::SyntheticTraining>> runs;
   std::vector<std::unique_ptr<LossScaler>> scalers;
@@ -175,7 +174,6 @@ CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string
     scalers.push_back(std::make_unique<LossScaler>(LossScaler::for_autocast(autocast)));
     StepOptions options;
     options.autocast = autocast;
-    options.sync.host_overlap = comm::host_overlap_pays(world, threads);
     data_parallel.push_back(std::make_unique<DataParallelStep>(
         *t.model, *t.store, *t.optimizer, make_scheduler("constant", {}), *scalers.back(), &world,
         options, t.stream));
@@ -267,7 +265,7 @@ int main(int argc, char** argv) {
 
     if (activation_checkpointing) {
       const CheckpointingMeasure c =
-          compare_checkpointing(*world, model, batch, autocast, device, steps, threads);
+          compare_checkpointing(*world, model, batch, autocast, device, steps);
       const double time_ratio = c.ms_per_step[1] / c.ms_per_step[0];
       const double memory_ratio = static_cast<double>(c.activation_peak_bytes[1]) /
                                   static_cast<double>(c.activation_peak_bytes[0]);

@@ -99,7 +99,7 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, SynchronizedModel
     // depends on each node's cores) and a duplicate is a collective.
     thread_comm_ = comm_.duplicate("gradients");
     // Note [transient gradients]: ZeRO-2 reduces each bucket on the caller's thread at once.
-    runner_ = options_.host_overlap && !transient_gradients()
+    runner_ = options_.host_overlap.value_or(true) && !transient_gradients()
                   ? detail::make_thread_runner(reduce)
                   : detail::make_deferred_runner(reduce);
   }
@@ -357,8 +357,9 @@ void GradientSynchronizer::complete_pass() {
   if (missing.size() > 4) others += fmt::format(" and {} more", missing.size() - 4);
   throw InvalidArgument(fmt::format(
       "finish() at step {}: parameter '{}' (segment {} of {}) was never reported ready in this "
-      "backward pass{}; the module that owns it must call mark_ready after writing its gradient, "
-      "also when the gradient is zero",
+      "backward pass{}; whatever runs the owning module's backward must then call "
+      "report_ready(ctx) on that module (Module::report_ready, which calls mark_ready), also "
+      "when the gradient is zero, as the containers do (docs/custom-training.md)",
       step_, model_.segments[missing.front()].name, missing.front(), model_.segments.size(),
       others.empty() ? "" : " (nor were " + others + ")"));
 }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,9 +93,11 @@ struct SynchronizerOptions {
   // Host buffers: reduce buckets on a communication thread while backward
   // runs (true), or all of them on the caller's thread in finish() (false).
   // Overlap pays only with a core the compute leaves free (Note [host
-  // overlap]); comm::host_overlap_pays says whether this rank has one.
+  // overlap]). Unset (the default), engine::DataParallelStep decides with
+  // comm::host_overlap_pays for its world and GEMM threads, the same
+  // decision for every program; a synchroniser used alone then overlaps.
   // Unused for GPU buffers, which always overlap on a communication stream.
-  bool host_overlap = true;
+  std::optional<bool> host_overlap = std::nullopt;
   // The stream backward writes gradients on (GPU buffers); buckets start
   // after it and the averaged gradients are ready on it after finish().
   // Default: the device's default stream. Unused for host buffers.

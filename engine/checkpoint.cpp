@@ -171,6 +171,7 @@ CheckpointContents capture_checkpoint(Module& model, const Optimizer& optimizer,
   c.attributes["world_size"] = static_cast<std::int64_t>(state.world_size);
   c.attributes["global_batch"] = state.global_batch;
   for (const auto& [key, value] : state.config) c.attributes["config." + key] = value;
+  for (const auto& [key, value] : state.input) c.attributes["input." + key] = value;
   refuse_nonfinite(c, state.step);
   return c;
 }

@@ -5,7 +5,8 @@
 // layouts by name; /optimizer/<param>/<state>: momentum_buffer, or exp_avg
 // and exp_avg_sq; root attributes: format_version, step, epoch, position,
 // loss_scale, scaler_growth_tracker, optimizer.step, rng_seed, rng_offset,
-// world_size, global_batch, and config.<field> for every fingerprinted field.
+// world_size, global_batch, config.<field> for every fingerprinted field, and
+// input.<field> (Note [input record] in engine/input_record.h).
 //
 // Note [resume fingerprint]: the config.* attributes are what a resume may
 // not change (model, optimizer and its hyper-parameters, global batch,
@@ -17,6 +18,8 @@
 // written only when set, or added after the checkpoint was made) is compared
 // too, and a saved field with neither a value in this run nor a default is an
 // error (the checkpoint of another program, or of a newer one).
+// RunCheckpoints adds the fields it computes from the run itself and checks
+// them first (Note [run fingerprint], engine/run_checkpoints.h).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +46,9 @@ struct TrainingState {
   int world_size = 1;
   std::int64_t global_batch = 0;
   std::map<std::string, std::string> config;  // Note [resume fingerprint]
+  // Written as input.<key> (Note [input record] in engine/input_record.h);
+  // empty: none. Not compared on resume: config.* holds what may not change.
+  std::map<std::string, std::string> input{};
 };
 
 // Copies the model, its buffers and the optimizer state to the host. Throws

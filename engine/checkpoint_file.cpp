@@ -367,4 +367,25 @@ std::map<std::string, core::Tensor> read_group(const fs::path& file, const std::
   }
 }
 
+std::map<std::string, AttributeValue> read_root_attributes(const fs::path& file,
+                                                           const std::string& prefix) {
+  const std::string object = "weights file " + quoted(file);
+  Hdf5Lock lock;
+  try {
+    Hdf5Id f = io::open_hdf5_file(file, "weights file");
+    std::map<std::string, AttributeValue> out;
+    for (const std::string& name : io::attribute_names(f.get(), object)) {
+      if (!name.starts_with(prefix)) continue;
+      Hdf5Id a(LOCKSTEP_CHECK_HDF5(H5Aopen(f.get(), name.c_str(), H5P_DEFAULT)));
+      out[name] = io::read_scalar_attribute(a.get(), object + ", attribute '" + name + "'");
+      a.close();
+    }
+    f.close();
+    return out;
+  } catch (const LibraryError& e) {
+    throw IoError(object + ": HDF5 cannot read its attributes: " + e.what() +
+                  " (the file is damaged)");
+  }
+}
+
 }  // namespace lockstep::engine

@@ -108,5 +108,11 @@ CheckpointContents read_checkpoint(const std::filesystem::path& file);
 // is false.
 std::map<std::string, core::Tensor> read_group(const std::filesystem::path& file,
                                                const std::string& group, bool required = true);
+// The root attributes of any HDF5 file whose names start with `prefix`,
+// without the checksum (as read_group): a weights file's Note [input record]
+// (input_record.h). Others are not read: a file from h5py may hold
+// attributes of any type.
+std::map<std::string, AttributeValue> read_root_attributes(const std::filesystem::path& file,
+                                                           const std::string& prefix);
 
 }  // namespace lockstep::engine

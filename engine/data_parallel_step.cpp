@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "comm/step_agreement.h"
+#include "comm/world.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
 #include "engine/optim/clip.h"
 #include "engine/zero.h"
 #include "kernels/conv.h"
+#include "kernels/gemm.h"
 
 namespace lockstep::engine {
 namespace {
@@ -72,6 +74,9 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
       options_(std::move(options)),
       stream_(std::move(stream)),
       loss_(options_.loss ? options_.loss : std::make_shared<CrossEntropyLoss>()) {
+  // The step's inputs are data: nothing reads their gradient, so the first
+  // layer skips computing it (no call for the user to copy).
+  model_.set_input_grad(false);
   if (options_.accumulation < 1)
     throw InvalidArgument("DataParallelStep: StepOptions::accumulation is " +
                           std::to_string(options_.accumulation) + "; it must be at least 1");
@@ -140,8 +145,12 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
     comm::check_agreement(world_->host(), agreement_fields());
     options_.sync.compute_stream = stream_;
     // A world of one has nothing to overlap: a communication thread would
-    // only cost wake-ups (Note [host overlap]).
-    if (world_->size() == 1) options_.sync.host_overlap = false;
+    // only cost wake-ups (Note [host overlap]). Otherwise, unless the caller
+    // chose, the thread runs where this rank has a core the GEMMs leave free.
+    if (world_->size() == 1)
+      options_.sync.host_overlap = false;
+    else if (!options_.sync.host_overlap)
+      options_.sync.host_overlap = comm::host_overlap_pays(*world_, kernels::cpu::gemm_threads());
     const RankMean mean = options_.rank_invariant ? RankMean{world_size, false}
                                                   : rank_mean(world_->size(), store_.device());
     options_.sync.average = mean.synchronizer_averages;

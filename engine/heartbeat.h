@@ -19,7 +19,8 @@ namespace lockstep::engine {
 // written to a temporary beside FILE and renamed over it (core::OutputFile),
 // so that a reader never sees a partial line. Phases: "starting" (before the first step),
 // "training" (at each step boundary), "saving" (rewritten every second while a checkpoint is
-// written), "done". A file that cannot be written is reported once (Note
+// written), "done", or "stopped" (a signal or an unwritable --metrics file
+// ended the run before its last step). A file that cannot be written is reported once (Note
 // [write failures] in engine/core/log.h) and the run goes on: a missing
 // heartbeat makes the scheduler act, which is the failure's cost.
 class Heartbeat {

@@ -4,7 +4,9 @@
 // [checkpoint choice]), putting the whole run back from it (weights, buffers,
 // optimizer state, the step count that drives the schedule and dropout keys,
 // the loss scaler, the data position), and saves of that state with the
-// atomic files and retention of engine/checkpoint_file.h.
+// atomic files and retention of engine/checkpoint_file.h. It also records
+// and checks the run's fingerprint, computed from the run itself (Note [run
+// fingerprint]), so that every program has the one resume check.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "comm/world.h"
 #include "engine/checkpoint.h"
@@ -34,12 +37,54 @@ struct RunCheckpointOptions {
   enum class Start { latest, fresh, file };
   Start start = Start::latest;
   std::filesystem::path file;
-  // Note [resume fingerprint]: what a resume may not change, and the value
-  // of a field in a checkpoint written before the field was.
+  // Note [resume fingerprint]: the program's own fields a resume may not
+  // change, beside the ones RunCheckpoints records itself (Note [run
+  // fingerprint]; a `config` field under one of run_fingerprint_names() is
+  // refused), and the value of a field in a checkpoint written before the
+  // field was.
   std::map<std::string, std::string> config, config_defaults;
+  // How this program sets each field of the run fingerprint, by name, for
+  // the message of a refused resume (lockstep-train: {"precision",
+  // "--precision"}); a field left out is named by its library option.
+  std::map<std::string, std::string> set_by{};
   // Rewritten with phase "saving" every second while rank 0 writes; may be null.
   Heartbeat* heartbeat = nullptr;
+  // Written into every checkpoint as input.<key> (Note [input record] in
+  // engine/input_record.h: InputRecord::fields()); empty: none.
+  std::map<std::string, std::string> input{};
 };
+
+// Note [run fingerprint]: what a resume may not change, computed from the
+// run itself rather than written by hand: the model (its type, parameter
+// names and shapes), the loss (describe()), the precision (autocast), the
+// rank-invariant mode, the dropout seed, the global batch (micro-batch rows
+// x ranks x accumulation, the source's one batch of K x B rows per rank in
+// the rank-invariant mode), the data's order (shuffle and the sampler's
+// seed) and size. RunCheckpoints::save records each as config.<name> with
+// the root attribute fingerprint_version; RunCheckpoints::restore compares
+// them before anything is loaded and refuses a difference naming the field,
+// both values and what sets it. The world size, the accumulation and the
+// micro-batch (where the global batch holds), the ZeRO stage (its checkpoint
+// is the same file), the steps, checkpoint cadence, logging and threads may
+// change (docs/checkpoints.md). A checkpoint without fingerprint_version
+// (before 0.2.0) is compared on the fields it has under the names and in the
+// words lockstep-train wrote then (global_batch, precision, seed, shuffle,
+// dataset); its other config.* fields under these names are not compared
+// and nothing is warned; its next save records them all.
+struct RunFingerprintField {
+  std::string name;    // config.<name> in a checkpoint
+  std::string value;   // "128", "fp16", "on"
+  std::string set_by;  // the library option that sets it
+};
+
+// The fields RunCheckpoints records, in the order a resume compares them.
+std::vector<std::string> run_fingerprint_names();
+
+// The run's fingerprint as RunCheckpoints records it; with `source` null,
+// without the data's fields (global_batch, shuffle, sampler_seed, dataset).
+// Under ZeRO-3 the caller holds the step's full_parameters().
+std::vector<RunFingerprintField> run_fingerprint(Module& model, const DataParallelStep& step,
+                                                 const io::BatchSource* source, int world_size);
 
 // Where a run continues: the steps taken and the data position of the next.
 struct RunPosition {
@@ -65,9 +110,18 @@ class RunCheckpoints {
   // Puts the run back from resume_file(): weights, buffers, the optimizer
   // state, step.steps() and the loss scaler. Returns where to continue
   // (step 0, epoch 0, position 0 without a file). Throws naming the file and
-  // the field for a checkpoint of another model or configuration.
+  // the field for a checkpoint of another model or configuration, the run's
+  // fingerprint included (Note [run fingerprint]) with `source` the one the
+  // run trains on.
   RunPosition restore(Module& model, Optimizer& optimizer, DataParallelStep& step,
-                      LossScaler& scaler, const core::Stream& stream);
+                      LossScaler& scaler, const io::BatchSource& source,
+                      const core::Stream& stream);
+  // 0.1's form, without the source: the data's fields are not compared.
+  [[deprecated(
+      "pass the batch source the run trains on: restore(model, optimizer, step, scaler, "
+      "source, stream) also checks the global batch and the data order")]] RunPosition
+  restore(Module& model, Optimizer& optimizer, DataParallelStep& step, LossScaler& scaler,
+          const core::Stream& stream);
 
   // Collective (a sharded optimizer gathers its state): the run's state after
   // step.steps(), continuing where `source` stands (next_position()). Rank 0
@@ -90,6 +144,10 @@ class RunCheckpoints {
   const std::filesystem::path& directory() const { return options_.directory; }
 
  private:
+  RunPosition restore_from(Module& model, Optimizer& optimizer, DataParallelStep& step,
+                           LossScaler& scaler, const io::BatchSource* source,
+                           const core::Stream& stream);
+
   comm::World& world_;
   RunCheckpointOptions options_;
   std::optional<CheckpointDirectory> directory_;

@@ -199,6 +199,7 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   for (const DatasetSummary& d : h.data)
     lines.push_back(
         fmt::format("  {:<12} {}: {}", d.role + " data", d.path, describe_dataset(*d.dataset)));
+  if (!h.input.empty()) lines.push_back("  input        " + h.input);
   lines.push_back("  checkpoints  " + (h.checkpoint_dir.empty() ? "none" : h.checkpoint_dir));
   lines.push_back("  metrics      " + (h.metrics_path.empty() ? "none" : h.metrics_path));
   return lines;
@@ -225,6 +226,7 @@ core::Json start_record(const RunHeader& h, int world_size) {
   if (h.parameter_bytes > 0)
     record.set("expected_model_state_bytes", model_state_bytes(h, world_size));
   if (h.tokens_per_sample > 0) record.set("tokens_per_sample", h.tokens_per_sample);
+  if (!h.input.empty()) record.set("input", h.input);
   return record;
 }
 
@@ -245,6 +247,10 @@ RunReport::RunReport(comm::World& world, RunHeader header, MetricsWriter& metric
     metrics_.write(start_record(header_, world_.size()));
   }
   figures_.last_step = header_.start_step;
+  // Note [train loss of a part]: a run resumed inside an epoch sees only its later steps.
+  epoch_.began_here =
+      header_.start_step == 0 ||
+      (header_.steps_per_epoch > 0 && header_.start_step % header_.steps_per_epoch == 0);
   start_ = epoch_start_ = Clock::now();
 }
 
@@ -254,13 +260,15 @@ void RunReport::record_step(std::int64_t step, double loss, std::int64_t samples
   figures_.samples += samples;
   figures_.step_s += seconds;
   figures_.last_step = step;
+  if (epoch_.steps++ == 0) epoch_.first_step = step;
+  epoch_.last_step = step;
   if (skipped) {
     ++figures_.skipped_steps;
     return;  // its loss is not a figure of the model (inf/NaN gradients)
   }
   figures_.last_loss = loss;
-  epoch_loss_sum_ += loss;
-  ++epoch_steps_;
+  epoch_.loss_sum += loss;
+  ++epoch_.losses;
 }
 
 void RunReport::record_eval(std::int64_t step, std::int64_t epoch, double loss,
@@ -278,27 +286,37 @@ void RunReport::end_epoch() {
   const Clock::time_point now = Clock::now();
   figures_.epoch_wall_s.push_back(std::chrono::duration<double>(now - epoch_start_).count());
   epoch_start_ = now;
-  last_epoch_loss_sum_ = epoch_loss_sum_;
-  last_epoch_steps_ = epoch_steps_;
-  epoch_loss_sum_ = 0;
-  epoch_steps_ = 0;
+  if (epoch_.steps > 0) {  // a resume at an epoch's end ends it with no step run here
+    last_epoch_ = epoch_;
+    last_epoch_.ended = true;
+  }
+  epoch_ = EpochSeen{};
+  epoch_.began_here = true;
 }
 
 RunReport::Summary RunReport::summary() const {
   Summary s = figures_;
   s.wall_s = std::chrono::duration<double>(Clock::now() - start_).count();
   // The epoch in progress when it has steps, else the last one that ended.
-  if (epoch_steps_ > 0) {
-    s.last_epoch_train_loss = epoch_loss_sum_ / static_cast<double>(epoch_steps_);
-  } else if (last_epoch_steps_ > 0) {
-    s.last_epoch_train_loss = last_epoch_loss_sum_ / static_cast<double>(last_epoch_steps_);
+  const EpochSeen& e = epoch_.losses > 0 ? epoch_ : last_epoch_;
+  if (e.losses > 0) {
+    s.last_epoch_train_loss = e.loss_sum / static_cast<double>(e.losses);
+    s.train_loss_first_step = e.first_step;
+    s.train_loss_last_step = e.last_step;
+    s.train_loss_whole_epoch = e.began_here && e.ended;
+    s.train_loss_skipped_steps = e.steps - e.losses;
   }
+  s.stop_reason = stop_reason_;
   return s;
 }
 
 std::vector<std::string> RunReport::format_summary(const Summary& s) const {
   std::vector<std::string> lines;
-  lines.push_back(fmt::format("{}: done at step {}", header_.program, s.last_step));
+  if (s.stop_reason.empty())
+    lines.push_back(fmt::format("{}: done at step {}", header_.program, s.last_step));
+  else
+    lines.push_back(
+        fmt::format("{}: stopped at step {} {}", header_.program, s.last_step, s.stop_reason));
   std::string time = "  time         " + format_duration(s.wall_s) + " in all";
   if (!s.epoch_wall_s.empty()) {
     time += fmt::format(", {} per epoch ({} epoch{} ended)", format_duration(mean(s.epoch_wall_s)),
@@ -315,9 +333,18 @@ std::vector<std::string> RunReport::format_summary(const Summary& s) const {
   }
   lines.push_back(
       fmt::format("  skipped      {} of {} steps (inf/NaN gradients)", s.skipped_steps, s.steps));
-  if (s.last_epoch_train_loss)
-    lines.push_back(fmt::format("  train        loss {:.4f} (mean of the last epoch's steps)",
-                                *s.last_epoch_train_loss));
+  if (s.last_epoch_train_loss)  // Note [train loss of a part]: what the mean is over
+    lines.push_back(
+        fmt::format("  train        loss {:.4f} (mean of {}{})", *s.last_epoch_train_loss,
+                    s.train_loss_whole_epoch
+                        ? fmt::format("the last epoch's steps, {} to {}", s.train_loss_first_step,
+                                      s.train_loss_last_step)
+                        : fmt::format("steps {} to {}, the part of the last epoch this process ran",
+                                      s.train_loss_first_step, s.train_loss_last_step),
+                    s.train_loss_skipped_steps > 0
+                        ? fmt::format("; {} skipped step{} left out", s.train_loss_skipped_steps,
+                                      s.train_loss_skipped_steps == 1 ? "" : "s")
+                        : std::string()));
   if (s.val_loss && s.val_accuracy)
     lines.push_back(fmt::format("  val          loss {:.4f}, accuracy {:.2f}% (last evaluation)",
                                 *s.val_loss, 100 * *s.val_accuracy));
@@ -391,11 +418,19 @@ void RunReport::finish() {
           .set("skipped_steps", s.skipped_steps)
           .set("steps", s.steps)
           .set("train_loss", s.last_epoch_train_loss)
+          .set("train_loss_steps",
+               s.last_epoch_train_loss
+                   ? core::Json::array().push(s.train_loss_first_step).push(s.train_loss_last_step)
+                   : core::Json())
+          .set("train_loss_whole_epoch",
+               s.last_epoch_train_loss ? core::Json(s.train_loss_whole_epoch) : core::Json())
           .set("val_loss", s.val_loss)
           .set("val_accuracy", s.val_accuracy)
           .set("best_val_accuracy", s.best_val_accuracy)
           .set("best_val_step", s.best_val_accuracy ? core::Json(s.best_val_step) : core::Json())
-          .set("checkpoint", last_checkpoint_.empty() ? core::Json() : last_checkpoint_);
+          .set("checkpoint", last_checkpoint_.empty() ? core::Json() : last_checkpoint_)
+          .set("stopped", !s.stop_reason.empty())
+          .set("stop_reason", s.stop_reason.empty() ? core::Json() : s.stop_reason);
   core::Json peak_list = core::Json::array();
   for (const std::uint64_t p : peaks) peak_list.push(p);
   record.set("peak_memory_bytes", std::move(peak_list));

@@ -86,6 +86,11 @@ struct RunHeader {
   std::string metrics_path;    // "" : none
   // A language model's tokens per sample, for tokens/s in the summary; 0: not one.
   std::int64_t tokens_per_sample = 0;
+  // How image inputs reach the model (the "input" line): the scaling, the
+  // training augmentation, the normalisation and where it came from, e.g.
+  // "u8 / 255, augment crop-flip (...), normalize 0.5,0.5 (the checkpoint's)"
+  // (Note [input record] in engine/input_record.h); "": not shown.
+  std::string input{};
 };
 
 // The header's lines, each without a newline (pure: what start_run prints).
@@ -116,12 +121,25 @@ class RunReport {
                    std::optional<double> accuracy);
   void end_epoch();
   void set_last_checkpoint(const std::string& path) { last_checkpoint_ = path; }
+  // The run stops before its end, for `reason` ("on request (a signal)"): the
+  // summary says "stopped at step N" instead of "done", and the end record
+  // has "stopped": true and "stop_reason".
+  void set_stopped(std::string reason) { stop_reason_ = std::move(reason); }
 
   struct Summary {
     double wall_s = 0, step_s = 0;
     std::vector<double> epoch_wall_s;  // epochs that ended in this process
     std::int64_t steps = 0, skipped_steps = 0, samples = 0;
-    std::optional<double> last_epoch_train_loss;  // mean over the last epoch's steps
+    // Note [train loss of a part]: the mean over the unskipped steps of the
+    // last epoch that this process ran, steps train_loss_first_step to
+    // train_loss_last_step; train_loss_whole_epoch says whether they are all
+    // of that epoch's steps (not after a resume into it, nor in an epoch a
+    // stop or --steps cut short).
+    std::optional<double> last_epoch_train_loss;
+    std::int64_t train_loss_first_step = 0, train_loss_last_step = 0;
+    std::int64_t train_loss_skipped_steps = 0;  // in that range, left out of the mean
+    bool train_loss_whole_epoch = false;
+    std::string stop_reason;  // "": the run went to its end (RunReport::set_stopped)
     std::optional<double> last_loss;
     std::int64_t last_step = 0;
     std::optional<double> val_loss, val_accuracy, best_val_accuracy;
@@ -151,9 +169,15 @@ class RunReport {
   MetricsWriter& metrics_;
   Clock::time_point start_, epoch_start_;
   Summary figures_;  // kept as they come; summary() adds wall_s and last_epoch_train_loss
-  double epoch_loss_sum_ = 0, last_epoch_loss_sum_ = 0;
-  std::int64_t epoch_steps_ = 0, last_epoch_steps_ = 0;
-  std::string last_checkpoint_;
+  // Each epoch as this process saw it: the loss sum and count of its
+  // unskipped steps, its first and last step and how many steps (skipped too).
+  struct EpochSeen {
+    double loss_sum = 0;
+    std::int64_t losses = 0, first_step = 0, last_step = 0, steps = 0;
+    bool began_here = false, ended = false;
+  };
+  EpochSeen epoch_, last_epoch_;
+  std::string last_checkpoint_, stop_reason_;
 };
 
 }  // namespace lockstep::engine

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "engine/core/memory.h"
 #include "engine/core/trace.h"
 
 namespace lockstep::engine {
@@ -77,6 +78,9 @@ EvalResult Trainer::evaluate(io::BatchSource& source) {
   Loss& loss = step_.loss();
   const DataParallelStep::FullParameters full = step_.full_parameters();  // ZeRO-3: whole values
   model_.eval();
+  // Note [memory kinds]: an evaluation's forward is activations as a step's is,
+  // so that a peak reached while evaluating is split as one reached training.
+  core::MemoryKindScope kind(core::MemoryKind::activations);
   source.start_epoch(0);
   // loss x counted rows, correct rows, counted rows, samples, and whether the
   // loss has the accuracy metric (Note [loss rows]: a token batch counts each

@@ -46,6 +46,8 @@ void gemm(const GemmArgs& args);
 // Threads the GEMM library may use for one GEMM (per process); 1 until set
 // (Note [one GEMM thread by default], kernels/cpu/gemm.cpp).
 void set_gemm_threads(int threads);
+// What set_gemm_threads last set (1 until then).
+int gemm_threads();
 
 // Note [CPU GEMM libraries]: the f32 GEMM under every CPU layer is one
 // library's sgemm. At one thread on a 2-vCPU Intel Xeon VM (family 6, model

@@ -47,12 +47,12 @@ def metrics_kind(where, row):
     start or end), "val" (an evaluation) or "step"."""
     if row.get("run") in ("start", "end"):
         return "run"
-    if "val_accuracy" in row:
+    if "val_loss" in row or "val_accuracy" in row:  # a regression's evaluation has no accuracy
         return "val"
     if "loss" in row:
         return "step"
     raise InputError(f"{where}: neither a run record ('run'), a step record ('loss') nor an "
-                     "evaluation ('val_accuracy'); is this a lockstep-train --metrics file?")
+                     "evaluation ('val_loss'); is this a lockstep-train --metrics file?")
 
 
 def number(where, row, key):

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Plots lockstep's JSON lines into PNGs (Debian's python3-matplotlib).
 
-  plot.py metrics METRICS.jsonl -o curves.png   lockstep-train --metrics: training loss per
-                                                 step, val loss and accuracy per epoch (from 1),
+  plot.py metrics METRICS.jsonl -o curves.png   lockstep-train --metrics: training and val
+                                                 loss, and val accuracy (a language model's
+                                                 bits per token), all against the step;
                                                  titled with model, ranks, batch, precision
   plot.py bench FILE.jsonl... -o bench.png      bench/* --json: one panel per kind of record
                                                  (gemm, step, loader, allreduce,
@@ -57,40 +58,84 @@ def plot_title(runs):
             f"{first.get('global_batch', '?')}, {first.get('precision', '?')}")
 
 
-def plot_metrics(path, png):
-    steps, losses, evals, runs = [], [], [], []
+def read_metrics(path):
+    """(steps, losses, evals, runs) of a --metrics file. Each evaluation is one dict (step, epoch,
+    val_loss, and val_accuracy and val_bits_per_token where recorded), in step order, one per
+    step: a later record of a step replaces an earlier one (files written before 0.2.0 recorded
+    an evaluation at the end of an epoch twice; a resume may evaluate a step again)."""
+    steps, losses, by_step, runs = [], [], {}, []
     for where, row in read_jsonl(path):
         kind = metrics_kind(where, row)
         if kind == "run":
             runs.append((where, row))
         elif kind == "val":
-            evals.append({k: field(where, row, k) for k in ("step", "epoch", "val_loss",
-                                                             "val_accuracy")})
+            e = {k: field(where, row, k) for k in ("step", "epoch", "val_loss")}
+            for k in ("val_accuracy", "val_bits_per_token"):
+                e[k] = field(where, row, k, optional=True)
+            by_step[e["step"]] = e
         else:
             steps.append(field(where, row, "step"))
             losses.append(field(where, row, "loss"))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    return steps, losses, [by_step[s] for s in sorted(by_step)], runs
+
+
+def language_model(evals, runs):
+    """Whether the run is a language model's: its evaluations give bits per token, or its start
+    record tokens per sample (Note [run records])."""
+    return (any(e["val_bits_per_token"] is not None for e in evals)
+            or any(r.get("tokens_per_sample") for _, r in runs if r.get("run") == "start"))
+
+
+def plot_metrics(path, png):
+    """Draws the curves into `png` and returns the figure. Both panels are against the step, as
+    evaluations come every --val-every steps as well as at each epoch's end: the training and val
+    loss on the left; on the right a language model's val loss and bits per token (a loss axis),
+    a classifier's val accuracy, or a loss without accuracy (regression) its val loss."""
+    steps, losses, evals, runs = read_metrics(path)
+    lm = language_model(evals, runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
     left.plot(steps, losses, linewidth=0.8, label="training loss (global batch)")
+    at = [e["step"] for e in evals]
+    has_accuracy = evals and all(e["val_accuracy"] is not None for e in evals)
     if evals:
-        left.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-",
-                  label="val loss")
-        right.plot([e["epoch"] for e in evals], [100 * e["val_accuracy"] for e in evals], "o-")
-    right.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs count from 1, whole
+        left.plot(at, [e["val_loss"] for e in evals], "o-", label="val loss")
+    if lm:
+        right.plot(at, [e["val_loss"] for e in evals], "o-", label="val loss (nats per token)")
+        if any(e["val_bits_per_token"] is not None for e in evals):
+            right.plot(at, [e["val_bits_per_token"] for e in evals], "s--",
+                       label="val bits per token (per byte for byte tokens)")
+        right.set_ylabel("val loss (nats) and bits per token")
+        right.legend()
+    elif has_accuracy:
+        right.plot(at, [100 * e["val_accuracy"] for e in evals], "o-")
+        right.set_ylabel("val accuracy (%)")
+    else:
+        right.plot(at, [e["val_loss"] for e in evals], "o-")
+        right.set_ylabel("val loss")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps count from 1, whole
     left.set_xlabel("step")
     left.set_ylabel("loss")
     left.legend()
-    right.set_xlabel("epoch")
-    right.set_ylabel("val accuracy (%)")
+    right.set_xlabel("step")
     title = plot_title(runs)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
-    if evals:
-        print(f"final val accuracy: {100 * evals[-1]['val_accuracy']:.2f}% "
-              f"after epoch {evals[-1]['epoch']} (step {evals[-1]['step']}); curves in {png}")
-    else:
+    if not evals:
         print(f"no evaluation in {path}; curves in {png}")
+        return fig
+    last = evals[-1]
+    when = f"after epoch {last['epoch']} (step {last['step']}); curves in {png}"
+    if lm:
+        bits = last["val_bits_per_token"]
+        print(f"final val loss: {last['val_loss']:.4f}"
+              + (f" ({bits:.4f} bits per token)" if bits is not None else "") + f" {when}")
+    elif has_accuracy:
+        print(f"final val accuracy: {100 * last['val_accuracy']:.2f}% {when}")
+    else:
+        print(f"final val loss: {last['val_loss']:.4f} {when}")
+    return fig
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@
 // of the innermost MemoryKindScope on the allocating thread (`other` when
 // none): the ParameterStore's buffers are parameters and gradients, the
 // optimizer's state buffers optimizer state, the synchroniser's buffers
-// communication, what the data-parallel step's forward and backward allocate
-// activations (their kernels' scratch included, unless a scope says
-// workspace: the gradient norm's), ZeRO-3's gathered parameter values
+// communication, what the data-parallel step's forward and backward and an
+// evaluation's forward (Trainer::evaluate) allocate activations (their
+// kernels' scratch included, unless a scope says workspace: the gradient
+// norm's), ZeRO-3's gathered parameter values
 // gathered (Note [parameter units]). The data a program loads and what no
 // scope names stay `other`. The peak keeps each kind's bytes at the moment of
 // the peak, so the kinds add up to it.

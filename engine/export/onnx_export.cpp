@@ -3,6 +3,9 @@
 // outputs, metadata) and writes it with libprotobuf.
 #include "engine/export/onnx_export.h"
 
+#include <fmt/core.h>
+
+#include <cmath>
 #include <limits>
 
 #include "engine/core/output_file.h"
@@ -49,6 +52,30 @@ void check_options(const ExportOptions& o) {
                           " is negative (0 exports a dynamic batch)");
   if (o.dynamic_sequence && (o.input_dtype == DType::f32 || o.input_dtype == DType::f16))
     throw InvalidArgument("ONNX export: a dynamic sequence axis is for token inputs (i32, i64)");
+  const bool float_input = o.input_dtype == DType::f32 || o.input_dtype == DType::f16;
+  if (!(o.input_divisor >= 0) || !std::isfinite(o.input_divisor))
+    throw InvalidArgument(fmt::format(
+        "ONNX export: input_divisor {} is not a finite number of at least 0 (255 for u8 pixels; "
+        "0: no division)",
+        o.input_divisor));
+  if ((o.input_divisor > 0 || !o.mean.empty() || !o.std.empty()) && !float_input)
+    throw InvalidArgument(fmt::format(
+        "ONNX export: preprocessing (input_divisor {}, {} means) is for float inputs, but the "
+        "input is {} (leave it out for tokens)",
+        o.input_divisor, o.mean.size(), dtype_name(o.input_dtype)));
+  const auto channels = static_cast<std::size_t>(o.sample_shape[0]);
+  if (o.mean.size() != o.std.size() ||
+      (!o.mean.empty() && o.mean.size() != 1 && o.mean.size() != channels))
+    throw InvalidArgument(fmt::format(
+        "ONNX export: {} means and {} stds for a sample of shape {}: give one of each, or {} "
+        "of each (one per channel)",
+        o.mean.size(), o.std.size(), core::shape_str(o.sample_shape), channels));
+  for (std::size_t c = 0; c < o.std.size(); ++c)
+    if (!(o.std[c] > 0) || !std::isfinite(o.std[c]) || !std::isfinite(o.mean[c]))
+      throw InvalidArgument(
+          fmt::format("ONNX export: channel {} has mean {} and std {}: the std must be a finite "
+                      "number above 0 and the mean finite",
+                      c, o.mean[c], o.std[c]));
   if (o.input_name.empty() || o.output_name.empty() || o.input_name == o.output_name)
     throw InvalidArgument("ONNX export: the input and output names must be given and differ");
 }
@@ -70,6 +97,21 @@ void set_value_info(onnx::ValueInfoProto& info, const std::string& name, DType d
     else
       d->set_dim_param("dim" + std::to_string(i));
   }
+}
+
+// Note [preprocessing in the graph] (onnx_export.h): Div, Sub, Div rather
+// than one affine x * a + b, so that each node is the step a reader of the
+// graph expects from torchvision's ToTensor and Normalize, and the values
+// are those of lockstep's loader up to rounding.
+OnnxValue preprocess(OnnxGraph& g, OnnxValue x, const ExportOptions& o) {
+  if (o.input_divisor > 0)
+    x = g.op("Div", {x.name, g.constant_float({o.input_divisor}, {})}, x.dtype, x.shape);
+  if (o.mean.empty()) return x;
+  // [C, 1, ..., 1] broadcasts over [batch, C, ...]; one value over anything.
+  std::vector<std::int64_t> per_channel = {static_cast<std::int64_t>(o.mean.size())};
+  if (o.mean.size() > 1) per_channel.resize(o.sample_shape.size(), 1);
+  x = g.op("Sub", {x.name, g.constant_float(o.mean, per_channel)}, x.dtype, x.shape);
+  return g.op("Div", {x.name, g.constant_float(o.std, per_channel)}, x.dtype, x.shape);
 }
 
 }  // namespace
@@ -112,6 +154,7 @@ void export_onnx(Module& model, const std::filesystem::path& path, const ExportO
   if (float_input && input_type != options.precision)
     x = g.op("Cast", {x.name}, options.precision, x.shape,
              {{"to", std::int64_t{onnx_type(options.precision)}}});
+  if (float_input) x = preprocess(g, x, options);
   const OnnxValue y = g.module(model, x);
   if (y.dtype != options.precision && y.dtype != options.io_float_type)
     throw InvalidArgument("ONNX export: " + model.describe() + " gives " + dtype_name(y.dtype) +

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/core/stream.h"
 #include "engine/export/onnx_graph.h"
@@ -41,6 +42,14 @@ struct ExportOptions {
   // Token inputs: export the sequence axis as dynamic ("seq") instead of
   // sample_shape's length.
   bool dynamic_sequence = false;
+  // Note [preprocessing in the graph]: with input_divisor above 0 the graph's
+  // first nodes are Div(x, input_divisor), then Sub(mean) and Div(std) per
+  // channel (sample_shape[0]) when mean and std are given (one value, or one
+  // per channel), so that the graph takes raw values: 0-255 pixel floats for
+  // a model trained on u8 images divided by 255 and normalised (Note [input
+  // record] in engine/input_record.h). Float inputs only.
+  float input_divisor = 0.0f;
+  std::vector<float> mean{}, std{};
   std::string input_name = "input";
   std::string output_name = "output";
   // Added to the model's metadata_props (how inputs are scaled, the preset).

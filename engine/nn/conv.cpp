@@ -51,6 +51,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, Size2 kernel
                      ParamRole::weight);
   weight_->lazy_zero_grad = true;  // Note [lazy zero_grad]
   if (bias) bias_ = &add_parameter("bias", {out_channels}, ParamRole::bias);
+  initialize_when_built();  // Note [initialised when built]
 }
 
 void Conv2d::reset_parameters(core::Generator& rng) {

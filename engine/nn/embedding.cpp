@@ -39,6 +39,7 @@ Embedding::Embedding(std::int64_t vocab, std::int64_t dim)
     throw InvalidArgument("Embedding(" + std::to_string(vocab) + ", " + std::to_string(dim) +
                           "): sizes must be positive");
   weight_ = &add_parameter("weight", {vocab, dim}, ParamRole::weight);
+  initialize_when_built();  // Note [initialised when built]
 }
 
 void Embedding::reset_parameters(core::Generator& rng) { rng.normal(weight_->value); }

@@ -48,6 +48,16 @@ GPT::GPT(const GptConfig& config) : Module("GPT"), config_(config) {
                           std::to_string(c.heads) + ", embed_dim=" + std::to_string(c.embed_dim) +
                           ", block_size=" + std::to_string(c.block_size) +
                           ", vocab=" + std::to_string(c.vocab) + "): sizes must be positive");
+  {
+    // Note [initialised when built]: GPT-2's scheme below covers every
+    // parameter, so the layers draw nothing of their own.
+    DeferInitialization defer;
+    build_children(c);
+  }
+  initialize_when_built();
+}
+
+void GPT::build_children(const GptConfig& c) {
   wte_ = &static_cast<Embedding&>(
       add_child("transformer.wte", std::make_unique<Embedding>(c.vocab, c.embed_dim)));
   wpe_ = &static_cast<Embedding&>(

@@ -52,6 +52,7 @@ class GPT : public Module {
   const GptConfig& config() const { return config_; }
 
  private:
+  void build_children(const GptConfig& c);
   GptConfig config_;
   Embedding* wte_;
   Embedding* wpe_;

@@ -26,6 +26,7 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
   weight_ = &add_parameter("weight", {out_features, in_features}, ParamRole::weight);
   weight_->lazy_zero_grad = true;  // Note [lazy zero_grad]
   if (bias) bias_ = &add_parameter("bias", {out_features}, ParamRole::bias);
+  initialize_when_built();  // Note [initialised when built]
 }
 
 Linear::Linear(Parameter& tied_weight, bool bias)
@@ -36,6 +37,7 @@ Linear::Linear(Parameter& tied_weight, bool bias)
   out_features_ = tied_weight.value.dim(0);
   in_features_ = tied_weight.value.dim(1);
   if (bias) bias_ = &add_parameter("bias", {out_features_}, ParamRole::bias);
+  initialize_when_built();  // the bias only: the tied weight is its owner's
 }
 
 void Linear::reset_parameters(core::Generator& rng) {

@@ -1,6 +1,8 @@
 // Module tree bookkeeping (engine/nn/module.h): names, traversal, ready order.
 #include "engine/nn/module.h"
 
+#include <mutex>
+
 #include "engine/core/memory.h"
 #include "kernels/error.h"
 
@@ -185,6 +187,42 @@ const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
     source_ = weight.value.data();
   }
   return copy_;
+}
+
+namespace {
+
+// Note [initialised when built]: the generator layers draw from when built.
+struct BuildGenerator {
+  std::mutex mutex;
+  core::Generator generator{0};
+};
+
+BuildGenerator& build_generator() {
+  static BuildGenerator g;
+  return g;
+}
+
+thread_local bool t_initialization_deferred = false;
+
+}  // namespace
+
+void manual_seed(std::uint64_t seed) {
+  BuildGenerator& g = build_generator();
+  std::lock_guard lock(g.mutex);
+  g.generator = core::Generator(seed);
+}
+
+DeferInitialization::DeferInitialization() : was_deferred_(t_initialization_deferred) {
+  t_initialization_deferred = true;
+}
+
+DeferInitialization::~DeferInitialization() { t_initialization_deferred = was_deferred_; }
+
+void Module::initialize_when_built() {
+  if (t_initialization_deferred) return;
+  BuildGenerator& g = build_generator();
+  std::lock_guard lock(g.mutex);
+  reset_parameters(g.generator);
 }
 
 void initialize(Module& root, std::uint64_t seed) {

@@ -16,7 +16,6 @@
 #include "engine/run_checkpoints.h"
 #include "engine/trainer.h"
 #include "io/tensor_dataset.h"
-#include "kernels/gemm.h"
 
 using namespace lockstep;
 namespace ops = lockstep::core::ops;
@@ -59,12 +58,10 @@ io::TensorDataset make_data(const io::TensorDatasetOptions& options) {
 
 int train(comm::World& world, const std::string& checkpoint_dir) {
   constexpr int kEpochs = 10;
-  kernels::cpu::set_gemm_threads(1);  // one compute thread per rank
   engine::Sequential model;
   model.emplace<engine::Linear>("fc1", 2, 32);
   model.emplace<SiLU>("act");
   model.emplace<engine::Linear>("fc2", 32, 2);
-  model.set_input_grad(false);
   engine::initialize(model, 1);
   engine::ParameterStore store(model, world.device());
   engine::AdamW optimizer(store, engine::single_group(store, 0.01, 0.0));
@@ -72,7 +69,9 @@ int train(comm::World& world, const std::string& checkpoint_dir) {
       {.sampler = {.micro_batch = 64, .world_size = world.size(), .rank = world.rank(), .seed = 3},
        .device = world.device()});
   // The newest good checkpoint of the directory, if any (rank 0 holds its
-  // lock); `config` is what a resume may not change.
+  // lock). A resume may not change the model, the loss, the precision, the
+  // global batch or the data's order (RunCheckpoints records them itself);
+  // `config` adds what only this program knows.
   engine::RunCheckpoints checkpoints(
       world, {.directory = checkpoint_dir, .config = {{"run", "fc1 SiLU fc2, AdamW lr=0.01"}}});
   // Every rank checks that the others have the same settings, data and checkpoint.
@@ -82,7 +81,7 @@ int train(comm::World& world, const std::string& checkpoint_dir) {
   engine::Trainer trainer(model, store, optimizer, engine::make_scheduler("constant", {}), scaler,
                           world, options, {});
   engine::DataParallelStep& step = trainer.data_parallel_step();
-  const auto start = checkpoints.restore(model, optimizer, step, scaler, {});
+  const auto start = checkpoints.restore(model, optimizer, step, scaler, data, {});
   double last_loss = 0;
   for (std::int64_t epoch = start.data.epoch; epoch < kEpochs; ++epoch) {
     data.start_epoch(epoch, epoch == start.data.epoch ? start.data.position : 0);

@@ -1,14 +1,18 @@
 // lockstep-export: writes a trained model preset as an ONNX file for ONNX
 // Runtime and TensorRT (docs/deploy.md). It loads a checkpoint's weights into
 // the preset (as --init-from does), switches it to eval mode and calls
-// engine::export_onnx with the input shape and scaling the preset trains on.
+// engine::export_onnx with the input shape the preset trains on and the
+// preprocessing the checkpoint's input record holds as the graph's first
+// nodes (Note [input record], Note [preprocessing in the graph]).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <filesystem>
 
 #include "engine/checkpoint.h"
 #include "engine/export/onnx_export.h"
+#include "engine/input_record.h"
 #include "engine/models.h"
 #include "examples/common/flags.h"
 
@@ -50,6 +54,7 @@ int run(const Flags& f) {
       throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
   }
   std::unique_ptr<Module> model = make_model(f.model);
+  const std::optional<InputRecord> record = read_input_record(f.checkpoint);
   const WeightsLoadReport weights =
       load_weights(f.checkpoint, *model, core::Stream{},
                    WeightsLoadOptions{.allow_partial = f.allow_partial_weights});
@@ -63,6 +68,7 @@ int run(const Flags& f) {
   // What a partial load skipped travels with the file, and is said below.
   const bool skipped = weights.partial() || !weights.kept_counters.empty();
   if (skipped) o.metadata["lockstep.weights"] = weights.summary();
+  std::string preprocessing;  // said below when the graph has it
   if (preset.language_model) {
     o.input_dtype = DType::i64;
     o.input_name = "tokens";
@@ -76,14 +82,50 @@ int run(const Flags& f) {
                     preset.sample_shape[0], preset.classes);
     o.metadata["lockstep.output"] = "logits: [batch, seq, vocab] for the next token";
   } else {
-    o.metadata["lockstep.input"] = fmt::format(
-        "input: float [batch, {}]; lockstep-train divides u8 inputs by 255 and takes f16/f32 "
-        "inputs as stored, so feed u8 images as x / 255 and float data unchanged",
-        core::shape_str(preset.sample_shape));
+    const std::string io_type = o.io_float_type == DType::f16 ? "float16" : "float32";
+    const std::string layout = preset.sample_shape.size() == 3 ? " (NCHW)" : "";
+    if (record && record->scale_u8) {
+      // Note [preprocessing in the graph]: the file is the whole model a
+      // server needs, whatever normalisation training used.
+      o.input_divisor = 255.0f;
+      o.mean = record->mean;
+      o.std = record->std;
+      preprocessing = fmt::format(
+          "the graph's first nodes divide by 255{}, as lockstep-train prepared the training "
+          "images",
+          record->normalized()
+              ? fmt::format(", subtract mean [{}] and divide by std [{}]",
+                            float_list_text(record->mean), float_list_text(record->std))
+              : "");
+      o.metadata["lockstep.input"] = fmt::format(
+          "input: {} [batch, {}]{}, raw pixel values 0 to 255 (u8 pixels cast to float, not "
+          "scaled: {}); images of another size first take the evaluation transform: {}",
+          io_type, fmt::join(preset.sample_shape, ", "), layout, preprocessing,
+          record->eval_transform);
+    } else if (record) {
+      o.metadata["lockstep.input"] = fmt::format(
+          "input: {} [batch, {}]{}, values as stored in the training shards (float data, "
+          "used unscaled in training)",
+          io_type, fmt::join(preset.sample_shape, ", "), layout);
+    } else {
+      o.metadata["lockstep.input"] = fmt::format(
+          "input: {} [batch, {}]{}; {} has no input record (a PyTorch state_dict, or a "
+          "checkpoint older than 0.2.0), so any normalisation of training is unknown: "
+          "lockstep-train divides u8 inputs by 255 and takes f16/f32 inputs as stored, so feed "
+          "u8 images as x / 255 and float data unchanged",
+          io_type, fmt::join(preset.sample_shape, ", "), layout,
+          std::filesystem::path(f.checkpoint).filename().string());
+    }
+    if (record) o.metadata["lockstep.input_record"] = record->str();
     o.metadata["lockstep.output"] = fmt::format("output: [batch, {}] logits", preset.classes);
   }
   export_onnx(*model, f.out, o);
   if (skipped) fmt::print("lockstep-export: weights of {}: {}\n", f.checkpoint, weights.summary());
+  if (!preprocessing.empty())
+    fmt::print("lockstep-export: input: raw 0-255 pixel floats; {}\n", preprocessing);
+  else if (!record && !preset.language_model)
+    fmt::print("lockstep-export: {} has no input record: feed u8 images as x / 255\n",
+               f.checkpoint);
   fmt::print("lockstep-export: wrote {} ({}, opset {}, {}, batch {})\n", f.out, preset.name,
              f.opset, f.precision, f.batch);
   return 0;
@@ -96,7 +138,8 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep-export: writes a model preset with a checkpoint's weights as ONNX"};
   app.footer(
       "The model is exported in eval mode (dropout off, BatchNorm with its running\n"
-      "statistics). Image presets take float input scaled as in training (u8 / 255);\n"
+      "statistics). Image presets trained on u8 images take raw 0-255 pixel floats: the\n"
+      "graph divides by 255 and normalises as the checkpoint records (docs/deploy.md);\n"
       "GPT presets take int64 tokens. See docs/deploy.md for ONNX Runtime and trtexec.");
   app.add_option("--checkpoint", f.checkpoint,
                  "a lockstep checkpoint, or a PyTorch state_dict under /model (docs/models.md): "

@@ -43,7 +43,6 @@ int fit(comm::World& world) {
   model.emplace<engine::Linear>("fc1", 2, 64);
   model.emplace<engine::ReLU>("act");
   model.emplace<engine::Linear>("fc2", 64, 1);
-  model.set_input_grad(false);
   engine::initialize(model, 1);
   engine::ParameterStore store(model, world.device());
   engine::AdamW optimizer(store, engine::single_group(store, 0.01, 0.0));

@@ -16,6 +16,7 @@
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
 #include "engine/heartbeat.h"
+#include "engine/input_record.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
@@ -69,9 +70,11 @@ std::optional<DType> autocast_for(const std::string& precision) {
   throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 }
 
-// The fields a resume may not change (Note [resume fingerprint]).
-std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t global_batch,
-                                               const io::Dataset& data) {
+// The settings every rank must share; a resume may not change them either,
+// the ones RunCheckpoints records itself (Note [run fingerprint]) compared
+// by it, the others as the program's own (Note [resume fingerprint]).
+std::map<std::string, std::string> settings(const Flags& f, std::int64_t global_batch,
+                                            const io::Dataset& data) {
   std::map<std::string, std::string> fields{
       {"model", f.model},
       {"optimizer",
@@ -90,12 +93,29 @@ std::map<std::string, std::string> fingerprint(const Flags& f, std::int64_t glob
   return fields;
 }
 
-// What a field of fingerprint() is in a checkpoint that lacks it: one made
-// before the field was written always (Note [resume fingerprint]).
+// The program's own fields of the resume check: settings() less those
+// RunCheckpoints records itself (Note [run fingerprint]).
+std::map<std::string, std::string> own_fingerprint(std::map<std::string, std::string> fields) {
+  for (const std::string& name : run_fingerprint_names()) fields.erase(name);
+  return fields;
+}
+
+// What a field of own_fingerprint() is in a checkpoint that lacks it: one
+// made before the field was written always (Note [resume fingerprint]).
 const std::map<std::string, std::string> kFingerprintDefaults{
-    {"dropout", fmt::format("{}", Flags{}.dropout)},
-    {"loss", fmt::format("{} label_smoothing={}", Flags{}.loss, Flags{}.label_smoothing)},
-    {"augment", "none normalize=none"}};
+    {"dropout", fmt::format("{}", Flags{}.dropout)}, {"augment", "none normalize=none"}};
+
+// The flags that set the fields RunCheckpoints records, for a refused resume.
+const std::map<std::string, std::string> kFingerprintFlags{
+    {"parameters", "--model"},
+    {"loss", "--loss and --label-smoothing"},
+    {"precision", "--precision"},
+    {"rank_invariant", "--rank-invariant"},
+    {"seed", "--seed"},
+    {"global_batch", "--batch-size x ranks x --accum, or --global-batch with --rank-invariant"},
+    {"shuffle", "--shuffle"},
+    {"sampler_seed", "--seed"},
+    {"dataset", "--data"}};
 
 // A language-model preset needs token shards whose windows fit its context;
 // an image preset needs labels for cross-entropy and float targets of its
@@ -143,8 +163,10 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
 // and training without --augment, takes the centre crop (the whole image when
 // it already has the input size). --normalize MEAN,STD subtracts the mean and
 // divides by the std of pixels in [0, 1]: two numbers for every channel, or
-// one mean and one std a channel (C means, then C stds). Encoded-image shards
-// always go through the pipeline, which also decodes them.
+// one mean and one std a channel (C means, then C stds); "none" is none.
+// Encoded-image shards always go through the pipeline, which also decodes
+// them. Checkpoints record all of it (Note [input record]), and
+// choose_normalize applies the record of --init-from's file.
 io::ImageOptions image_options(const Flags& f, const ModelPreset& preset, const io::Dataset& data,
                                bool training) {
   const io::ShardFormat& format = data.format();
@@ -206,6 +228,62 @@ io::ImageOptions image_options(const Flags& f, const ModelPreset& preset, const 
   return o;
 }
 
+// The crop part of an image pipeline ("center 28x28 of 1 channel"), for the
+// header and the input record; "none" without a pipeline.
+std::string crop_text(io::ImageOptions o) {
+  if (!o.enabled()) return "none";
+  o.mean.clear();
+  o.std.clear();
+  return o.str();
+}
+
+// The normalisation a run uses and where it came from (Note [input record]
+// in engine/input_record.h): --normalize given on purpose wins ("none": no
+// normalisation); otherwise the record of --init-from's file gives it (for
+// --eval-only too); a file without a record leaves the flags as they are.
+struct InputChoice {
+  std::string normalize;  // as --normalize takes it; "" for none
+  std::string source;     // " (the checkpoint's)": how the header says where it came from
+};
+
+InputChoice choose_normalize(const Flags& f, const std::optional<InputRecord>& record) {
+  const bool given = !f.normalize.empty();
+  const std::string flag = f.normalize == "none" ? "" : f.normalize;
+  if (f.init_from.empty()) return {flag, given ? " (--normalize)" : ""};
+  if (!record)
+    return {flag, fmt::format(" ({}: {} has no input record, as a PyTorch state_dict has none)",
+                              given ? "--normalize" : "no --normalize", f.init_from)};
+  const std::string saved = record->normalized() ? record->normalize() : "";
+  if (!given) return {saved, " (the checkpoint's)"};
+  std::string canonical = flag;
+  try {
+    canonical = float_list_text(parse_float_list(flag, "--normalize"));
+  } catch (const InvalidArgument&) {
+    // image_options says what is wrong with it, as without a record
+  }
+  if (canonical == saved) return {flag, " (--normalize, as the checkpoint's)"};
+  return {flag, fmt::format(" (overriding the checkpoint's {})", record->normalize())};
+}
+
+// The header's "input" line for an image model: "u8 / 255, augment crop-flip
+// (random-padded ...), normalize 0.5,0.5 (the checkpoint's), evaluation center
+// 28x28 of 1 channel"; without the augmentation for --eval-only (`training`
+// false), which never augments.
+std::string input_text(const Flags& f, const InputChoice& choice, const io::Dataset& data,
+                       const io::ImageOptions& train_images, const io::ImageOptions& eval_images,
+                       bool training) {
+  const io::ShardFormat& format = data.format();
+  std::string augment;
+  if (training)
+    augment = fmt::format(
+        ", augment {}",
+        f.augment.empty() ? "none" : fmt::format("{} ({})", f.augment, crop_text(train_images)));
+  return fmt::format("{}{}, normalize {}{}, evaluation {}",
+                     format.encoded || format.input_dtype == DType::u8 ? "u8 / 255" : "as stored",
+                     augment, choice.normalize.empty() ? "none" : choice.normalize, choice.source,
+                     crop_text(eval_images));
+}
+
 // How --data and --val-data are opened: --loss bce reads its targets as
 // probabilities, so the shards' targets must lie in [0, 1].
 io::OpenOptions open_options(const Flags& f) { return {.probability_targets = f.loss == "bce"}; }
@@ -244,11 +322,14 @@ void print_eval(MetricsWriter& metrics, const EvalResult& e, const std::string& 
 // --eval-only: the /model weights of --init-from (a checkpoint or a weights
 // file) evaluated on --val-data on every rank's share, as an epoch's end
 // evaluates; printed by rank 0 and recorded in --metrics.
-int evaluate_only(const Flags& f, comm::World& world) {
-  if (f.val_data.empty() || f.init_from.empty())
+int evaluate_only(const Flags& flags, comm::World& world) {
+  if (flags.val_data.empty() || flags.init_from.empty())
     throw InvalidArgument(
         "--eval-only evaluates the weights of --init-from FILE (a checkpoint) on --val-data DIR: "
         "pass both");
+  Flags f = flags;
+  const InputChoice input = choose_normalize(flags, read_input_record(flags.init_from));
+  f.normalize = input.normalize;
   core::set_log_level(core::parse_log_level(f.log_level));
   use_cpu_threads(f.threads, world.rank() == 0);
   set_deterministic_run(f.deterministic);
@@ -277,6 +358,8 @@ int evaluate_only(const Flags& f, comm::World& world) {
   v.images = image_options(f, preset, val_data, false);
   v.scale_u8 =
       val_data.format().input_dtype == DType::u8 && !preset.language_model && !v.images.enabled();
+  if (world.rank() == 0 && !preset.language_model && preset.sample_shape.size() == 3)
+    fmt::print("input: {}\n", input_text(f, input, val_data, {}, v.images, false));
   v.num_classes = preset.classes;
   io::DataLoader loader(val_data, v);
   StepOptions options;
@@ -325,6 +408,10 @@ int invariant_accumulation(const Flags& f, int world_size) {
 int run(const Flags& flags, comm::World& world) {
   Flags with_accum = flags;
   if (flags.rank_invariant) with_accum.accum = invariant_accumulation(flags, world.size());
+  // Before the fingerprint: a resume of an --init-from run sees the same value.
+  const InputChoice input = choose_normalize(
+      flags, flags.init_from.empty() ? std::nullopt : read_input_record(flags.init_from));
+  with_accum.normalize = input.normalize;
   const Flags& f = with_accum;
   // A batch of K x B rows per rank per step (Note [rank-invariant batches]).
   const std::int64_t loader_rows = f.rank_invariant ? f.batch_size * f.accum : f.batch_size;
@@ -404,6 +491,13 @@ int run(const Flags& flags, comm::World& world) {
   loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 &&
                             !preset.language_model && !loader_options.images.enabled();
   loader_options.num_classes = preset.classes;
+  const io::ImageOptions eval_images = image_options(f, preset, train_data, false);
+  const InputRecord input_record{
+      .scale_u8 = loader_options.scale_u8 || loader_options.images.enabled(),
+      .mean = loader_options.images.mean,
+      .std = loader_options.images.std,
+      .augment = f.augment.empty() ? "none" : f.augment,
+      .eval_transform = crop_text(eval_images)};
   loader_options.held_batches = loader_batches;  // Trainer::step holds a step's micro-batches
   // Checked before the loader sizes its buffers from --batch-size and --accum.
   const std::int64_t steps_per_epoch =
@@ -433,12 +527,11 @@ int run(const Flags& flags, comm::World& world) {
   LossScaler scaler = LossScaler::for_autocast(trainer_options.autocast);
   trainer_options.max_grad_norm = f.clip;
   trainer_options.seed = f.seed;
-  trainer_options.sync.host_overlap = comm::host_overlap_pays(world, f.threads);
   trainer_options.max_consecutive_skips = f.max_consecutive_skips;
   trainer_options.sync.zero_stage = f.zero;
   trainer_options.rank_invariant = f.rank_invariant;
 
-  const auto config = fingerprint(f, f.batch_size * world.size(), train_data);
+  const auto config = settings(f, f.batch_size * world.size(), train_data);
   if (f.resume == "auto" && f.checkpoint_dir.empty())
     throw InvalidArgument("--resume auto needs --checkpoint-dir");
   Heartbeat heartbeat(lead ? f.heartbeat : "");  // Note [heartbeat]
@@ -449,9 +542,11 @@ int run(const Flags& flags, comm::World& world) {
                : f.resume == "auto" ? RunCheckpointOptions::Start::latest
                                     : RunCheckpointOptions::Start::file,
       .file = f.resume == "auto" ? std::string() : f.resume,
-      .config = config,
+      .config = own_fingerprint(config),
       .config_defaults = kFingerprintDefaults,
-      .heartbeat = &heartbeat};
+      .set_by = kFingerprintFlags,
+      .heartbeat = &heartbeat,
+      .input = input_record.fields()};
   std::optional<RunCheckpoints> checkpoints;
   try {
     checkpoints.emplace(world, std::move(checkpoint_options));
@@ -482,8 +577,8 @@ int run(const Flags& flags, comm::World& world) {
                   trainer_options, stream);
 
   // The epoch counts from 0 here, from 1 in what is shown.
-  const RunPosition start =
-      checkpoints->restore(*model, *optimizer, trainer.data_parallel_step(), scaler, stream);
+  const RunPosition start = checkpoints->restore(*model, *optimizer, trainer.data_parallel_step(),
+                                                 scaler, loader, stream);
   std::int64_t epoch = start.data.epoch, position = start.data.position;
   std::string resume_note;
   if (const auto& file = checkpoints->resume_file())
@@ -538,6 +633,8 @@ int run(const Flags& flags, comm::World& world) {
                    .checkpoint_dir = f.checkpoint_dir,
                    .metrics_path = f.metrics};
   if (val_data) header.data.push_back({"val", f.val_data, &*val_data});
+  if (!preset.language_model && preset.sample_shape.size() == 3)
+    header.input = input_text(f, input, train_data, loader_options.images, eval_images, true);
   // A language model's step counts target tokens (StepResult::samples); the
   // report, the metrics and the progress line count windows (tokens/s: the summary).
   const std::int64_t tokens_per_window =
@@ -550,6 +647,10 @@ int run(const Flags& flags, comm::World& world) {
   if (f.profile) core::trace::enable_profile();  // from the first step on
 
   bool stopped = false;
+  // Note [one record per evaluation]: --val-every's evaluation at an epoch's
+  // last step is that epoch's evaluation too; the end of the epoch does not
+  // evaluate the same weights again (nor record them twice).
+  std::int64_t evaluated_at = -1;
   for (; trainer.steps() < total_steps && !stopped; ++epoch, position = 0) {
     loader.start_epoch(epoch, position);
     while (trainer.steps() < total_steps) {
@@ -584,6 +685,7 @@ int run(const Flags& flags, comm::World& world) {
       if (val_loader && f.val_every > 0 && r->step % f.val_every == 0 && !r->stop) {
         const EvalResult e = trainer.evaluate(*val_loader);
         report->record_eval(r->step, epoch + 1, e.loss, e.accuracy);
+        evaluated_at = r->step;
         if (lead)
           print_eval(metrics, e, fmt::format("step {}", r->step),
                      core::Json::object().set("step", r->step).set("epoch", epoch + 1),
@@ -591,11 +693,13 @@ int run(const Flags& flags, comm::World& world) {
       }
       if (r->stop || (f.checkpoint_every > 0 && r->step % f.checkpoint_every == 0)) save();
       if (r->stop) {
+        const std::string why = metrics.failed()
+                                    ? "as the --metrics file cannot be written (see above)"
+                                    : "on request (a signal)";
+        report->set_stopped(why);
         if (lead) {
           // Flushed at once: under mpirun a SIGKILL may follow (docs/communication.md).
-          fmt::print("stopped at step {} {}: {}\n", r->step,
-                     metrics.failed() ? "as the --metrics file cannot be written (see above)"
-                                      : "on request (a signal)",
+          fmt::print("stopped at step {} {}: {}\n", r->step, why,
                      checkpoints->saves() ? "to continue, run the same command with --resume auto"
                                           : "nothing saved (no --checkpoint-dir)");
           std::fflush(stdout);
@@ -608,9 +712,11 @@ int run(const Flags& flags, comm::World& world) {
     if (trainer.steps() < total_steps ||
         loader.position().position >= loader.sampler().epoch_positions())
       report->end_epoch();  // the epoch ran out
-    if (val_loader) {
+    // Note [one record per evaluation]: not again at a step --val-every evaluated.
+    if (val_loader && evaluated_at != trainer.steps()) {
       const EvalResult e = trainer.evaluate(*val_loader);
       report->record_eval(trainer.steps(), epoch + 1, e.loss, e.accuracy);
+      evaluated_at = trainer.steps();
       if (lead)
         print_eval(metrics, e, fmt::format("epoch {}", epoch + 1),
                    core::Json::object().set("step", trainer.steps()).set("epoch", epoch + 1),
@@ -618,7 +724,8 @@ int run(const Flags& flags, comm::World& world) {
     }
   }
   save();
-  if (lead && f.sample_tokens > 0) {
+  // A stopped run has not finished training: no sample of it.
+  if (lead && f.sample_tokens > 0 && !stopped) {
     std::vector<std::int32_t> prompt;  // bytes as tokens 0-255: char is signed on x86
     for (const unsigned char byte : f.prompt) prompt.push_back(byte);
     const std::vector<std::int32_t> text =
@@ -634,8 +741,8 @@ int run(const Flags& flags, comm::World& world) {
         "profile of rank 0: spans by name over {:.3f} s from step {} on (a span's time "
         "also counts in the spans around it)\n{}",
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
-  report->finish();
-  heartbeat.beat(trainer.steps(), "done");
+  report->finish();  // "stopped at step N" after a stop, "done at step N" otherwise
+  heartbeat.beat(trainer.steps(), stopped ? "stopped" : "done");
   return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error
 }
 
@@ -762,7 +869,8 @@ int main(int argc, char** argv) {
       ->check(one_of({"imagenet", "crop-flip", "preset"}));
   app.add_option("--normalize", f.normalize,
                  "MEAN,STD of pixels in [0, 1], or C means then C stds (e.g. "
-                 "0.485,0.456,0.406,0.229,0.224,0.225)")
+                 "0.485,0.456,0.406,0.229,0.224,0.225), or none; with --init-from and "
+                 "--eval-only, the file's recorded normalisation unless given")
       ->check(non_empty());
   app.add_option("--val-every", f.val_every, "also evaluate on --val-data every N steps")
       ->check(within(1, kMaxSteps));
@@ -814,6 +922,47 @@ int main(int argc, char** argv) {
                            : "--data is required (the training shards)");
     return 1;
   }
+  // --eval-only reads the weights, the val data and how to evaluate them
+  // (evaluate_only); a flag of training would do nothing there, said by name.
+  if (f.eval_only)
+    for (const char* flag : {"--sample-tokens",
+                             "--prompt",
+                             "--dropout",
+                             "--epochs",
+                             "--steps",
+                             "--accum",
+                             "--optimizer",
+                             "--lr",
+                             "--momentum",
+                             "--weight-decay",
+                             "--no-decay-bias-norm",
+                             "--schedule",
+                             "--warmup",
+                             "--clip",
+                             "--zero",
+                             "--activation-checkpointing",
+                             "--max-consecutive-skips",
+                             "--shuffle",
+                             "--checkpoint-dir",
+                             "--checkpoint-every",
+                             "--keep",
+                             "--resume",
+                             "--log-every",
+                             "--heartbeat",
+                             "--trace",
+                             "--trace-steps",
+                             "--profile",
+                             "--global-batch",
+                             "--rank-invariant",
+                             "--augment",
+                             "--val-every"})
+      if (app.count(flag) > 0) {
+        fmt::print(stderr,
+                   "lockstep-train: {} does nothing with --eval-only, which evaluates the "
+                   "weights of --init-from on --val-data and trains nothing: leave {} out\n",
+                   flag, flag);
+        return 1;
+      }
   // Two outputs at one name would replace each other (the heartbeat's
   // rename would drop the metrics every step); a checkpoint's name in
   // --checkpoint-dir is the run's own (kubernetes/job.yaml keeps its

@@ -44,7 +44,7 @@ std::atomic<GemmLibrary> current_library{gemm_libraries().front()};
 // OMP_NUM_THREADS=1 for the same reason), and OpenMP's workers spin after
 // each GEMM: with oneDNN's default of a thread per core, 4 ranks on 2 cores
 // took 95 s for mpi_tests_4_ranks_invariant, 3 s at one thread each.
-std::atomic<int> gemm_threads{1};
+std::atomic<int> configured_threads{1};
 std::once_flag openblas_default_threads;
 
 #if LOCKSTEP_WITH_ONEDNN
@@ -122,7 +122,7 @@ void library_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t
                    std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
 #if LOCKSTEP_WITH_ONEDNN
   if (library == GemmLibrary::onednn) {
-    const int threads = gemm_threads.load(std::memory_order_relaxed);
+    const int threads = configured_threads.load(std::memory_order_relaxed);
     if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
     const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
                                             alpha, a, lda, b, ldb, beta, c, ldc);
@@ -134,8 +134,9 @@ void library_sgemm(GemmLibrary library, bool trans_a, bool trans_b, std::int64_t
   }
 #endif
   (void)library;
-  std::call_once(openblas_default_threads,
-                 [] { openblas_set_num_threads(gemm_threads.load(std::memory_order_relaxed)); });
+  std::call_once(openblas_default_threads, [] {
+    openblas_set_num_threads(configured_threads.load(std::memory_order_relaxed));
+  });
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
@@ -193,10 +194,12 @@ void gemm(const GemmArgs& g) {
 }
 
 void set_gemm_threads(int threads) {
-  gemm_threads.store(std::max(1, threads), std::memory_order_relaxed);
+  configured_threads.store(std::max(1, threads), std::memory_order_relaxed);
   std::call_once(openblas_default_threads, [] {});
   openblas_set_num_threads(std::max(1, threads));
 }
+
+int gemm_threads() { return configured_threads.load(std::memory_order_relaxed); }
 
 const char* gemm_library_name(GemmLibrary library) {
   return library == GemmLibrary::onednn ? "oneDNN" : "OpenBLAS";

@@ -198,7 +198,8 @@ TEST_CASE("finish names the first parameter never reported, after reducing every
   CHECK_THROWS_WITH(sync.finish(),
                     Catch::Contains("step 4") &&
                         Catch::Contains("parameter 'body.weight' (segment 3 of 6)") &&
-                        Catch::Contains("'stem.weight'") && Catch::Contains("mark_ready"));
+                        Catch::Contains("'stem.weight'") &&
+                        Catch::Contains("must then call report_ready(ctx) on that module"));
   CHECK(log->of("allreduce-avg").size() == 4);  // every bucket, as on the other ranks
   sync.begin_step(5);                           // the synchroniser is usable again
   for (std::size_t s = 0; s < 6; ++s) sync.mark_ready(s);

@@ -158,6 +158,14 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
     CHECK(has_line(lines, "skipped      1 of 5 steps"));
     CHECK(has_line(lines, "accuracy 70.00% at step 2 (epoch 1)"));
     CHECK(has_line(lines, "ck/ckpt-5.h5"));
+    // Note [train loss of a part]: the mean says which steps it is over.
+    CHECK(has_line(lines, "prog: done at step 5"));
+    CHECK(has_line(lines, "(mean of the last epoch's steps, 3 to 5; 1 skipped step left out)"));
+    // A stop: "stopped at step N" and why, never "done" (and in the end record below).
+    report.set_stopped("on request (a signal)");
+    const auto stopped = report.format_summary(report.summary());
+    CHECK(has_line(stopped, "prog: stopped at step 5 on request (a signal)"));
+    CHECK_FALSE(has_line(stopped, "done"));
     CHECK(report.format_peak_memory({3 * 1024 * 1024}) ==
           "  memory       peak rank 0 3.0 MiB on " + world().device().str());
     // Note [memory kinds]: the kinds in MemoryKind's order, each named.
@@ -172,7 +180,10 @@ TEST_CASE("the run summary adds up steps, skips, epochs and the best evaluation"
   CHECK(text.find(R"({"run": "end", "step": 5)") != std::string::npos);
   CHECK(text.find(R"("peak_memory_by_kind": [{"parameters": )") != std::string::npos);
   CHECK(text.find(R"("skipped_steps": 1)") != std::string::npos);
-  CHECK(text.find(R"("checkpoint": "ck/ckpt-5.h5")") != std::string::npos);
+  CHECK(text.find(R"("checkpoint": "ck/ckpt-5.h5", "stopped": true, "stop_reason": "on )") !=
+        std::string::npos);
+  CHECK(text.find(R"("train_loss_steps": [3, 5], "train_loss_whole_epoch": true)") !=
+        std::string::npos);
   CHECK(text.find(R"("peak_memory_bytes": [)") != std::string::npos);
   fs::remove(metrics_path);
 }

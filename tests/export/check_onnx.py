@@ -5,7 +5,10 @@ For each preset: lockstep-onnx-reference writes a checkpoint of a random
 model and lockstep's eval-mode forward at batch 1 and 7; lockstep-export
 turns the checkpoint into ONNX (dynamic batch); the ONNX checker (full
 check, with shape inference) must pass, and ONNX Runtime's CPU provider
-must reproduce lockstep's outputs. onnx, onnxruntime and numpy come from
+must reproduce lockstep's outputs. A cnn whose checkpoint records
+--normalize (Note [input record]) must take raw 0-255 pixels, preprocess
+them in the graph's first nodes and give lockstep's output on those pixels
+after its own evaluation pipeline. onnx, onnxruntime and numpy come from
 PyPI into a virtual environment made here and kept for later runs; when
 PyPI cannot be reached the test says so and exits 77 (skipped).
 
@@ -168,6 +171,61 @@ def check_fixed_shapes(build, work, ckpts):
     return failures
 
 
+def check_normalized(build, work):
+    """Note [preprocessing in the graph]: a cnn whose checkpoint records
+    --normalize 0.5,0.25 exports a graph that takes raw 0-255 pixel floats:
+    Div, Sub, Div first, metadata saying so, and ONNX Runtime's output on the
+    raw pixels equal to lockstep's after its loader's normalisation (its own
+    code path, io/image_transform.h). The old advice (feed x / 255) must give
+    something else, so the comparison can tell the two apart."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    out_dir = os.path.join(work, "normalized")
+    os.makedirs(out_dir)
+    out = run([os.path.join(build, "tests", "export", "lockstep-onnx-reference"), "cnn", "7", "0",
+               out_dir, "0.5,0.25"]).stdout
+    ckpt = out.splitlines()[0].split(" ", 1)[1]
+    path = os.path.join(out_dir, "cnn-normalized.onnx")
+    said = run([os.path.join(build, "examples", "export", "lockstep-export"), "--checkpoint",
+                ckpt, "--model", "cnn", "--out", path]).stdout
+    failures = []
+    if "raw 0-255 pixel floats" not in said:
+        failures.append("lockstep-export did not say the input is raw pixels: %s" % said)
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    first = [n.op_type for n in model.graph.node[:3]]
+    if first != ["Div", "Sub", "Div"]:
+        failures.append("normalised cnn: first nodes %s, expected Div, Sub, Div" % first)
+    meta = {p.key: p.value for p in model.metadata_props}
+    for needle in ("float32 [batch, 1, 28, 28] (NCHW)", "raw pixel values 0 to 255",
+                   "mean [0.5]", "std [0.25]"):
+        if needle not in meta.get("lockstep.input", ""):
+            failures.append("normalised cnn: lockstep.input lacks '%s': %s"
+                            % (needle, meta.get("lockstep.input")))
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for line in out.splitlines()[1:]:
+        w = line.split()
+        batch, in_shape, out_shape = int(w[1]), json.loads(w[3]), json.loads(w[5])
+        stem = os.path.join(out_dir, "cnn_b%d" % batch)
+        x = np.fromfile(stem + "_input.bin", dtype=np.float32).reshape(in_shape)
+        ref = np.fromfile(stem + "_output.bin", dtype=np.float32).reshape(out_shape)
+        assert x.max() > 1.0 and np.all(x == np.round(x)), "the inputs are not raw pixels"
+        (y,) = session.run(None, {"input": x})
+        err = float(np.max(np.abs(y.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+        (old,) = session.run(None, {"input": x / np.float32(255)})
+        old_err = float(np.max(np.abs(old.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+        print("cnn normalised fp32 batch %d: raw pixels, normwise relative error %.2e "
+              "(tolerance %.1e); x / 255 instead: %.2e" % (batch, err, F32_TOL, old_err))
+        if err > F32_TOL:
+            failures.append("normalised cnn batch %d: error %.2e > %.1e" % (batch, err, F32_TOL))
+        if old_err < 0.05:  # a wrong input contract moves the logits by tens of percent
+            failures.append("normalised cnn batch %d: x / 255 gives lockstep's output too "
+                            "(%.2e): the test cannot see the preprocessing" % (batch, old_err))
+    return failures
+
+
 def check_refusals(build, work, ckpts):
     """Hostile uses of lockstep-export: each must fail with a clear message."""
     export = os.path.join(build, "examples", "export", "lockstep-export")
@@ -203,6 +261,8 @@ def main():
             failures += f
             ckpts[spec.partition(":")[0]] = ckpt
         failures += check_fixed_shapes(build, work, ckpts)
+        if "cnn" in ckpts:
+            failures += check_normalized(build, work)
         failures += check_refusals(build, work, ckpts)
     if failures:
         sys.exit("FAILED:\n" + "\n".join(failures))

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -195,4 +196,66 @@ TEST_CASE("a model with activation checkpointing exports the plain model's graph
     }
     CHECK(graphs[1] == graphs[0]);
   }
+}
+
+TEST_CASE("preprocessing becomes the graph's first nodes: Div 255, Sub mean, Div std", "[export]") {
+  // Note [preprocessing in the graph]: the nodes and constants are compared
+  // with the values given, read back from the file (exact: f32 constants).
+  auto cnn = make_model("cnn");
+  initialize(*cnn, 1);
+  ExportOptions o;
+  o.sample_shape = {1, 28, 28};
+  o.input_divisor = 255.0f;
+  o.mean = {0.5f};
+  o.std = {0.25f};
+  const auto path = temp_file("preprocessed.onnx");
+  export_onnx(*cnn, path, o);
+  const onnx::ModelProto model = read_model(path);
+  std::filesystem::remove(path);
+  auto constant = [&](const std::string& name) {
+    for (const onnx::TensorProto& t : model.graph().initializer())
+      if (t.name() == name) {
+        std::vector<float> v(t.raw_data().size() / sizeof(float));
+        std::memcpy(v.data(), t.raw_data().data(), t.raw_data().size());
+        return v;
+      }
+    FAIL("no initializer " << name);
+    return std::vector<float>{};
+  };
+  const auto& nodes = model.graph().node();
+  REQUIRE(nodes.size() > 3);
+  CHECK(nodes[0].op_type() == "Div");
+  CHECK(nodes[0].input(0) == "input");
+  CHECK(constant(nodes[0].input(1)) == std::vector<float>{255.0f});
+  CHECK(nodes[1].op_type() == "Sub");
+  CHECK(nodes[1].input(0) == nodes[0].output(0));
+  CHECK(constant(nodes[1].input(1)) == std::vector<float>{0.5f});
+  CHECK(nodes[2].op_type() == "Div");
+  CHECK(constant(nodes[2].input(1)) == std::vector<float>{0.25f});
+  CHECK(nodes[3].input(0) == nodes[2].output(0));
+}
+
+TEST_CASE("preprocessing that cannot apply to the input is refused naming it", "[export]") {
+  auto cnn = make_model("cnn");
+  initialize(*cnn, 1);
+  ExportOptions o;
+  o.sample_shape = {1, 28, 28};
+  const auto path = temp_file("refused-preprocessing.onnx");
+  o.mean = {0.5f, 0.4f, 0.3f};  // 3 channels for a 1-channel sample
+  o.std = {0.2f, 0.2f, 0.2f};
+  CHECK_THROWS_WITH(export_onnx(*cnn, path, o),
+                    Catch::Contains("3 means and 3 stds") && Catch::Contains("[1, 28, 28]"));
+  o.mean = {0.5f};
+  o.std = {0.0f};
+  CHECK_THROWS_WITH(export_onnx(*cnn, path, o), Catch::Contains("std 0"));
+  o.std = {0.5f};
+  o.input_divisor = -1.0f;
+  CHECK_THROWS_WITH(export_onnx(*cnn, path, o), Catch::Contains("input_divisor -1"));
+  auto gpt = make_model("gpt-tiny");
+  ExportOptions tokens;
+  tokens.sample_shape = {16};
+  tokens.input_dtype = DType::i64;
+  tokens.input_divisor = 255.0f;
+  CHECK_THROWS_WITH(export_onnx(*gpt, path, tokens), Catch::Contains("for float inputs"));
+  CHECK_FALSE(std::filesystem::exists(path));
 }

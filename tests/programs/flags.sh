@@ -111,6 +111,20 @@ if [ -x "$export_program" ]; then
   refuses "$export_program --checkpoint $train --model mlp" --out EMPTY
 fi
 
+# lockstep-predict: any existing file passes the parse-time check of
+# --checkpoint, and --normalize is refused before the weights are read.
+p="$build/examples/predict/lockstep-predict --checkpoint $train --model mlp --data $work/data"
+p="$p --device cpu"
+refuses "$p --out $work/p.jsonl" --batch-size 0 -1 nan 1e12 1.5 abc EMPTY
+refuses "$p --out $work/p.jsonl" --outputs nope EMPTY
+refuses "$p --out $work/p.jsonl" --threads 0 -1 100000 nan EMPTY
+refuses "$p --out $work/p.jsonl" --loader-threads 0 -1 65 nan EMPTY
+refuses "$p --out $work/p.jsonl" --normalize abc 0.5 0.5,0 0.5,nan EMPTY
+refuses "$p --out $work/p.jsonl" --normalize 0.5,0.5,0.5,0.5  # mlp has 1 channel
+refuses "$p" --out EMPTY
+refuses "${p/--data $work\/data/} --out $work/p.jsonl" --data EMPTY "$work/missing"
+refuses "${p/--checkpoint $train/} --out $work/p.jsonl" --checkpoint EMPTY "$work/missing.h5"
+
 if [ "$bench" = with-bench ]; then
   b=$build/bench
   for program in "$b/bench_gemm --trials 1" "$b/bench_allreduce" "$b/bench_loader --data $work/data" \

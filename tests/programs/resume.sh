@@ -30,7 +30,10 @@
 #                after each, --resume auto loads a good checkpoint
 #   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
 #                resume that leaves --dropout at its default (0), and resumes
-#                with --dropout 0.1 (Note [resume fingerprint])
+#                with --dropout 0.1 (Note [resume fingerprint]); a resume with
+#                half the global batch is refused naming --batch-size, and one
+#                of the same global batch with --accum 2 resumes (Note [run
+#                fingerprint])
 #   lock         while one run trains into a directory, a second one, fresh or
 #                --resume auto, is refused naming the first's host, pid and
 #                start time; once the first is killed (SIGKILL), a resume
@@ -258,6 +261,17 @@ case $mode in
       { echo "the same dropout did not resume:"; cat "$work/same.log"; exit 1; }
     grep -q "resumed from" "$work/same.log" || { echo "nothing resumed:"; cat "$work/same.log"; exit 1; }
     echo "fingerprint: a default left out is compared; the same dropout resumes"
+    # Note [run fingerprint]: RunCheckpoints' own fields, named by the flag.
+    rows=(--data "$work/text/train" --model gpt-tiny --seed 7 --log-every 1000 --device cpu
+      --checkpoint-dir "$work/a" --dropout 0.1 --batch-size 2)
+    if "$train" "${rows[@]}" --steps 6 --resume auto >"$work/batch.log" 2>&1; then
+      echo "a checkpoint of global batch 4 resumed with 2 rows per step:"; cat "$work/batch.log"; exit 1
+    fi
+    grep -q "global_batch was '4' and is now '2' (set by --batch-size x ranks x --accum" \
+      "$work/batch.log" || { echo "the global batch is not named:"; cat "$work/batch.log"; exit 1; }
+    "$train" "${rows[@]}" --accum 2 --steps 6 --resume auto >"$work/accum.log" 2>&1 ||
+      { echo "--batch-size 2 --accum 2 (the same global batch) did not resume:"; cat "$work/accum.log"; exit 1; }
+    echo "fingerprint: the global batch is compared; --accum may change where it holds"
     ;;
   lock)
     "$train" "${common[@]}" --batch-size 32 --steps 100000 --checkpoint-every 20 \

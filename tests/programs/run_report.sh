@@ -6,7 +6,10 @@
 # state, so it shows the flag was applied); an error found before the first step
 # comes alone, without a header; on 2 ranks the header maps ranks to the host, the
 # summary names the best val figure and the last checkpoint, epochs count from 1,
-# and tools/plot.py reads the metrics. Usage: run_report.sh BUILD_DIR SOURCE_DIR
+# and tools/plot.py reads the metrics; each evaluation is recorded once, the
+# train loss says which steps it is the mean of (after a resume too), and the
+# memory split counts an evaluation's activations (issue #47).
+# Usage: run_report.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 src=$2
@@ -84,4 +87,50 @@ grep -q '"epoch": 0' "$work/m.jsonl" && fail "an epoch counted from 0 in the met
 tail -n 1 "$work/m.jsonl" | grep -qF '"run": "end"' || fail "metrics do not end with the run record"
 /usr/bin/python3 "$src/tools/plot.py" metrics "$work/m.jsonl" -o "$work/c.png" >"$work/plot"
 expect "$work/plot" "after epoch 2 (step 16)"
+
+# Note [one record per evaluation]: --val-every 4 over 2 epochs of 8 steps
+# evaluates at steps 4, 8, 12 and 16, each recorded once (the evaluation at an
+# epoch's last step is that epoch's). Note [train loss of a part]: the summary's
+# train loss is the mean of the step records it names, all of epoch 2 here and
+# only steps 13 to 16 after a resume from step 12; the end record says neither
+# run was stopped. Note [memory kinds]: on 1 rank with --rank-invariant, the
+# evaluation's 64-row batch outgrows the step's chunks of 8, so the peak is
+# reached while evaluating, and its split counts the evaluation's activations:
+# at least fc1's output, 64 rows x 512 features x 4 bytes.
+ve=("${common[@]}" --batch-size 64 --val-data "$work/val" --epochs 2 --val-every 4)
+"$train" "${ve[@]}" --checkpoint-dir "$work/ve" --checkpoint-every 12 \
+  --metrics "$work/ve.jsonl" >"$work/ve.out"
+mkdir "$work/ve2" && cp "$work"/ve/ckpt-12.h5* "$work/ve2/"
+"$train" "${ve[@]}" --checkpoint-dir "$work/ve2" --resume auto --metrics "$work/ve2.jsonl" \
+  >"$work/ve2.out"
+"$train" "${common[@]}" --batch-size 8 --rank-invariant --global-batch 64 --val-data "$work/val" \
+  --steps 2 --metrics "$work/mem.jsonl" >"$work/mem.out"
+/usr/bin/python3 - "$work" <<'PY' || fail "the records above are not as documented"
+import json, sys
+work = sys.argv[1]
+def records(name):
+    return [json.loads(line) for line in open(f"{work}/{name}")]
+def check(what, ok, got):
+    if not ok:
+        sys.exit(f"run_report.sh: {what}: got {got}")
+for name, first, whole in (("ve", 9, True), ("ve2", 13, False)):
+    rs = records(f"{name}.jsonl")
+    evals = [r["step"] for r in rs if "val_loss" in r and "run" not in r]
+    check(f"{name}: each evaluation recorded once", evals == ([4, 8, 12, 16] if whole else [16]),
+          evals)
+    end = rs[-1]
+    check(f"{name}: end record not stopped", end["run"] == "end" and end["stopped"] is False
+          and end["stop_reason"] is None, end)
+    check(f"{name}: train loss over steps {first} to 16", end["train_loss_steps"] == [first, 16]
+          and end["train_loss_whole_epoch"] is whole, end)
+    losses = [r["loss"] for r in rs if "loss" in r and first <= r["step"] <= 16]
+    mean = sum(losses) / len(losses)  # the step records, summed again here
+    check(f"{name}: train loss the mean of steps {first} to 16 ({mean})",
+          len(losses) == 17 - first and abs(end["train_loss"] - mean) <= 1e-12 * abs(mean),
+          end["train_loss"])
+split = records("mem.jsonl")[-1]["peak_memory_by_kind"][0]
+check("activations of the evaluation at the peak", split["activations"] >= 64 * 512 * 4, split)
+PY
+expect "$work/ve.out" "(mean of the last epoch's steps, 9 to 16)"
+expect "$work/ve2.out" "(mean of steps 13 to 16, the part of the last epoch this process ran)"
 echo "run_report.sh: header, summary, --deterministic and metrics as documented"

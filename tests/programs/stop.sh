@@ -8,7 +8,9 @@
 #                    ranks, then SIGKILL) and exits 1; with a grace period
 #                    (odls_base_sigkill_timeout) the ranks still save
 # Each stopped run is then resumed, the same way, with --resume auto from the
-# step it saved.
+# step it saved. A stop that lets rank 0 finish (exit 0) ends with "stopped at
+# step N" in the summary, never "done", the end record's "stopped": true and
+# its reason, and the heartbeat's phase "stopped" (issue #47).
 set -euo pipefail
 build=$1
 train=$build/examples/train/lockstep-train
@@ -37,7 +39,7 @@ stop() {
   shift 3
   rm -rf "$work/ckpt" "$work/metrics"
   "$@" "$train" "${args[@]}" --steps 1000000 --checkpoint-dir "$work/ckpt" \
-    --metrics "$work/metrics" >"$work/out" 2>&1 &
+    --metrics "$work/metrics" --heartbeat "$work/heartbeat" >"$work/out" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
     [ -f "$work/metrics" ] && [ "$(wc -l <"$work/metrics")" -ge 3 ] && break
@@ -58,6 +60,15 @@ stop() {
   [ -n "$step" ] || fail "$name: no 'stopped at step' line"
   grep -qF "$continue_line" "$work/out" || fail "$name: the stop does not say how to continue"
   grep -qx "saved $work/ckpt/ckpt-$step.h5" "$work/out" || fail "$name: step $step not saved"
+  if [ "$expected" -eq 0 ]; then
+    grep -qx "lockstep-train: stopped at step $step on request (a signal)" "$work/out" ||
+      fail "$name: the summary does not say it stopped at step $step"
+    grep -qF "done at step" "$work/out" && fail "$name: 'done' after a stop"
+    tail -n 1 "$work/metrics" | grep -qF '"stopped": true, "stop_reason": "on request (a signal)"' ||
+      fail "$name: the end record '$(tail -n 1 "$work/metrics")' does not say why it stopped"
+    grep -qF '"phase": "stopped"' "$work/heartbeat" ||
+      fail "$name: the heartbeat '$(cat "$work/heartbeat")' does not say stopped"
+  fi
   "$@" "$train" "${args[@]}" --steps $((step + 1)) --checkpoint-dir "$work/ckpt" --resume auto \
     >"$work/out" 2>&1 || fail "$name: resuming failed"
   grep -q "resumed from $work/ckpt/ckpt-$step.h5 at step $step" "$work/out" ||

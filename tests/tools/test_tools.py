@@ -1,8 +1,11 @@
 """The tools' parsing, without TensorBoard and without running benchmarks: the kinds of
 --metrics record (Note [run records] in engine/run_report.h), what tools/to_tensorboard.py
-would write for a small metrics file, the plot's title, and tools/bench_table.py's table from
+would write for a small metrics file, the plot's title and axes, and tools/bench_table.py's table from
 bench JSON written here. Run by ctest (tools_python) with tools/ on PYTHONPATH."""
+import contextlib
+import io
 import json
+import math
 import os
 import tempfile
 import unittest
@@ -51,6 +54,71 @@ class MetricsTest(unittest.TestCase):
         png = os.path.join(self.dir.name, "c.png")
         plot.plot_metrics(self.path, png)
         self.assertGreater(os.path.getsize(png), 1000)
+
+
+class PlotAxesTest(unittest.TestCase):
+    """plot.py metrics draws evaluations against the step (they come every --val-every steps as
+    well as at an epoch's end), one point per evaluated step, and a language model's val loss and
+    bits per token on a loss axis. Expected points are the records written here."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "m.jsonl")
+        self.png = os.path.join(self.dir.name, "c.png")
+
+    def tearDown(self):
+        self.dir.cleanup()
+        plot.plt.close("all")
+
+    def right_panel(self, records):
+        write_lines(self.path, records)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            plot.plot_metrics(self.path, self.png)
+        self.output = out.getvalue()
+        left, right = plot.plt.gcf().axes  # the figure just drawn
+        return left, right
+
+    def test_evaluations_of_one_epoch_against_their_steps(self):
+        # --val-every 2 over one epoch of 6 steps; the file of an older build recorded the
+        # evaluation at the epoch's end twice.
+        steps = [{"step": s, "epoch": 1, "loss": 1.0 / s} for s in range(1, 7)]
+        evals = [{"step": s, "epoch": 1, "val_loss": 2.0 / s, "val_accuracy": s / 10}
+                 for s in (2, 4, 6)]
+        left, right = self.right_panel([START] + steps + evals + [evals[-1]])
+        self.assertEqual(right.get_xlabel(), "step")
+        self.assertEqual(right.get_ylabel(), "val accuracy (%)")
+        (line,) = right.get_lines()
+        self.assertEqual(list(line.get_xdata()), [2, 4, 6])
+        self.assertEqual(list(line.get_ydata()), [20.0, 40.0, 60.0])
+        val = [l for l in left.get_lines() if l.get_label() == "val loss"][0]
+        self.assertEqual(list(val.get_xdata()), [2, 4, 6])
+        self.assertIn("final val accuracy: 60.00% after epoch 1 (step 6)", self.output)
+
+    def test_language_model_loss_and_bits_on_a_loss_axis(self):
+        start = dict(START, model="gpt-tiny", tokens_per_sample=32)
+        steps = [{"step": s, "epoch": 1, "loss": 5.0 / s} for s in range(1, 5)]
+        evals = [{"step": s, "epoch": 1, "val_loss": 4.0 / s,
+                  "val_bits_per_token": 4.0 / s / math.log(2), "val_accuracy": 0.1 * s}
+                 for s in (2, 4)]
+        _, right = self.right_panel([start] + steps + evals)
+        self.assertEqual(right.get_xlabel(), "step")
+        self.assertNotIn("accuracy", right.get_ylabel())
+        self.assertIn("loss", right.get_ylabel())
+        lines = {l.get_label(): l for l in right.get_lines()}
+        self.assertEqual(list(lines["val loss (nats per token)"].get_ydata()), [2.0, 1.0])
+        bits = lines["val bits per token (per byte for byte tokens)"]
+        self.assertEqual(list(bits.get_xdata()), [2, 4])
+        for got, nats in zip(bits.get_ydata(), (2.0, 1.0)):
+            self.assertAlmostEqual(got, nats / math.log(2), places=12)
+        self.assertIn("final val loss: 1.0000 (1.4427 bits per token) after epoch 1 (step 4)",
+                      self.output)
+
+    def test_regression_without_accuracy(self):
+        steps = [{"step": s, "epoch": 1, "loss": 1.0 / s} for s in (1, 2)]
+        _, right = self.right_panel([START] + steps + [{"step": 2, "epoch": 1, "val_loss": 0.25}])
+        self.assertEqual(right.get_ylabel(), "val loss")
+        self.assertEqual(list(right.get_lines()[0].get_ydata()), [0.25])
+        self.assertIn("final val loss: 0.2500 after epoch 1 (step 2)", self.output)
 
 
 class BenchTableTest(unittest.TestCase):
