@@ -12,7 +12,7 @@ build=${LOCKSTEP_BUILD_DIR:-build}
 out=${LOCKSTEP_DEMO_DIR:-out/demo-gpt}
 steps=${LOCKSTEP_DEMO_STEPS:-400}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target lockstep-train lockstep-shard
+cmake --build "$build" --parallel "$(nproc)" --target lockstep-train lockstep-shard
 
 mkdir -p "$out"
 # The fortune files themselves: not their .dat indexes nor the .u8 links.

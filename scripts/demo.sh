@@ -11,7 +11,7 @@ build=${LOCKSTEP_BUILD_DIR:-build}
 out=${LOCKSTEP_DEMO_DIR:-out/demo}
 epochs=${LOCKSTEP_DEMO_EPOCHS:-3}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target lockstep-train lockstep-shard
+cmake --build "$build" --parallel "$(nproc)" --target lockstep-train lockstep-shard
 
 mkdir -p "$out"
 if [ ! -d "$out/data/val" ]; then  # (data from before the split was named val: made again)

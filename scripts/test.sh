@@ -14,7 +14,7 @@ if [ -n "$coretype" ]; then
   echo "OPENBLAS_CORETYPE=$coretype: Debian's OpenBLAS does not recognise this processor"
 fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
-cmake --build "$build"
+cmake --build "$build" --parallel "$(nproc)"
 # The multi-host tests (root, network namespaces) are a CI stage of their own:
 # ctest -L multihost.
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" -LE multihost
