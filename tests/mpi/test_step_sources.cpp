@@ -9,9 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
+#include "comm/world.h"
 #include "engine/data_parallel_step.h"
 #include "engine/nn/activation.h"
 #include "engine/nn/containers.h"
@@ -19,6 +22,7 @@
 #include "engine/optim/sgd.h"
 #include "engine/trainer.h"
 #include "io/tensor_dataset.h"
+#include "kernels/gemm.h"
 #include "mpi/mpi_world.h"
 #include "support/two_heads.h"
 
@@ -154,4 +158,34 @@ TEST_CASE("the Trainer on an in-memory source at N ranks equals one process with
       // amplified a little by five steps of momentum: 2e-5 on weights of O(0.1..1).
       for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(std::fabs(p[i] - q[i]) <= 2e-5);
     }
+}
+
+TEST_CASE(
+    "the step decides host overlap as comm::host_overlap_pays says unless told, and asks no "
+    "input gradient",
+    "[mpi][step]") {
+  comm::World& world = test::mpi_world();
+  auto build = [&](std::optional<bool> overlap) {
+    auto net = std::make_unique<Sequential>();
+    net->emplace<Linear>("fc", 4, 2);
+    initialize(*net, 3);
+    auto store = std::make_unique<ParameterStore>(*net, core::Device::cpu());
+    auto sgd = std::make_unique<SGD>(*store, single_group(*store, 0.1, 0.0));
+    LossScaler scaler(LossScalerOptions{.enabled = false});
+    StepOptions o;
+    o.sync.host_overlap = overlap;
+    DataParallelStep step(*net, *store, *sgd, make_scheduler("constant", {}), scaler, &world, o,
+                          core::Stream());
+    CHECK_FALSE(net->input_grad());  // the step's inputs are data
+    return step.options().sync.host_overlap;
+  };
+  // Unset: the library's decision, the same for every program (a world of
+  // one has nothing to overlap).
+  const bool expected =
+      world.size() > 1 && comm::host_overlap_pays(world, kernels::cpu::gemm_threads());
+  CHECK(build(std::nullopt) == std::optional<bool>(expected));
+  if (world.size() > 1) {
+    CHECK(build(true) == std::optional<bool>(true));  // the caller's choice stands
+    CHECK(build(false) == std::optional<bool>(false));
+  }
 }
