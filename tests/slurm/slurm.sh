@@ -137,7 +137,7 @@ out=$work/job-preempted.out
 grep -q "stopped at step [0-9]* on request" "$out" || { echo "the job was not preempted:"; cat "$out"; exit 1; }
 grep -q "restart 1" "$out" || { echo "the job was not requeued:"; cat "$out"; exit 1; }
 grep -q "resumed from" "$out" || { echo "the requeued job did not resume:"; cat "$out"; exit 1; }
-stopped_at=$(grep -o "stopped at step [0-9]*" "$out" | grep -o "[0-9]*$")
+stopped_at=$(grep -m 1 -o "stopped at step [0-9]*" "$out" | grep -o "[0-9]*$")
 [ "$stopped_at" -lt 300 ] || { echo "stopped at step $stopped_at, not before the end"; exit 1; }
 
 /usr/bin/python3 "$root/tests/programs/same_checkpoints.py" \
