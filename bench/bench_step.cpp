@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   std::int64_t batch = 128;
   int steps = 30, threads = 1;
   bool baseline = true;
-  app.add_option("--model", model, "mlp, cnn, resnet, mlp-large, gpt-tiny or gpt2")
+  app.add_option("--model", model, "mlp, cnn, resnet, resnet50, mlp-large, gpt-tiny or gpt2")
       ->capture_default_str();
   app.add_option("--batch", batch, "batch size")->capture_default_str();
   app.add_option("--precision", precision, "fp32, fp16 or bf16")->capture_default_str();
@@ -231,10 +231,10 @@ int main(int argc, char** argv) {
   std::string trace_dir;
   app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
   bool activation_checkpointing = false;
-  app.add_flag(
-      "--activation-checkpointing", activation_checkpointing,
-      "instead of PyTorch: the step and its activation peak with and without "
-      "activation checkpointing (gpt-tiny, gpt2, resnet; Note [checkpointing comparison])");
+  app.add_flag("--activation-checkpointing", activation_checkpointing,
+               "instead of PyTorch: the step and its activation peak with and without "
+               "activation checkpointing (gpt-tiny, gpt2, resnet, resnet50; Note [checkpointing "
+               "comparison])");
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--model")->check(examples::model_name());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));

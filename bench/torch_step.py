@@ -48,6 +48,42 @@ def resnet():
     return nn.Sequential(*layers), (3, 32, 32), 10
 
 
+class Bottleneck(nn.Module):
+    # torchvision's, v1.5: the stride on the 3x3 conv.
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = 4 * width
+        self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return self.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+def resnet50():
+    # torchvision's resnet50(): the ImageNet stem, Bottleneck stages of 3, 4, 6, 3 blocks.
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        width = 64 << stage
+        for b in range(blocks):
+            layers.append(Bottleneck(cin, width, 2 if stage > 0 and b == 0 else 1))
+            cin = 4 * width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000)]
+    return nn.Sequential(*layers), (3, 224, 224), 1000
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, c, h, t):
         super().__init__()
@@ -122,6 +158,8 @@ def make(name):
                              nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10)), (1, 28, 28), 10
     if name == "resnet":
         return resnet()
+    if name == "resnet50":
+        return resnet50()
     if name == "mlp-large":
         layers = []
         for _ in range(3):

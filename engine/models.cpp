@@ -1,5 +1,6 @@
 // Model presets (engine/models.h). Child names are the PyTorch names, so a
-// state_dict maps onto parameters one to one (docs/models.md).
+// state_dict maps onto parameters one to one (docs/models.md): resnet and
+// resnet50 are torchvision's BasicBlock and Bottleneck trees.
 #include "engine/models.h"
 
 #include <fmt/core.h>
@@ -38,7 +39,7 @@ class Narrower {
   std::int64_t divisor_;
 };
 
-std::unique_ptr<Module> mlp(const Narrower& narrow) {
+std::unique_ptr<Module> mlp(std::int64_t classes, const Narrower& narrow) {
   const std::int64_t hidden = narrow(512, "hidden features");
   auto net = std::make_unique<Sequential>();
   net->emplace<Flatten>("flatten");
@@ -46,11 +47,11 @@ std::unique_ptr<Module> mlp(const Narrower& narrow) {
   net->emplace<ReLU>("relu1");
   net->emplace<Linear>("fc2", hidden, hidden);
   net->emplace<ReLU>("relu2");
-  net->emplace<Linear>("fc3", hidden, 10);
+  net->emplace<Linear>("fc3", hidden, classes);
   return net;
 }
 
-std::unique_ptr<Module> cnn(const Narrower& narrow) {
+std::unique_ptr<Module> cnn(std::int64_t classes, const Narrower& narrow) {
   const std::int64_t c1 = narrow(32, "conv1 channels"), c2 = narrow(64, "conv2 channels");
   const std::int64_t hidden = narrow(128, "fc1 features");
   auto net = std::make_unique<Sequential>();
@@ -63,60 +64,146 @@ std::unique_ptr<Module> cnn(const Narrower& narrow) {
   net->emplace<Flatten>("flatten");
   net->emplace<Linear>("fc1", c2 * 7 * 7, hidden);  // 28 x 28 pooled twice
   net->emplace<ReLU>("relu3");
-  net->emplace<Linear>("fc2", hidden, 10);
+  net->emplace<Linear>("fc2", hidden, classes);
   return net;
+}
+
+// BatchNorm2d whose weight (the scale) starts at 0 rather than 1: the last
+// BatchNorm of a residual block under torchvision's zero_init_residual, so
+// that each block starts as its shortcut (Note [zero-init residual]). Its
+// type name, parameters and buffers are BatchNorm2d's.
+class ZeroScaleBatchNorm2d final : public BatchNorm2d {
+ public:
+  explicit ZeroScaleBatchNorm2d(std::int64_t num_features) : BatchNorm2d(num_features) {
+    initialize_when_built();  // BatchNorm2d's constructor ran its own reset, not this one
+  }
+  void reset_parameters(core::Generator& rng) override {
+    BatchNorm2d::reset_parameters(rng);
+    weight()->value.fill_(0.0);
+  }
+};
+
+// Note [zero-init residual]: make_model's zero_init_residual starts the last
+// BatchNorm weight of every residual block (bn2 of a BasicBlock, bn3 of a
+// Bottleneck) at 0, as torchvision's resnet(zero_init_residual=True) and the
+// large-batch recipes (Goyal et al. 2017) do: each block then starts as its
+// shortcut. The layer keeps its value through engine::initialize, which
+// calls reset_parameters.
+BatchNorm2d& last_batchnorm(Sequential& inner, const std::string& name, std::int64_t channels,
+                            bool zero_init_residual) {
+  if (zero_init_residual) return inner.emplace<ZeroScaleBatchNorm2d>(name, channels);
+  return inner.emplace<BatchNorm2d>(name, channels);
+}
+
+// The shortcut of a block whose shape changes: torchvision's "downsample", a
+// 1x1 conv with the block's stride and a BatchNorm. Null (identity) otherwise.
+std::unique_ptr<Sequential> downsample(std::int64_t in, std::int64_t out, std::int64_t stride) {
+  if (stride == 1 && in == out) return nullptr;
+  auto shortcut = std::make_unique<Sequential>();
+  shortcut->emplace<Conv2d>("0", in, out, 1, stride, 0, 1, 1, false);
+  shortcut->emplace<BatchNorm2d>("1", out);
+  return shortcut;
 }
 
 // torchvision's BasicBlock: conv3x3-bn-relu-conv3x3-bn, plus the shortcut
 // (a 1x1 conv and bn, "downsample", when the shape changes), then relu.
-std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int64_t stride) {
+std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int64_t stride,
+                                    bool zero_init_residual) {
   auto inner = std::make_unique<Sequential>();
   inner->emplace<Conv2d>("conv1", in, out, 3, stride, 1, 1, 1, false);
   inner->emplace<BatchNorm2d>("bn1", out);
   inner->emplace<ReLU>("relu");
   inner->emplace<Conv2d>("conv2", out, out, 3, 1, 1, 1, 1, false);
-  inner->emplace<BatchNorm2d>("bn2", out);
-  std::unique_ptr<Sequential> downsample;
-  if (stride != 1 || in != out) {
-    downsample = std::make_unique<Sequential>();
-    downsample->emplace<Conv2d>("0", in, out, 1, stride, 0, 1, 1, false);
-    downsample->emplace<BatchNorm2d>("1", out);
-  }
-  return std::make_unique<Residual>(std::move(inner), std::move(downsample), "downsample", true);
+  last_batchnorm(*inner, "bn2", out, zero_init_residual);
+  return std::make_unique<Residual>(std::move(inner), downsample(in, out, stride), "downsample",
+                                    true);
+}
+
+// torchvision's Bottleneck as of v1.5 (the stride on the 3x3 conv, not the
+// first 1x1): conv1x1-bn-relu-conv3x3(stride)-bn-relu-conv1x1 to 4x width-bn,
+// plus the shortcut when the shape changes, then relu.
+std::unique_ptr<Module> bottleneck(std::int64_t in, std::int64_t width, std::int64_t stride,
+                                   bool zero_init_residual) {
+  const std::int64_t out = 4 * width;
+  auto inner = std::make_unique<Sequential>();
+  inner->emplace<Conv2d>("conv1", in, width, 1, 1, 0, 1, 1, false);
+  inner->emplace<BatchNorm2d>("bn1", width);
+  inner->emplace<ReLU>("relu1");
+  inner->emplace<Conv2d>("conv2", width, width, 3, stride, 1, 1, 1, false);
+  inner->emplace<BatchNorm2d>("bn2", width);
+  inner->emplace<ReLU>("relu2");
+  inner->emplace<Conv2d>("conv3", width, out, 1, 1, 0, 1, 1, false);
+  last_batchnorm(*inner, "bn3", out, zero_init_residual);
+  return std::make_unique<Residual>(std::move(inner), downsample(in, out, stride), "downsample",
+                                    true);
+}
+
+// A stage (layer1..layer4), wrapped in a Checkpointed when asked: the same
+// names, one recompute per stage in backward.
+std::unique_ptr<Module> stage(std::unique_ptr<Sequential> layer, bool activation_checkpointing) {
+  if (activation_checkpointing) return std::make_unique<Checkpointed>(std::move(layer));
+  return layer;
 }
 
 // resnet18 with the CIFAR stem (3x3 conv1, stride 1, no max-pool), 10 classes.
-std::unique_ptr<Module> resnet(bool activation_checkpointing, const Narrower& narrow) {
+std::unique_ptr<Module> resnet(bool activation_checkpointing, bool zero_init_residual,
+                               std::int64_t classes, const Narrower& narrow) {
   const std::int64_t stem = narrow(64, "stem channels");
   auto net = std::make_unique<Sequential>();
   net->emplace<Conv2d>("conv1", 3, stem, 3, 1, 1, 1, 1, false);
   net->emplace<BatchNorm2d>("bn1", stem);
   net->emplace<ReLU>("relu");
   std::int64_t channels = stem;
-  for (int stage = 0; stage < 4; ++stage) {
-    const std::int64_t out = stem << stage;
+  for (int s = 0; s < 4; ++s) {
+    const std::int64_t out = stem << s;
     auto layer = std::make_unique<Sequential>();
-    layer->add("0", basic_block(channels, out, stage == 0 ? 1 : 2));
-    layer->add("1", basic_block(out, out, 1));
-    net->add("layer" + std::to_string(stage + 1),
-             activation_checkpointing ? std::make_unique<Checkpointed>(std::move(layer))
-                                      : std::unique_ptr<Module>(std::move(layer)));
+    layer->add("0", basic_block(channels, out, s == 0 ? 1 : 2, zero_init_residual));
+    layer->add("1", basic_block(out, out, 1, zero_init_residual));
+    net->add("layer" + std::to_string(s + 1), stage(std::move(layer), activation_checkpointing));
     channels = out;
   }
   net->emplace<GlobalAvgPool2d>("avgpool");
   net->emplace<Flatten>("flatten");
-  net->emplace<Linear>("fc", channels, 10);
+  net->emplace<Linear>("fc", channels, classes);
   return net;
 }
 
-std::unique_ptr<Module> mlp_large(const Narrower& narrow) {
+// torchvision's resnet50 (v1.5): the ImageNet stem (7x7 conv1, stride 2, and
+// a 3x3 stride-2 max-pool), Bottleneck stages of 3, 4, 6 and 3 blocks of
+// widths 64 to 512 (outputs 4x that), 1000 classes.
+std::unique_ptr<Module> resnet50(bool activation_checkpointing, bool zero_init_residual,
+                                 std::int64_t classes, const Narrower& narrow) {
+  const std::int64_t stem = narrow(64, "stem channels");
+  auto net = std::make_unique<Sequential>();
+  net->emplace<Conv2d>("conv1", 3, stem, 7, 2, 3, 1, 1, false);
+  net->emplace<BatchNorm2d>("bn1", stem);
+  net->emplace<ReLU>("relu");
+  net->emplace<MaxPool2d>("maxpool", 3, 2, 1);
+  const int blocks[] = {3, 4, 6, 3};
+  std::int64_t channels = stem;
+  for (int s = 0; s < 4; ++s) {
+    const std::int64_t width = stem << s;
+    auto layer = std::make_unique<Sequential>();
+    for (int b = 0; b < blocks[s]; ++b)
+      layer->add(std::to_string(b), bottleneck(b == 0 ? channels : 4 * width, width,
+                                               s > 0 && b == 0 ? 2 : 1, zero_init_residual));
+    net->add("layer" + std::to_string(s + 1), stage(std::move(layer), activation_checkpointing));
+    channels = 4 * width;
+  }
+  net->emplace<GlobalAvgPool2d>("avgpool");
+  net->emplace<Flatten>("flatten");
+  net->emplace<Linear>("fc", channels, classes);
+  return net;
+}
+
+std::unique_ptr<Module> mlp_large(std::int64_t classes, const Narrower& narrow) {
   const std::int64_t hidden = narrow(4096, "hidden features");
   auto net = std::make_unique<Sequential>();
   for (int i = 1; i <= 3; ++i) {
     net->emplace<Linear>("fc" + std::to_string(i), i == 1 ? 4096 : hidden, hidden);
     net->emplace<GELU>("gelu" + std::to_string(i), true);
   }
-  net->emplace<Linear>("fc4", hidden, 1000);
+  net->emplace<Linear>("fc4", hidden, classes);
   return net;
 }
 
@@ -124,8 +211,10 @@ std::unique_ptr<Module> mlp_large(const Narrower& narrow) {
 
 const std::vector<ModelPreset>& model_presets() {
   static const std::vector<ModelPreset> presets = {
-      {"mlp", {1, 28, 28}, 10},    {"cnn", {1, 28, 28}, 10},       {"resnet", {3, 32, 32}, 10},
-      {"mlp-large", {4096}, 1000}, {"gpt-tiny", {128}, 256, true}, {"gpt2", {1024}, 50304, true},
+      {"mlp", {1, 28, 28}, 10},      {"cnn", {1, 28, 28}, 10},
+      {"resnet", {3, 32, 32}, 10},   {"resnet50", {3, 224, 224}, 1000},
+      {"mlp-large", {4096}, 1000},   {"gpt-tiny", {128}, 256, true},
+      {"gpt2", {1024}, 50304, true},
   };
   return presets;
 }
@@ -146,15 +235,27 @@ GptConfig gpt_config(const std::string& name, float dropout) {
 }
 
 std::unique_ptr<Module> make_model(const std::string& name, float dropout,
-                                   bool activation_checkpointing, std::int64_t width_divisor) {
+                                   bool activation_checkpointing, std::int64_t width_divisor,
+                                   bool zero_init_residual, std::int64_t classes) {
   const ModelPreset& preset = model_preset(name);  // validates the name
   const Narrower narrow(name, width_divisor);
   if (dropout != 0.0f && !preset.language_model)
     throw InvalidArgument("model '" + name + "' has no dropout to set (only gpt-tiny and gpt2 do)");
-  if (activation_checkpointing && !preset.language_model && name != "resnet")
+  const bool is_resnet = name == "resnet" || name == "resnet50";
+  if (activation_checkpointing && !preset.language_model && !is_resnet)
     throw InvalidArgument("model '" + name +
-                          "' has no blocks to checkpoint (gpt-tiny, gpt2 and resnet do; its "
-                          "activations are few: train it without activation checkpointing)");
+                          "' has no blocks to checkpoint (gpt-tiny, gpt2, resnet and resnet50 do; "
+                          "its activations are few: train it without activation checkpointing)");
+  if (zero_init_residual && !is_resnet)
+    throw InvalidArgument("model '" + name +
+                          "' has no residual blocks to zero-initialise (resnet and resnet50 do: "
+                          "build it without zero_init_residual)");
+  if (classes < 0 || (preset.language_model && classes != 0 && classes != preset.classes))
+    throw InvalidArgument(fmt::format(
+        "make_model('{}'): classes is {}; pass 0 for the preset's {}{}", name, classes,
+        preset.classes,
+        preset.language_model ? " (a GPT preset's vocabulary is fixed)" : ", or a positive count"));
+  if (classes == 0) classes = preset.classes;
   std::unique_ptr<Module> model;
   if (preset.language_model) {
     GptConfig config = gpt_config(name, dropout);
@@ -167,13 +268,15 @@ std::unique_ptr<Module> make_model(const std::string& name, float dropout,
           name, width_divisor, config.embed_dim, config.heads));
     model = std::make_unique<GPT>(config);
   } else if (name == "mlp")
-    model = mlp(narrow);
+    model = mlp(classes, narrow);
   else if (name == "cnn")
-    model = cnn(narrow);
+    model = cnn(classes, narrow);
   else if (name == "resnet")
-    model = resnet(activation_checkpointing, narrow);
+    model = resnet(activation_checkpointing, zero_init_residual, classes, narrow);
+  else if (name == "resnet50")
+    model = resnet50(activation_checkpointing, zero_init_residual, classes, narrow);
   else
-    model = mlp_large(narrow);
+    model = mlp_large(classes, narrow);
   model->assign_names();
   model->set_input_grad(false);  // the input is data
   return model;

@@ -1,7 +1,7 @@
 // Model presets used by the examples and benchmarks. Names and layouts are
 // exactly as listed in docs/models.md, so that weights move to and from PyTorch
-// by name (mlp: fc1.weight ...; resnet: torchvision's resnet18 names; gpt-tiny
-// and gpt2: nanoGPT's names).
+// by name (mlp: fc1.weight ...; resnet: torchvision's resnet18 names; resnet50:
+// torchvision's resnet50 names; gpt-tiny and gpt2: nanoGPT's names).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,8 @@ struct ModelPreset {
   bool language_model = false;  // inputs are tokens and targets one per position
 };
 
-// The presets' names and input shapes: mlp, cnn, resnet, mlp-large, gpt-tiny, gpt2.
+// The presets' names and input shapes: mlp, cnn, resnet, resnet50, mlp-large,
+// gpt-tiny, gpt2.
 const std::vector<ModelPreset>& model_presets();
 const ModelPreset& model_preset(const std::string& name);  // throws, listing the names
 // The GPT presets' sizes: gpt-tiny (L=4, H=4, C=128, T=128, V=256: bytes) and
@@ -31,17 +32,24 @@ GptConfig gpt_config(const std::string& name, float dropout = 0.0f);
 // A new, uninitialised model (call engine::initialize with a seed). `dropout`
 // is the GPT presets' (nanoGPT's, 0 by default); the others have none.
 // `activation_checkpointing` makes each transformer block of the GPT presets
-// and each stage (layer1..layer4) of resnet a Checkpointed: the same names,
+// and each stage (layer1..layer4) of resnet and resnet50 a Checkpointed: the same names,
 // initial values and gradients (Note [activation checkpointing]); mlp, cnn
 // and mlp-large have no blocks to checkpoint and refuse it.
 // `width_divisor` divides every inner width by that much (the hidden
 // features of mlp and mlp-large, the channels and fc1 of cnn, the channels of
-// resnet, the embedding width of the GPT presets): the same tree, names,
+// resnet and resnet50, the embedding width of the GPT presets): the same tree, names,
 // depth and input and output shapes at a fraction of the parameters, for
 // tests that loop over every preset in seconds; 1 is the preset itself.
 // Throws InvalidArgument when it does not divide a width.
+// `zero_init_residual` (resnet and resnet50 only; torchvision's option of
+// that name) starts the last BatchNorm weight of every residual block at 0
+// (Note [zero-init residual] in models.cpp), also through engine::initialize.
+// `classes` sets the image presets' output classes (the last Linear's
+// outputs); 0 keeps the preset's (ModelPreset::classes). A GPT preset's
+// vocabulary is fixed: it accepts only 0 or its own.
 std::unique_ptr<Module> make_model(const std::string& name, float dropout = 0.0f,
                                    bool activation_checkpointing = false,
-                                   std::int64_t width_divisor = 1);
+                                   std::int64_t width_divisor = 1, bool zero_init_residual = false,
+                                   std::int64_t classes = 0);
 
 }  // namespace lockstep::engine

@@ -72,10 +72,11 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
                  "parameters, each transformer block or layer gathered around its passes); "
                  "checkpoints are the same in every stage")
       ->capture_default_str();
-  app.add_flag("--activation-checkpointing", f.activation_checkpointing,
-               "recompute each transformer block (gpt-tiny, gpt2) or stage (resnet) in backward "
-               "instead of keeping its activations: the same bits, less memory, one more "
-               "forward; a resume may turn it on or off");
+  app.add_flag(
+      "--activation-checkpointing", f.activation_checkpointing,
+      "recompute each transformer block (gpt-tiny, gpt2) or stage (resnet, resnet50) in backward "
+      "instead of keeping its activations: the same bits, less memory, one more "
+      "forward; a resume may turn it on or off");
   app.add_option("--max-consecutive-skips", f.max_consecutive_skips,
                  "stop with an error after this many steps in a row skipped for inf/NaN")
       ->check(CLI::Range(1, 1000000))
@@ -131,7 +132,7 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--augment", f.augment,
                  "crop and flip training images in the loader threads: imagenet "
                  "(random-resized-crop), crop-flip (random crop, 4 pixels of padding), or "
-                 "preset (imagenet for resnet, crop-flip for the 28x28 presets)")
+                 "preset (imagenet for resnet and resnet50, crop-flip for the 28x28 presets)")
       ->check(one_of({"imagenet", "crop-flip", "preset"}));
   app.add_option("--normalize", f.normalize,
                  "MEAN,STD of pixels in [0, 1], or C means then C stds (e.g. "

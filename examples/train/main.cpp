@@ -132,7 +132,7 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
 // ratio 3/4-4/3) to the model's input size and a horizontal flip; "crop-flip"
 // a random crop of the input size from the image padded by 4 zero pixels a
 // side and a horizontal flip (the CIFAR and Fashion-MNIST recipe); "preset"
-// picks imagenet for resnet and crop-flip for the 28x28 presets. Evaluation,
+// picks imagenet for resnet and resnet50 and crop-flip for the 28x28 presets. Evaluation,
 // and training without --augment, takes the centre crop (the whole image when
 // it already has the input size). --normalize MEAN,STD subtracts the mean and
 // divides by the std of pixels in [0, 1]: two numbers for every channel, or
@@ -158,9 +158,10 @@ io::ImageOptions image_options(const Flags& f, const ModelPreset& preset, const 
                      .height = preset.sample_shape[1],
                      .width = preset.sample_shape[2],
                      .seed = f.seed};
-  const std::string recipe = f.augment != "preset"     ? f.augment
-                             : preset.name == "resnet" ? "imagenet"
-                                                       : "crop-flip";
+  const bool imagenet_preset = preset.name == "resnet" || preset.name == "resnet50";
+  const std::string recipe = f.augment != "preset" ? f.augment
+                             : imagenet_preset     ? "imagenet"
+                                                   : "crop-flip";
   if (training && recipe == "imagenet") {
     o.crop = io::CropKind::random_resized;
     o.flip = true;

@@ -160,7 +160,7 @@ TEST_CASE("presets without blocks refuse activation checkpointing, naming the on
   for (const std::string name : {"mlp", "cnn", "mlp-large"})
     CHECK_THROWS_WITH(make_model(name, 0.0f, true),
                       Catch::Contains("'" + name + "' has no blocks to checkpoint") &&
-                          Catch::Contains("gpt-tiny, gpt2 and resnet"));
+                          Catch::Contains("gpt-tiny, gpt2, resnet and resnet50"));
 }
 
 TEST_CASE("a checkpointed gpt-tiny keeps a fraction of the plain model's activations",
