@@ -19,7 +19,7 @@ packages=(
   libonnx-dev libprotobuf-dev
   clang-format
   dataset-fashion-mnist fortunes
-  python3-matplotlib python3-h5py python3-venv
+  python3-matplotlib python3-h5py python3-pil python3-venv
 )
 
 missing=()

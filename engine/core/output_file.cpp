@@ -40,6 +40,30 @@ std::string advice(int error) {
   throw OutputFileError(what + " '" + target.string() + "': " + reason, reason);
 }
 
+// The steps every writer shares, each returning 0 or the errno that failed
+// them, so that each caller raises its own kind of error.
+
+// Writes all of `bytes` (retrying short writes and EINTR); a write of 0
+// bytes is ENOSPC.
+int write_fully(int fd, const char* p, std::size_t bytes) noexcept {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+int fsync_directory(const fs::path& directory) noexcept {
+  const int fd = ::open(directory.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  ::close(fd);
+  return synced;
+}
+
 struct Input {
   fs::path path;
   dev_t device;
@@ -107,14 +131,8 @@ int create_exclusive(const fs::path& path) {
 }
 
 void write_all(int fd, const void* data, std::size_t bytes, const fs::path& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("cannot write", path, n < 0 ? errno : ENOSPC);
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
+  if (const int error = write_fully(fd, static_cast<const char*>(data), bytes))
+    fail("cannot write", path, error);
 }
 
 void sync_and_close(int fd, const fs::path& path) {
@@ -134,7 +152,8 @@ void commit_rename(const fs::path& temporary, const fs::path& target) {
   check_not_input(target, "the output");
   if (::rename(temporary.c_str(), target.c_str()) != 0)
     fail("cannot rename '" + temporary.string() + "' to", target, errno);
-  fsync_path(directory_of(target), true);
+  if (const int error = fsync_directory(directory_of(target)))
+    fail("cannot fsync the directory of", target, error);
 }
 
 bool remove_temporary(const fs::path& path) noexcept { return ::unlink(path.c_str()) == 0; }
@@ -176,17 +195,9 @@ OutputFile::~OutputFile() {
 
 void OutputFile::write(std::string_view bytes) {
   if (fd_ < 0) throw IoError(what_ + " '" + target_.string() + "' was already committed");
-  const char* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      fail_output(what_, target_, "writing its temporary '" + temporary_.string() + "' failed",
-                  n < 0 ? errno : ENOSPC);
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  if (const int error = write_fully(fd_, bytes.data(), bytes.size()))
+    fail_output(what_, target_, "writing its temporary '" + temporary_.string() + "' failed",
+                error);
 }
 
 void OutputFile::commit() {
@@ -210,10 +221,8 @@ void OutputFile::commit() {
     throw;
   }
   if (!durable_) return;
-  const int directory = ::open(directory_of(target_).c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC);
-  const int synced = directory < 0 ? errno : ::fsync(directory) != 0 ? errno : 0;
-  if (directory >= 0) ::close(directory);
-  if (synced) fail_output(what_, target_, "fsync of its directory after the rename failed", synced);
+  if (const int error = fsync_directory(directory_of(target_)))
+    fail_output(what_, target_, "fsync of its directory after the rename failed", error);
 }
 
 void write_file(const fs::path& target, std::string_view contents, std::string_view what) {
@@ -255,16 +264,7 @@ AppendFile::~AppendFile() {
 }
 
 int AppendFile::append(std::string_view lines) noexcept {
-  const char* p = lines.data();
-  std::size_t bytes = lines.size();
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd_, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return n < 0 ? errno : ENOSPC;
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-  return 0;
+  return write_fully(fd_, lines.data(), lines.size());
 }
 
 }  // namespace lockstep::core

@@ -117,6 +117,45 @@ inline CLI::Validator model_name() {
   return one_of(std::move(names));
 }
 
+// --checkpoint, --allow-partial-weights and --model of the programs that
+// load a checkpoint or a weights file into a preset (lockstep-export,
+// lockstep-predict; Note [weights files] in engine/checkpoint.h). Without
+// `language_models`, the GPT presets are refused while parsing. `partial_note`
+// ends --allow-partial-weights' help with what else records a partial load.
+inline void add_weights_flags(CLI::App& app, std::string& checkpoint, bool& allow_partial,
+                              std::string& model, bool language_models,
+                              const std::string& partial_note) {
+  app.add_option("--checkpoint", checkpoint,
+                 "a lockstep checkpoint, or a PyTorch state_dict under /model (docs/models.md): "
+                 "every parameter and buffer of the model, nothing left over")
+      ->required()
+      ->check(non_empty() & CLI::ExistingFile);
+  app.add_flag("--allow-partial-weights", allow_partial,
+               "load the entries the model and the file both have, keep the model's others as "
+               "initialised, and say what was skipped" +
+                   partial_note);
+  std::string presets;
+  for (const engine::ModelPreset& p : engine::model_presets())
+    if (!p.language_model || language_models)
+      presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
+                             core::shape_str(p.sample_shape));
+  CLI::Option* option =
+      app.add_option("--model", model, "the preset the checkpoint was trained as: " + presets)
+          ->required()
+          ->check(model_name());
+  if (!language_models)
+    option->check(CLI::Validator(
+        [](std::string& name) -> std::string {
+          return engine::model_preset(name).language_model
+                     ? name +
+                           " is a language model: this program takes the image and feature "
+                           "presets (sample a language model with lockstep-train "
+                           "--sample-tokens, or call engine::Predictor::predict with tokens)"
+                     : "";
+        },
+        "", "not a language model"));
+}
+
 // The programs' --threads: the CPU GEMM library's threads; the library
 // itself from the environment's LOCKSTEP_CPU_GEMM (onednn or openblas; Note
 // [CPU GEMM libraries] in kernels/gemm.h), the build's default without it;

@@ -141,21 +141,8 @@ int main(int argc, char** argv) {
       "statistics). Image presets trained on u8 images take raw 0-255 pixel floats: the\n"
       "graph divides by 255 and normalises as the checkpoint records (docs/deploy.md);\n"
       "GPT presets take int64 tokens. See docs/deploy.md for ONNX Runtime and trtexec.");
-  app.add_option("--checkpoint", f.checkpoint,
-                 "a lockstep checkpoint, or a PyTorch state_dict under /model (docs/models.md): "
-                 "every parameter and buffer of the model, nothing left over")
-      ->required()
-      ->check(non_empty() & CLI::ExistingFile);
-  app.add_flag("--allow-partial-weights", f.allow_partial_weights,
-               "load the entries the model and the file both have, keep the model's others as "
-               "constructed, and say what was skipped (also in the file's metadata_props)");
-  std::string presets;
-  for (const ModelPreset& p : model_presets())
-    presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
-                           core::shape_str(p.sample_shape));
-  app.add_option("--model", f.model, "the preset the checkpoint was trained as: " + presets)
-      ->required()
-      ->check(model_name());
+  add_weights_flags(app, f.checkpoint, f.allow_partial_weights, f.model, true,
+                    " (also in the file's metadata_props)");
   app.add_option("--out", f.out, "the ONNX file to write")->required()->check(non_empty());
   app.add_option("--opset", f.opset,
                  fmt::format("ONNX opset, {} to {}", kOnnxMinOpset, kOnnxMaxOpset))

@@ -81,12 +81,6 @@ int run(const Flags& f, comm::World& world) {
         "lockstep-predict runs as one process, but it was started as {} ranks (run it without "
         "mpirun or srun)",
         world.size()));
-  if (model_preset(f.model).language_model)
-    throw InvalidArgument(fmt::format(
-        "--model {} is a language model, and lockstep-predict takes image and feature presets "
-        "on labelled shards (sample a language model with lockstep-train --sample-tokens, or call "
-        "engine::Predictor::predict with its tokens)",
-        f.model));
   use_cpu_threads(f.threads, true);
   const io::Dataset data = io::Dataset::open(f.data);
   PredictorOptions options{.device = world.device(),
@@ -158,22 +152,7 @@ int main(int argc, char** argv) {
       "inputs preprocessed as lockstep-train preprocessed them: u8 inputs / 255, and the\n"
       "--normalize the checkpoint records. --out gets one JSON line a sample:\n"
       "{\"sample\": 0, \"class\": 7, \"label\": 7, \"logits\": [...]}. See docs/deploy.md.");
-  app.add_option("--checkpoint", f.checkpoint,
-                 "a lockstep checkpoint, or a PyTorch state_dict under /model (docs/models.md): "
-                 "every parameter and buffer of the model, nothing left over")
-      ->required()
-      ->check(non_empty() & CLI::ExistingFile);
-  app.add_flag("--allow-partial-weights", f.allow_partial_weights,
-               "load the entries the model and the file both have, keep the model's others as "
-               "initialised, and say what was skipped");
-  std::string presets;
-  for (const ModelPreset& p : model_presets())
-    if (!p.language_model)
-      presets += fmt::format("{}{} (input {})", presets.empty() ? "" : ", ", p.name,
-                             core::shape_str(p.sample_shape));
-  app.add_option("--model", f.model, "the preset the checkpoint was trained as: " + presets)
-      ->required()
-      ->check(model_name());
+  add_weights_flags(app, f.checkpoint, f.allow_partial_weights, f.model, false, "");
   app.add_option("--data", f.data, "the shards to predict (a directory of *.h5, or one .h5)")
       ->required()
       ->check(non_empty() & CLI::ExistingPath);

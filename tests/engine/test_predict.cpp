@@ -9,12 +9,12 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint_file.h"
 #include "engine/models.h"
-#include "engine/nn/batchnorm.h"
 #include "engine/optim/sgd.h"
 #include "engine/parameter_store.h"
 #include "engine/predict.h"
 #include "io/dataset.h"
 #include "io/shard_writer.h"
+#include "tests/support/batch_norms.h"
 #include "tests/temp_dir.h"
 
 using namespace lockstep;
@@ -22,23 +22,6 @@ using namespace lockstep::engine;
 using Catch::Contains;
 
 namespace {
-
-// Running statistics away from (0, 1) and an affine away from (1, 0), so
-// that a train-mode forward (batch statistics) is far from an eval-mode one.
-void perturb_batch_norms(Module& m, std::mt19937& rng) {
-  std::uniform_real_distribution<float> mean(-0.5f, 0.5f), var(0.5f, 2.0f), scale(0.5f, 1.5f);
-  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) {
-    auto fill = [&](core::Tensor& t, std::uniform_real_distribution<float>& d) {
-      float* p = t.data_as<float>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng);
-    };
-    fill(bn->running_mean()->value, mean);
-    fill(bn->running_var()->value, var);
-    fill(bn->weight()->value, scale);
-    fill(bn->bias()->value, mean);
-  }
-  for (Module* child : m.children()) perturb_batch_norms(*child, rng);
-}
 
 // A model of `preset` with random weights, its checkpoint (with `input` as
 // its input record) written under `dir`; the model stays on the CPU for the
@@ -57,7 +40,7 @@ Reference reference(const std::string& preset, const std::filesystem::path& dir,
   r.store = std::make_unique<ParameterStore>(*r.model, core::Device::cpu());
   SGD sgd(*r.store, single_group(*r.store, 0.1, 0.0));
   std::mt19937 rng(5);
-  perturb_batch_norms(*r.model, rng);
+  test::perturb_batch_norms(*r.model, rng);
   TrainingState state;
   if (input) state.input = input->fields();
   const CheckpointDirectory checkpoints(dir, 1, CheckpointStart::fresh);

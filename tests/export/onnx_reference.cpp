@@ -18,10 +18,10 @@
 #include "engine/checkpoint_file.h"
 #include "engine/input_record.h"
 #include "engine/models.h"
-#include "engine/nn/batchnorm.h"
 #include "engine/optim/sgd.h"
 #include "engine/parameter_store.h"
 #include "io/image_transform.h"
+#include "tests/support/batch_norms.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -32,23 +32,6 @@ void write_raw(const std::filesystem::path& path, const void* data, std::size_t 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
   if (!out) throw IoError("cannot write " + path.string());
-}
-
-// Running statistics away from (0, 1) and an affine away from (1, 0), so that
-// a mapping that dropped or swapped any of them would be seen.
-void perturb_batch_norms(Module& m, std::mt19937& rng) {
-  std::uniform_real_distribution<float> mean(-0.5f, 0.5f), var(0.5f, 2.0f), scale(0.5f, 1.5f);
-  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) {
-    auto fill = [&](core::Tensor& t, std::uniform_real_distribution<float>& d) {
-      float* p = t.data_as<float>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng);
-    };
-    fill(bn->running_mean()->value, mean);
-    fill(bn->running_var()->value, var);
-    fill(bn->weight()->value, scale);
-    fill(bn->bias()->value, mean);
-  }
-  for (Module* child : m.children()) perturb_batch_norms(*child, rng);
 }
 
 // "[7,1,28,28]": one word, read as JSON by check_onnx.py.
@@ -98,7 +81,7 @@ int main(int argc, char** argv) {
     ParameterStore store(*model, core::Device::cpu());
     SGD sgd(store, single_group(store, 0.1, 0.0));
     std::mt19937 rng(static_cast<std::uint32_t>(seed));
-    perturb_batch_norms(*model, rng);
+    test::perturb_batch_norms(*model, rng);
     std::optional<InputRecord> record;
     if (argc == 6) {
       const std::vector<float> normalize = parse_float_list(argv[5], "NORMALIZE");

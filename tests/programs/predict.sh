@@ -80,8 +80,12 @@ assert any(n["logits"] != r["logits"] for n, r in zip(plain, logits))
 print("predict.sh: %d of 50 correct, as printed (%s)" % (correct, printed))
 PY
 
-refused "--model gpt-tiny is a language model" "$predict" --checkpoint "$ckpt" --model gpt-tiny \
-  --data "$work/val" --out "$work/g.jsonl" --device cpu
+# A language model is refused while the flags are parsed (CLI11's exit 105).
+rc=0
+"$predict" --checkpoint "$ckpt" --model gpt-tiny --data "$work/val" --out "$work/g.jsonl" \
+  --device cpu >"$work/refused.log" 2>&1 || rc=$?
+[ "$rc" -eq 105 ] || { cat "$work/refused.log" >&2; fail "--model gpt-tiny: exit $rc, not 105"; }
+expect "$work/refused.log" "gpt-tiny is a language model"
 refused "conv1.weight" "$predict" --checkpoint "$ckpt" --model cnn --data "$work/val" \
   --out "$work/c.jsonl" --device cpu
 refused "--normalize 0.5: 1 numbers" "$predict" --checkpoint "$ckpt" --model mlp \
