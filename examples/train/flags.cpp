@@ -41,6 +41,14 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
       ->capture_default_str();
   app.add_option("--dropout", f.dropout, "dropout of the GPT presets (nanoGPT's places)")
       ->capture_default_str();
+  app.add_option("--width-divisor", f.width_divisor,
+                 "divide the preset's inner widths by N (its channels, hidden features or "
+                 "embedding width): the same depth, names and input at a fraction of the cost, "
+                 "for a quick trial of a recipe; 1 is the preset itself")
+      ->capture_default_str();
+  app.add_flag("--zero-init-residual", f.zero_init_residual,
+               "resnet, resnet50: start the last BatchNorm weight of every residual block at 0 "
+               "(torchvision's zero_init_residual, as NVIDIA's ResNet-50 recipe does)");
   auto* sample_tokens =
       app.add_option("--sample-tokens", f.sample_tokens,
                      "GPT presets: after training, print this many greedily generated tokens")
@@ -105,6 +113,11 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
                  "with the step, phase and time, for liveness checks (docs/container.md)");
   app.add_option("--log-level", f.log_level, "quiet, warn, info or debug")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads per rank (the CPU GEMM library's)")
+      ->capture_default_str();
+  app.add_option("--loader-threads", f.loader_threads,
+                 "threads per rank reading, decoding and augmenting batches (bench_loader "
+                 "--device cuda says how many a GPU's rate needs; the summary says when the "
+                 "loader set the pace)")
       ->capture_default_str();
   auto* trace = app.add_option("--trace", f.trace,
                                "write a timeline of each rank to DIR/rank-<r>.json (Perfetto; "
@@ -180,6 +193,8 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   app.get_option("--log-every")->check(within(1, kMaxSteps));
   app.get_option("--log-level")->check(one_of({"quiet", "warn", "info", "debug"}));
   app.get_option("--threads")->check(threads_per_rank());
+  app.get_option("--loader-threads")->check(threads_per_rank());
+  app.get_option("--width-divisor")->check(within(1, 4096));
   app.get_option("--trace")->check(non_empty());
   app.get_option("--trace-steps")->check(step_window());
   CLI11_PARSE(app, argc, argv);
@@ -195,6 +210,7 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
     for (const char* flag : {"--sample-tokens",
                              "--prompt",
                              "--dropout",
+                             "--zero-init-residual",
                              "--epochs",
                              "--steps",
                              "--accum",

@@ -49,7 +49,8 @@ std::optional<DType> autocast_for(const std::string& precision) {
 std::map<std::string, std::string> settings(const Flags& f, std::int64_t global_batch,
                                             const io::Dataset& data) {
   std::map<std::string, std::string> fields{
-      {"model", f.model},
+      {"model",
+       f.width_divisor == 1 ? f.model : fmt::format("{} width/{}", f.model, f.width_divisor)},
       {"optimizer",
        fmt::format("{} lr={} momentum={} weight_decay={} no_decay_bias_norm={}", f.optimizer, f.lr,
                    f.momentum, f.weight_decay, f.no_decay_bias_norm)},
@@ -124,6 +125,39 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
         "{} {} holds windows of {} tokens, longer than --model {}'s context of {} + 1 (write "
         "them with a smaller --seq)",
         flag, path, format.sample_shape[0], preset.name, preset.sample_shape[0]));
+}
+
+// Note [classes from the data]: resnet50's preset has ImageNet's 1000
+// classes, but a recipe is as often run on a subset or another dataset. With
+// --loss cross-entropy and a dataset that names its classes (the classes.txt
+// lockstep-shard images writes), --model resnet50 gets as many outputs as it
+// names, and the header says so. Without a classes.txt the preset's count
+// stays (labels are checked against it). The other presets keep theirs:
+// their class counts are their datasets' (10 for Fashion-MNIST and CIFAR).
+// lockstep-predict and lockstep-export build the preset's count: they read
+// such a checkpoint only once they take the count from its fc weight.
+struct ClassChoice {
+  std::int64_t classes = 0;  // make_model's: 0 for the preset's
+  std::string note;          // for the header's model line; "": the preset's count
+};
+
+ClassChoice choose_classes(const ModelPreset& preset, const std::string& loss,
+                           const io::Dataset& data, const std::string& flag) {
+  const auto named = static_cast<std::int64_t>(data.class_names().size());
+  if (preset.name != "resnet50" || loss != "cross-entropy" || named == 0 || named == preset.classes)
+    return {};
+  return {named, fmt::format("{} classes, as {}'s {} names them (the preset has {})", named, flag,
+                             data.class_names_file().filename().string(), preset.classes)};
+}
+
+// The header's model line: "resnet50", or with what changed it ("resnet50,
+// 3 classes, as --data's classes.txt names them (...), widths / 16").
+std::string model_text(const Flags& f, const ClassChoice& classes) {
+  std::string text = f.model;
+  if (!classes.note.empty()) text += ", " + classes.note;
+  if (f.width_divisor != 1) text += fmt::format(", widths / {}", f.width_divisor);
+  if (f.zero_init_residual) text += ", zero-init residual";
+  return text;
 }
 
 // Note [augment recipes]: --augment names how training images are cropped
@@ -272,6 +306,38 @@ std::shared_ptr<Loss> loss_for(const Flags& f) {
   return make_loss(f.loss);
 }
 
+// Note [loader pace]: the step's "data" part (core::trace::Breakdown) is the
+// time the main thread waited in the loader's next() for a batch that was
+// not ready yet. A CUDA step ends with the loss read back, so the GPU has
+// nothing queued while the host waits: that wait is the device idling for
+// want of data. Summed over the run's steps after its first (which waits
+// for the loader's start), its share of the step time says who set the
+// pace: at 10% or more, the loader (more --loader-threads, or a cheaper
+// pipeline); below, the model. Printed before the summary.
+struct LoaderPace {
+  std::int64_t steps = 0, first_step = 0, last_step = 0;
+  double wait_ms = 0, step_ms = 0;
+
+  void add(std::int64_t step, double step_wait_ms, double total_ms) {
+    if (steps++ == 0) first_step = step;
+    last_step = step;
+    wait_ms += step_wait_ms;
+    step_ms += total_ms;
+  }
+  std::string text(int loader_threads, const std::string& device) const {
+    const double share = step_ms > 0 ? wait_ms / step_ms : 0.0;
+    return fmt::format(
+        "loader pace: the steps waited for data {:.1f}% of their time (steps {}-{}, {} loader "
+        "thread{} a rank): {}",
+        100 * share, first_step, last_step, loader_threads, loader_threads == 1 ? "" : "s",
+        share >= 0.1 ? fmt::format("the loader, not the {}, set the pace (raise --loader-threads; "
+                                   "bench_loader --device cuda --threads-sweep says how many "
+                                   "a GPU needs)",
+                                   device)
+                     : fmt::format("the step's compute on the {} set the pace", device));
+  }
+};
+
 // An evaluation's line on the console and its metrics record: bits per
 // token for a language model, the accuracy where the loss has it.
 // `where` opens the console line ("epoch 2", "step 40"), `fields` the record.
@@ -311,7 +377,9 @@ int evaluate_only(const Flags& flags, comm::World& world) {
   const ModelPreset& preset = model_preset(f.model);
   io::Dataset val_data = io::Dataset::open(f.val_data, open_options(f));
   check_data_fits(preset, f.loss, val_data, "--val-data", f.val_data);
-  std::unique_ptr<Module> model = make_model(f.model, 0.0f);
+  const ClassChoice classes = choose_classes(preset, f.loss, val_data, "--val-data");
+  std::unique_ptr<Module> model =
+      make_model(f.model, 0.0f, false, f.width_divisor, false, classes.classes);
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
@@ -326,7 +394,7 @@ int evaluate_only(const Flags& flags, comm::World& world) {
                .rank = world.rank(),
                .shuffle = false,
                .drop_last = false};
-  v.threads = 2;
+  v.threads = f.loader_threads;
   v.device = device;
   v.stream = stream;
   v.images = image_options(f, preset, val_data, false);
@@ -334,7 +402,7 @@ int evaluate_only(const Flags& flags, comm::World& world) {
       val_data.format().input_dtype == DType::u8 && !preset.language_model && !v.images.enabled();
   if (world.rank() == 0 && !preset.language_model && preset.sample_shape.size() == 3)
     fmt::print("input: {}\n", input_text(f, input, val_data, {}, v.images, false));
-  v.num_classes = preset.classes;
+  v.num_classes = classes.classes > 0 ? classes.classes : preset.classes;
   io::DataLoader loader(val_data, v);
   StepOptions options;
   options.loss = loss_for(f);
@@ -420,8 +488,10 @@ int run(const Flags& flags, comm::World& world) {
     io::check_same_classes(train_data, "--data " + f.data, *val_data,  // Note [same classes]
                            "--val-data " + f.val_data);
   }
+  const ClassChoice classes = choose_classes(preset, f.loss, train_data, "--data");
   std::unique_ptr<Module> model =
-      make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing);
+      make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing,
+                 f.width_divisor, f.zero_init_residual, classes.classes);
   initialize(*model, f.seed);
   // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]);
   // ZeRO-3 lays the units out for the world (Note [parameter units]).
@@ -456,7 +526,7 @@ int run(const Flags& flags, comm::World& world) {
                             .rank = world.rank(),
                             .shuffle = f.shuffle == "on",
                             .seed = f.seed};
-  loader_options.threads = 2;
+  loader_options.threads = f.loader_threads;
   loader_options.device = device;
   loader_options.stream = stream;
   // u8 inputs (images of bytes) are scaled to [0, 1]; f16 and f32 ones are
@@ -464,7 +534,7 @@ int run(const Flags& flags, comm::World& world) {
   loader_options.images = image_options(f, preset, train_data, true);
   loader_options.scale_u8 = train_data.format().input_dtype == DType::u8 &&
                             !preset.language_model && !loader_options.images.enabled();
-  loader_options.num_classes = preset.classes;
+  loader_options.num_classes = classes.classes > 0 ? classes.classes : preset.classes;
   const io::ImageOptions eval_images = image_options(f, preset, train_data, false);
   const InputRecord input_record{
       .scale_u8 = loader_options.scale_u8 || loader_options.images.enabled(),
@@ -585,7 +655,7 @@ int run(const Flags& flags, comm::World& world) {
     val_loader.emplace(*val_data, v);
   }
   RunHeader header{.program = "lockstep-train",
-                   .model = f.model,
+                   .model = model_text(f, classes),
                    .device_reason = explain_device(device, f.device, "--device"),
                    .threads = f.threads,
                    .loader_threads = loader_options.threads,
@@ -619,6 +689,7 @@ int run(const Flags& flags, comm::World& world) {
   eta.start(trainer.steps());
   const std::int64_t first_step = trainer.steps() + 1;
   if (f.profile) core::trace::enable_profile();  // from the first step on
+  LoaderPace pace;
 
   bool stopped = false;
   // Note [one record per evaluation]: --val-every's evaluation at an epoch's
@@ -634,6 +705,7 @@ int run(const Flags& flags, comm::World& world) {
       const std::int64_t samples = r->samples / tokens_per_window;
       const double samples_per_s = static_cast<double>(samples) / r->seconds;
       report->record_step(r->step, r->loss, samples, r->seconds, r->skipped);
+      if (r->step > first_step) pace.add(r->step, r->breakdown.data_wait_ms, 1e3 * r->seconds);
       heartbeat.beat(r->step, "training");
       // Rank 0's breakdown and device memory; the summary gives every rank's peak.
       const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
@@ -715,6 +787,8 @@ int run(const Flags& flags, comm::World& world) {
         "profile of rank 0: spans by name over {:.3f} s from step {} on (a span's time "
         "also counts in the spans around it)\n{}",
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
+  if (lead && pace.steps > 0)
+    fmt::print("{}\n", pace.text(loader_options.threads, device.is_cuda() ? "GPU" : "CPU"));
   report->finish();  // "stopped at step N" after a stop, "done at step N" otherwise
   heartbeat.beat(trainer.steps(), stopped ? "stopped" : "done");
   return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error
