@@ -1,17 +1,24 @@
 // CausalSelfAttention (engine/nn/attention.h), with its CPU head products
 // blocked by query rows so that they skip the masked upper triangle (Note
 // [blocked causal attention]) and run on q, k, v where c_attn wrote them
-// (Note [heads in place]).
+// (Note [heads in place]); on CUDA, cuDNN's fused attention where it applies
+// (Note [fused attention]).
 #include "engine/nn/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/core/dispatch.h"
+#include "engine/core/log.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "kernels/attention.h"
+#include "kernels/conv.h"
 #include "kernels/gemm.h"
 
 namespace lockstep::engine {
@@ -222,10 +229,151 @@ void causal_columns(const HeadShape& hs, const HeadOperand& w, const HeadOperand
   });
 }
 
+// Note [fused attention]: on CUDA the attention core (scores, causal
+// softmax, PV and their backward) is cuDNN's fused SDPA (kernels/sdpa.h)
+// when all of these hold, checked in this order by fused_attention_refusal
+// and choose_fused:
+//   - the device is CUDA and the compute type bf16 or f16 (autocast);
+//   - attention dropout does nothing (p = 0, or not training): cuDNN's
+//     dropout would draw other bits than Note [dropout keys];
+//   - this build has cudnn-frontend (kernels::sdpa_built());
+//   - the shape passes the host rules (kernels::sdpa_shape_refusal: D a
+//     multiple of 8 up to 128) and c_attn's output is 16-byte aligned;
+//   - cuDNN has a plan for the forward and, when the forward keeps for
+//     backward, for the backward, deterministic under kernels::deterministic()
+//     (--deterministic, --rank-invariant).
+// Otherwise the unfused path runs, as it does for f32 and on the CPU. The
+// fused forward reads q, k, v in c_attn's rows and writes O as rows (Note
+// [sdpa layouts]): no head moves, no [B * H, T, T] scores. It keeps qkv, O
+// (c_proj's input, which c_proj keeps anyway) and the f32 log-sum-exp
+// [B, H, T]: at gpt2's shapes 604 MB less per block than probs_ and
+// weights_. Which path ran: a trace has the span "attention" with detail
+// "cudnn sdpa" or "unfused" (CUDA only), and the first choice of each kind
+// is logged once at info, a refusal with its reason.
+// The two paths agree within a few low-type ulps, not in bits: cuDNN
+// rescales its online softmax per key block, rounds P to the low type per
+// block, and takes the backward's row term from O (low type) rather than
+// sum P dP in f32 (tests/engine/gpu/test_sdpa_gpu.cpp). Its default
+// backward adds dQ's parts with atomics, so it is deterministic only with
+// the deterministic algorithm.
+
+void log_choice_once(bool fused, const std::string& text) {
+  static std::atomic<bool> fused_logged{false}, unfused_logged{false};
+  std::atomic<bool>& logged = fused ? fused_logged : unfused_logged;
+  if (!logged.exchange(true)) core::log_info("CausalSelfAttention: {}", text);
+}
+
+[[noreturn]] void fused_on_cpu() {
+  throw InvalidArgument("CausalSelfAttention: the fused attention runs on CUDA only");
+}
+
 }  // namespace
 
+std::string fused_attention_refusal(core::Device device, bool dropout_active,
+                                    const kernels::SdpaShape& s) {
+  if (!device.is_cuda()) return "not on CUDA";
+  if (s.type != DType::bf16 && s.type != DType::f16)
+    return std::string("compute type ") + dtype_name(s.type) + " (autocast bf16 or f16 fuses)";
+  if (dropout_active) return "attention dropout is active";
+  if (!kernels::sdpa_built()) return "built without cudnn-frontend (scripts/install-deps.sh)";
+  return kernels::sdpa_shape_refusal(s);
+}
+
+bool CausalSelfAttention::choose_fused(const kernels::SdpaShape& s, const core::Tensor& qkv,
+                                       bool backward_too, bool deterministic) const {
+  const bool dropout_active = attn_dropout_p_ > 0.0f && attn_dropout_->training();
+  std::string why = fused_attention_refusal(qkv.device(), dropout_active, s);
+  if (why.empty() && reinterpret_cast<std::uintptr_t>(qkv.data()) % 16 != 0)
+    why = "c_attn's output is not 16-byte aligned";
+  if (why.empty()) {
+    core::set_current_device(qkv.device());  // the plans are per device
+    if (kernels::cuda::sdpa_supported(s, kernels::SdpaPass::forward, false, &why) && backward_too)
+      kernels::cuda::sdpa_supported(s, kernels::SdpaPass::backward, deterministic, &why);
+  }
+  // Refusals an f32 or CPU run always has are not news; the others are.
+  if (!why.empty()) {
+    if (qkv.device().is_cuda() && (s.type == DType::bf16 || s.type == DType::f16))
+      log_choice_once(false, "unfused attention on CUDA (" + why + ")");
+    return false;
+  }
+  log_choice_once(true, "cuDNN fused attention (cudnn-frontend " +
+                            kernels::sdpa_frontend_version() + ", cuDNN " +
+                            std::to_string(kernels::cuda::cudnn_runtime_version()) +
+                            "), first at " + dtype_name(s.type) + " B " + std::to_string(s.batch) +
+                            " H " + std::to_string(s.heads) + " T " + std::to_string(s.seq) +
+                            " D " + std::to_string(s.head_dim));
+  return true;
+}
+
+core::Tensor CausalSelfAttention::forward_fused(const core::Tensor& qkv,
+                                                const kernels::SdpaShape& s, bool deterministic,
+                                                Context& ctx) {
+  const core::Device device = qkv.device();
+  const core::Tensor y =
+      core::Tensor::empty({s.batch, s.seq, s.width()}, s.type, device, ctx.stream);
+  const core::Tensor stats =
+      core::Tensor::empty({s.batch, s.heads, s.seq}, DType::f32, device, ctx.stream);
+  {
+    core::trace::Span span;
+    span.open("attention", "cudnn sdpa", "module", &ctx.stream);
+    core::dispatch_stream(device, ctx.stream, fused_on_cpu, [&](const core::Stream& stream) {
+      const std::size_t bytes =
+          kernels::cuda::sdpa_workspace_bytes(s, kernels::SdpaPass::forward, false);
+      const core::Tensor workspace =
+          core::Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, device, stream);
+      kernels::cuda::sdpa_forward(s, qkv.data(), y.data(), stats.data_as<float>(), workspace.data(),
+                                  bytes, stream.handle());
+    });
+  }
+  core::Tensor out = resid_dropout_->forward(c_proj_->forward(y, ctx), ctx);
+  if (keeps_for_backward(ctx)) {
+    qkv_heads_ = qkv;
+    out_ = y;
+    stats_ = stats;
+    fused_ = true;
+    deterministic_ = deterministic;
+    batch_ = s.batch;
+    seq_ = s.seq;
+  } else {
+    qkv_heads_ = out_ = stats_ = probs_ = weights_ = core::Tensor();
+  }
+  return out;
+}
+
+core::Tensor CausalSelfAttention::backward_fused(const core::Tensor& dy, Context& ctx) {
+  const DType type = qkv_heads_.dtype();
+  const core::Device device = qkv_heads_.device();
+  const kernels::SdpaShape s{batch_, num_heads_, seq_, head_dim_, type};
+  core::Tensor g = c_proj_->backward(resid_dropout_->backward(dy, ctx), ctx);
+  c_proj_->report_ready(ctx);
+  const core::Tensor dout = as_type(g, type, ctx.stream);
+  const core::Tensor dqkv =
+      core::Tensor::empty({batch_, seq_, 3 * embed_dim_}, type, device, ctx.stream);
+  {
+    core::trace::Span span;
+    span.open("attention", "cudnn sdpa", "module", &ctx.stream);
+    core::dispatch_stream(device, ctx.stream, fused_on_cpu, [&](const core::Stream& stream) {
+      const std::size_t bytes =
+          kernels::cuda::sdpa_workspace_bytes(s, kernels::SdpaPass::backward, deterministic_);
+      const core::Tensor workspace =
+          core::Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, device, stream);
+      kernels::cuda::sdpa_backward(s, deterministic_, qkv_heads_.data(), out_.data(), dout.data(),
+                                   stats_.data_as<float>(), dqkv.data(), workspace.data(), bytes,
+                                   stream.handle());
+    });
+  }
+  qkv_heads_ = out_ = stats_ = core::Tensor();
+  fused_ = false;
+  core::Tensor dx = c_attn_->backward(dqkv, ctx);
+  c_attn_->report_ready(ctx);
+  return dx;
+}
+
 CausalSelfAttention::CausalSelfAttention(std::int64_t embed_dim, std::int64_t heads, float dropout)
-    : Module("CausalSelfAttention"), embed_dim_(embed_dim), num_heads_(heads) {
+    : Module("CausalSelfAttention"),
+      embed_dim_(embed_dim),
+      num_heads_(heads),
+      attn_dropout_p_(dropout) {
   if (embed_dim <= 0 || heads <= 0 || embed_dim % heads != 0)
     throw InvalidArgument("CausalSelfAttention(embed_dim=" + std::to_string(embed_dim) +
                           ", heads=" + std::to_string(heads) +
@@ -248,6 +396,12 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   const core::Tensor qkv = c_attn_->forward(x, ctx);  // [B, T, 3C] in the compute type
   const DType type = qkv.dtype();
   const core::Device device = x.device();
+  const kernels::SdpaShape sdpa{batch, num_heads_, seq, head_dim_, type};
+  const bool deterministic = kernels::deterministic();
+  if (choose_fused(sdpa, qkv, keeps_for_backward(ctx), deterministic))
+    return forward_fused(qkv, sdpa, deterministic, ctx);  // Note [fused attention]
+  std::optional<core::trace::Span> span;                  // reset where the core ends
+  if (device.is_cuda()) span.emplace().open("attention", "unfused", "module", &ctx.stream);
   const HeadShape hs{batch, seq, num_heads_, head_dim_, type, device};
   const core::Tensor heads = hs.from_rows(qkv, 3, ctx.stream);  // Note [heads in place]
 
@@ -275,8 +429,11 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
   causal_rows(hs, hs.scores(weights), hs.operand(heads, 3, 2), hs.operand(y_heads, 1, 0),
               ctx.stream);
   const core::Tensor y = hs.to_rows(y_heads, 1, ctx.stream);
+  span.reset();
   core::Tensor out = resid_dropout_->forward(c_proj_->forward(y, ctx), ctx);
 
+  fused_ = false;
+  out_ = stats_ = core::Tensor();
   if (keeps_for_backward(ctx)) {
     qkv_heads_ = heads;
     probs_ = probs;
@@ -292,6 +449,7 @@ core::Tensor CausalSelfAttention::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor CausalSelfAttention::backward(const core::Tensor& dy, Context& ctx) {
   if (!qkv_heads_.defined()) no_forward_error();
   check_gradient(dy, {batch_, seq_, embed_dim_}, qkv_heads_.device());
+  if (fused_) return backward_fused(dy, ctx);  // Note [fused attention]
   const std::int64_t bh = batch_ * num_heads_, seq = seq_;
   const DType type = qkv_heads_.dtype();
   const core::Device device = qkv_heads_.device();
