@@ -61,6 +61,16 @@ constexpr int kAttempts = 10;
 constexpr std::int64_t kWordsPerSample = 4 * kAttempts + 1;
 constexpr double kCenterFraction = 0.875;  // 224 of 256, torchvision's ImageNet evaluation
 
+// Python's round(x), which torchvision's RandomResizedCrop rounds sides with:
+// to the nearest integer, halves to even (std::round takes halves away from
+// zero: round(2.5) is 2 in Python, 3 there). Sides land on a half in the
+// fallback at ratio ranges other than ImageNet's (2 x 1.25).
+double round_half_even(double x) {
+  const double lower = std::floor(x), fraction = x - lower;
+  if (fraction != 0.5) return fraction < 0.5 ? lower : lower + 1;
+  return std::fmod(lower, 2.0) == 0.0 ? lower : lower + 1;
+}
+
 const char* crop_name(CropKind kind) {
   switch (kind) {
     case CropKind::center:
@@ -208,8 +218,8 @@ CropBox choose_crop(const ImageOptions& o, std::int64_t source_height, std::int6
     const float* a = u + 4 * attempt;
     const double target = area * (o.scale_min + (o.scale_max - o.scale_min) * a[0]);
     const double aspect = std::exp(log_min + (log_max - log_min) * a[1]);
-    const auto w = static_cast<std::int64_t>(std::round(std::sqrt(target * aspect)));
-    const auto h = static_cast<std::int64_t>(std::round(std::sqrt(target / aspect)));
+    const auto w = static_cast<std::int64_t>(round_half_even(std::sqrt(target * aspect)));
+    const auto h = static_cast<std::int64_t>(round_half_even(std::sqrt(target / aspect)));
     if (w > 0 && w <= source_width && h > 0 && h <= source_height) {
       box.y = static_cast<double>(pick(a[2], source_height - h));
       box.x = static_cast<double>(pick(a[3], source_width - w));
@@ -222,9 +232,9 @@ CropBox choose_crop(const ImageOptions& o, std::int64_t source_height, std::int6
   const double in_ratio = width / height;
   std::int64_t w = source_width, h = source_height;
   if (in_ratio < o.ratio_min)
-    h = static_cast<std::int64_t>(std::round(width / o.ratio_min));
+    h = static_cast<std::int64_t>(round_half_even(width / o.ratio_min));
   else if (in_ratio > o.ratio_max)
-    w = static_cast<std::int64_t>(std::round(height * o.ratio_max));
+    w = static_cast<std::int64_t>(round_half_even(height * o.ratio_max));
   box.y = static_cast<double>((source_height - h) / 2);
   box.x = static_cast<double>((source_width - w) / 2);
   box.h = static_cast<double>(h);
