@@ -9,7 +9,12 @@
 // (lockstep-shard images) it measures images/s decoded and augmented
 // (random-resized-crop, flip, normalisation) by the loader, against
 // TurboJPEG's decode alone on the same threads and, with --torch-python,
-// torchvision's DataLoader with as many worker processes (image_bench).
+// torchvision's DataLoader with as many worker processes (image_bench); with
+// --threads-sweep, the loader's images/s at each of several thread counts,
+// delivered to the device that --device names (on cuda: pinned buffers and
+// the loader's copy stream, normalised on the GPU), and how many threads a
+// rate such as ResNet-50's on one GPU (--target-images-per-s) needs
+// (thread_sweep).
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <hdf5.h>
@@ -17,6 +22,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -239,6 +245,101 @@ double decode_epoch(const std::vector<std::vector<std::uint8_t>>& files, int thr
   return static_cast<double>(files.size()) / seconds_since(start);
 }
 
+// The training pipeline of ImageNet recipes (random-resized-crop to `size`,
+// flip, ImageNet's normalisation) for images of `channels`.
+io::ImageOptions imagenet_pipeline(std::int64_t channels, std::int64_t size) {
+  io::ImageOptions images{.channels = channels,
+                          .height = size,
+                          .width = size,
+                          .crop = io::CropKind::random_resized,
+                          .flip = true,
+                          .mean = {0.485f, 0.456f, 0.406f},
+                          .std = {0.229f, 0.224f, 0.225f},
+                          .seed = 1};
+  if (channels == 1) images.mean = {0.5f}, images.std = {0.25f};
+  return images;
+}
+
+// Note [thread sweep]: one loader per thread count, each timed over whole
+// epochs after one that warms it (threads started, pinned buffers made,
+// pages cached), batches delivered where training takes them: host tensors
+// on the cpu; on cuda u8 batches copied from pinned buffers on the loader's
+// stream and normalised on the consumer's, which is synchronised before the
+// clock stops. The rate a GPU's step consumes (ResNet-50 at batch 256 in
+// fp16 on an H200: about 3000 images/s) is met by the fewest threads whose
+// median reaches it; when none does, the best rate per thread says how many
+// would at that rate, an estimate (a loader scales by threads until the
+// cores, memory bandwidth or the copy run out).
+int thread_sweep(const io::Dataset& data, std::int64_t batch, const std::vector<int>& sweep,
+                 int trials, std::int64_t size, core::Device device, double target_images_per_s,
+                 const std::string& json_path) {
+  warm_page_cache(data);
+  std::vector<std::uint8_t> first;
+  data.read_encoded(0, first);
+  io::DecodedImage image;
+  io::decode_image(first, image);
+  const core::Stream consumer = core::Stream::create(device);
+  fmt::print(
+      "bench_loader (images, thread sweep): {} encoded images ({} x {} x {} first), batch {}, "
+      "random-resized-crop to {} x {}, flip, normalise, delivered to {}; median of {} epochs "
+      "after a warm one; {} threads (hardware)\n",
+      data.size(), image.channels, image.height, image.width, batch, size, size, device.str(),
+      trials, std::thread::hardware_concurrency());
+  fmt::print("{:>8} {:>12} {:>12} {:>14}\n", "threads", "images/s", "per thread", "consumer wait");
+  bench::JsonLines json(json_path);
+  std::optional<int> enough;
+  double best_per_thread = 0;
+  for (const int threads : sweep) {
+    io::LoaderOptions options{.sampler = {.micro_batch = batch, .seed = 1},
+                              .threads = threads,
+                              .device = device,
+                              .stream = consumer};
+    options.images = imagenet_pipeline(image.channels, size);
+    io::DataLoader loader(data, options);
+    const double per_epoch = static_cast<double>(loader.batches_per_epoch() * batch);
+    std::vector<double> rates;
+    for (int t = 0; t <= trials; ++t) {
+      const auto start = Clock::now();
+      loader.start_epoch(t);
+      while (loader.next()) {
+      }
+      consumer.synchronize();
+      if (t > 0) rates.push_back(per_epoch / seconds_since(start));
+    }
+    const double rate = median(rates);
+    const io::LoaderStats stats = loader.stats();
+    const double wait_ms =
+        1e3 * stats.wait_s / static_cast<double>(std::max<std::int64_t>(1, stats.batches));
+    best_per_thread = std::max(best_per_thread, rate / threads);
+    if (!enough && rate >= target_images_per_s) enough = threads;
+    fmt::print("{:>8} {:>12.0f} {:>12.0f} {:>11.2f} ms\n", threads, rate, rate / threads, wait_ms);
+    json.write(
+        {bench::field("bench", "loader_images_threads"), bench::field("device", device.str()),
+         bench::field("threads", static_cast<long long>(threads)),
+         bench::field("batch", static_cast<long long>(batch)),
+         bench::field("size", static_cast<long long>(size)), bench::field("images_per_s", rate),
+         bench::field("images_per_s_per_thread", rate / threads),
+         bench::field("consumer_wait_ms_per_batch", wait_ms),
+         bench::field("target_images_per_s", target_images_per_s)});
+  }
+  const int estimate =
+      best_per_thread > 0 ? static_cast<int>(std::ceil(target_images_per_s / best_per_thread)) : 0;
+  if (enough)
+    fmt::print("{} images/s (--target-images-per-s) needs {} loader thread{} a GPU here\n",
+               target_images_per_s, *enough, *enough == 1 ? "" : "s");
+  else
+    fmt::print(
+        "{} images/s (--target-images-per-s): no thread count tried reaches it; at the best rate "
+        "per thread ({:.0f} images/s) it would take about {} threads\n",
+        target_images_per_s, best_per_thread, estimate);
+  json.write({bench::field("bench", "loader_images_threads_needed"),
+              bench::field("device", device.str()),
+              bench::field("target_images_per_s", target_images_per_s),
+              bench::field("threads_needed", enough),
+              bench::field("threads_estimated", static_cast<long long>(estimate))});
+  return 0;
+}
+
 // The image mode (encoded-image shards): the loader's decoded and augmented
 // images/s against the decode alone and torchvision's DataLoader.
 int image_bench(const io::Dataset& data, std::int64_t batch, int threads, int trials,
@@ -250,15 +351,7 @@ int image_bench(const io::Dataset& data, std::int64_t batch, int threads, int tr
   io::DecodedImage image;
   io::decode_image(first, image);
   io::LoaderOptions options{.sampler = {.micro_batch = batch, .seed = 1}, .threads = threads};
-  options.images = {.channels = image.channels,
-                    .height = size,
-                    .width = size,
-                    .crop = io::CropKind::random_resized,
-                    .flip = true,
-                    .mean = {0.485f, 0.456f, 0.406f},
-                    .std = {0.229f, 0.224f, 0.225f},
-                    .seed = 1};
-  if (image.channels == 1) options.images.mean = {0.5f}, options.images.std = {0.25f};
+  options.images = imagenet_pipeline(image.channels, size);
   io::DataLoader loader(data, options);
   const double per_epoch = static_cast<double>(loader.batches_per_epoch() * batch);
   std::vector<std::vector<std::uint8_t>> files(static_cast<std::size_t>(data.size()));
@@ -352,6 +445,18 @@ int main(int argc, char** argv) {
   app.add_option("--torch-src", torch_src,
                  "encoded images: the ImageFolder tree the shards were packed from")
       ->check(examples::non_empty());
+  std::vector<int> threads_sweep;
+  double target_images_per_s = 3000;
+  app.add_option("--threads-sweep", threads_sweep,
+                 "encoded images: images/s delivered to --device at each of these loader thread "
+                 "counts (e.g. 1,2,4,8,16), and how many reach --target-images-per-s")
+      ->delimiter(',')
+      ->check(examples::threads_per_rank());
+  app.add_option("--target-images-per-s", target_images_per_s,
+                 "with --threads-sweep: the rate one GPU's step consumes (ResNet-50 at batch 256, "
+                 "fp16, on an H200: about 3000)")
+      ->capture_default_str()
+      ->check(examples::within(1, 1e7));
   // What each flag accepts (examples/common/flags.h), checked while parsing.
   app.get_option("--data")->check(examples::non_empty());
   app.get_option("--batch")->check(examples::within(1, examples::kMaxRows));
@@ -370,6 +475,14 @@ int main(int argc, char** argv) {
     if (batch > data.size())
       throw InvalidArgument(fmt::format("--batch {} is more than the {} samples of --data {}",
                                         batch, data.size(), data_dir));
+    if (!threads_sweep.empty() && !data.format().encoded)
+      throw InvalidArgument(fmt::format(
+          "--threads-sweep times the image pipeline, but --data {} holds {} (write encoded-image "
+          "shards with lockstep-shard images)",
+          data_dir, data.format().str()));
+    if (!threads_sweep.empty())
+      return thread_sweep(data, batch, threads_sweep, trials, image_size, device,
+                          target_images_per_s, json_path);
     if (data.format().encoded)
       return image_bench(data, batch, threads, trials, image_size, torch_python, torch_src,
                          json_path);

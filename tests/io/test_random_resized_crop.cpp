@@ -1,17 +1,15 @@
 // io::choose_crop's random-resized-crop against torchvision's algorithm:
-// torchvision.transforms.RandomResizedCrop.get_params (torchvision 0.20,
-// transforms.py) transcribed below in float64, Python's round (half to even)
-// and floor division included, fed the same uniforms the library draws
-// (Note [keyed augmentation]: Philox at (seed, 0xA06 << 48 + epoch), 41 a
-// sample). Only the source of randomness is not torchvision's: torch.randint
-// (0, n + 1) is taken as floor(u (n + 1)) of a uniform, as the library takes
-// it. Every box must be the reference's exactly: the ten attempts, the
-// bounds test, and the fallback (the whole image cut to the nearest allowed
-// aspect ratio, centred), at ImageNet's defaults and at other ranges.
-// torchvision draws its uniforms and takes the log of the ratio range in
-// float32; the library and this reference compute in float64 from the same
-// float32 uniforms, so a box could differ from torchvision's own by a pixel
-// only where a side lands within float32 rounding of a half.
+// torchvision.transforms.RandomResizedCrop.get_params
+// (torchvision/transforms/transforms.py) transcribed below in float64, Python's round (half to
+// even) and floor division included, fed the same uniforms the library draws (Note [keyed
+// augmentation]: Philox at (seed, 0xA06 << 48 + epoch), 41 a sample). Only the source of randomness
+// is not torchvision's: torch.randint (0, n + 1) is taken as floor(u (n + 1)) of a uniform, as the
+// library takes it. Every box must be the reference's exactly: the ten attempts, the bounds test,
+// and the fallback (the whole image cut to the nearest allowed aspect ratio, centred), at
+// ImageNet's defaults and at other ranges. torchvision draws its uniforms and takes the log of the
+// ratio range in float32; the library and this reference compute in float64 from the same float32
+// uniforms, so a box could differ from torchvision's own by a pixel only where a side lands within
+// float32 rounding of a half.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
