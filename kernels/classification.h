@@ -8,6 +8,9 @@
 // A label outside [0, classes) that is not ignore_index is an error on the
 // CPU; on CUDA (which cannot throw from a kernel) such a row is not counted,
 // and the data loader is what checks labels against the model's classes.
+//
+// softmax_xent_fused is the loss, its gradient and the accuracy in one call
+// over logits of their own dtype (Note [fused cross-entropy]).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +40,25 @@ void softmax_xent_backward(const ClassificationShape& s, const float* probs, con
 // correct: f32[1], rows whose largest logit (first on ties) is the label.
 void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
                    float* correct);
+
+// Note [fused cross-entropy]: llm.c's fused classifier. One call takes logits
+// [rows, classes] of `logits_type` (f32, f16 or bf16), the labels and dloss
+// (the gradient of the objective with respect to the mean loss, known before
+// the forward: the step's loss scale / micro-batches), and writes
+//   loss, count: as softmax_xent_forward (count: rows not ignored);
+//   correct:     as count_correct, of the logits as given (nullptr: not wanted);
+//   dlogits:     as softmax_xent_backward's dlogits, rounded to logits_type
+//                (to nearest even), which is what the unfused composition
+//                forward -> backward -> cast gives.
+// dlogits may be logits: the gradient overwrites the logits in place, every
+// statistic of a row (its max, f64 sum of exponentials, label logit, argmax,
+// f64 sum of logits for smoothing) being taken before any of it is written.
+// This CPU version is that composition (widen to f32, softmax_xent_forward,
+// count_correct, softmax_xent_backward, narrow): the reference the CUDA
+// kernel is held to (tests/gpu/test_gpu_fused_xent.cpp).
+void softmax_xent_fused(const ClassificationShape& s, DType logits_type, const void* logits,
+                        const void* labels, float dloss, void* dlogits, float* loss, float* count,
+                        float* correct);
 }  // namespace cpu
 
 namespace cuda {
@@ -51,6 +73,20 @@ void softmax_xent_backward(const ClassificationShape& s, const float* probs, con
                            const float* count, float dloss, float* dlogits, CudaStream stream);
 void count_correct(const ClassificationShape& s, const float* logits, const void* labels,
                    float* correct, void* workspace, CudaStream stream);
+
+// Note [fused cross-entropy], on the device: a one-block pre-pass counts the
+// labels (the gradient's scale is dloss / count), one 256-thread block per row
+// reads the row once for its statistics (16-byte loads from the row's first
+// 16-byte boundary, scalar head and tail: any classes, any row alignment) and
+// once more to write the gradient, and one block adds the rows' losses and hits
+// in a fixed order (f64). Deterministic; no f32 copy of the logits, no host
+// synchronisation. rows must be below 2^31 (one block each).
+inline std::size_t fused_xent_workspace_bytes(std::int64_t rows) {
+  return static_cast<std::size_t>(3 * rows) * sizeof(float);
+}
+void softmax_xent_fused(const ClassificationShape& s, DType logits_type, const void* logits,
+                        const void* labels, float dloss, void* dlogits, float* loss, float* count,
+                        float* correct, void* workspace, CudaStream stream);
 }  // namespace cuda
 
 }  // namespace lockstep::kernels

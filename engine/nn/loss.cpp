@@ -3,12 +3,15 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
+#include "engine/core/trace.h"
 #include "kernels/classification.h"
 #include "kernels/elementwise_loss.h"
 
@@ -64,12 +67,22 @@ std::string CrossEntropyLoss::describe() const {
 
 core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core::Tensor& labels_in,
                                        Context& ctx) {
+  const std::optional<float> dloss = std::exchange(expected_dloss_, std::nullopt);
+  // Counted before as_rows adds holders of its own: 1 is the caller's tensor
+  // alone, which Note [gradient in the forward] lets the loss overwrite.
+  const bool only_holder = logits_in.defined() && logits_in.storage().use_count() == 1;
+  probs_ = labels_ = dlogits_ = correct_ = core::Tensor();
   // Named tensors, not a structured binding: lambdas below capture them, which
   // clang 14 (the fuzz build) does not allow for bindings.
   const auto rows = as_rows(logits_in, labels_in);
   const core::Tensor& logits = rows.first;
   const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
+  // Note [cross-entropy paths]: fused on CUDA for f16/bf16 with a backward announced.
+  if (dloss && logits.device().is_cuda() &&
+      (logits.dtype() == DType::bf16 || logits.dtype() == DType::f16))
+    return fused_forward(logits, labels, only_holder, *dloss, ctx);
+  path_ = "f32";
   auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
   s.label_smoothing = label_smoothing_;
   const core::Tensor x = as_f32(logits, ctx.stream);
@@ -93,7 +106,55 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   return loss;
 }
 
+core::Tensor CrossEntropyLoss::fused_forward(const core::Tensor& logits, const core::Tensor& labels,
+                                             bool in_place, float dloss, Context& ctx) {
+  auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
+  s.label_smoothing = label_smoothing_;
+  const core::Device device = logits.device();
+  // In place, a gpt2 step keeps one bf16 [rows, classes] tensor here (824 MB
+  // at 8192 x 50304) where the f32 path kept the logits, an f32 copy and the
+  // f32 probabilities (4.1 GB).
+  dlogits_ =
+      in_place ? logits : core::Tensor::empty(logits.shape(), logits.dtype(), device, ctx.stream);
+  count_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  correct_ = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  core::Tensor loss = core::Tensor::empty({1}, DType::f32, device, ctx.stream);
+  const DType type = logits.dtype();
+  const void* in = logits.data();
+  void* out = dlogits_.data();
+  float *loss_out = loss.data_as<float>(), *count = count_.data_as<float>(),
+        *correct = correct_.data_as<float>();
+  core::dispatch(
+      device, ctx.stream,
+      [&] {
+        kernels::cpu::softmax_xent_fused(s, type, in, labels.data(), dloss, out, loss_out, count,
+                                         correct);
+      },
+      [&](kernels::CudaStream stream) {
+        const auto words =
+            static_cast<std::int64_t>((kernels::cuda::fused_xent_workspace_bytes(s.rows) + 3) / 4);
+        core::Tensor workspace = core::Tensor::empty({words}, DType::f32, device, ctx.stream);
+        kernels::cuda::softmax_xent_fused(s, type, in, labels.data(), dloss, out, loss_out, count,
+                                          correct, workspace.data(), stream);
+      });
+  fused_dloss_ = dloss;
+  logits_dtype_ = type;
+  path_ = in_place ? "fused in place" : "fused";
+  core::trace::instant(in_place ? "cross-entropy fused in place" : "cross-entropy fused", "loss");
+  return loss;
+}
+
 core::Tensor CrossEntropyLoss::backward(float dloss, Context& ctx) {
+  if (dlogits_.defined()) {  // Note [cross-entropy paths]: the fused forward's gradient
+    if (dloss != fused_dloss_)
+      throw InvalidArgument(fmt::format(
+          "CrossEntropyLoss: backward(dloss={}) after a forward that computed the gradient for "
+          "dloss={} (expect_backward's); announce the dloss that backward will be given",
+          dloss, fused_dloss_));
+    core::Tensor dlogits = dlogits_.reshape(logits_shape_);
+    dlogits_ = core::Tensor();
+    return dlogits;
+  }
   if (!probs_.defined())
     throw InvalidArgument(
         "CrossEntropyLoss: backward without a forward (run forward once before each backward)");
@@ -262,6 +323,14 @@ core::Tensor WeightedLosses::backward(float, Context&) {
   throw InvalidArgument(
       "WeightedLosses: backward(dloss) gives one gradient per output; call "
       "backward_named(dloss, ctx), as the step and the Trainer do");
+}
+
+void WeightedLosses::expect_backward(float dloss) {
+  for (const Term& t : terms_) {
+    const auto readers = std::count_if(terms_.begin(), terms_.end(),
+                                       [&](const Term& u) { return u.output == t.output; });
+    if (readers == 1) t.loss->expect_backward(dloss * t.weight);
+  }
 }
 
 const core::Tensor& WeightedLosses::counted_rows() const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ class Loss {
   // The output's gradient, in the output's dtype and shape, given dloss: the
   // gradient of the objective with respect to the last forward's loss.
   virtual core::Tensor backward(float dloss, Context& ctx) = 0;
+  // Note [gradient in the forward]: a promise from the caller about the next
+  // forward only: backward(dloss) with this dloss follows it, and the caller
+  // reads the output it passes to it no more (the data-parallel step makes
+  // it; evaluation does not). A loss may then compute its gradient in that
+  // forward, over the output's memory when nothing else holds it
+  // (CrossEntropyLoss over f16/bf16 logits on CUDA, Note [fused
+  // cross-entropy]). By default it is ignored.
+  virtual void expect_backward(float /*dloss*/) {}
   // Rows the last forward counted: one-element f32 on the output's device.
   virtual const core::Tensor& counted_rows() const = 0;
   // Evaluation's metric: the counted rows whose prediction is right (one-element
@@ -89,6 +98,9 @@ class WeightedLosses final : public Loss {
   core::Tensor forward(const core::Tensor& output, const core::Tensor& targets,
                        Context& ctx) override;
   core::Tensor backward(float dloss, Context& ctx) override;
+  // Passes dloss * weight on to each term whose output no other term reads
+  // (a term that overwrote a shared output would change the other's input).
+  void expect_backward(float dloss) override;
   const core::Tensor& counted_rows() const override;
   core::Tensor forward_named(const core::NamedTensors& outputs, const core::NamedTensors& batch,
                              Context& ctx) override;
@@ -111,25 +123,52 @@ class WeightedLosses final : public Loss {
 // [d0, ..., classes] with labels [d0, ...] count every position as a row (a
 // language model's mean over batch x sequence). label_smoothing e in [0, 1]
 // trains towards (1 - e) onehot + e / classes, as PyTorch's.
+//
+// Note [cross-entropy paths]: the forward after expect_backward(dloss), on
+// CUDA, over f16 or bf16 logits (autocast's), is the fused one
+// (kernels::cuda::softmax_xent_fused): loss, accuracy and the gradient for
+// that dloss in one pass, written over the logits when the caller's tensor is
+// the only holder of their memory (else into a new tensor of their dtype), and
+// backward returns it. Every other forward (f32 logits, the CPU, a forward
+// with no backward announced, as in evaluation) computes f32 probabilities
+// from an f32 copy of the logits and backward the gradient from them, cast
+// back to the logits' dtype. path() says which ran; a trace has an instant
+// "cross-entropy fused ..." per fused forward.
 class CrossEntropyLoss final : public Loss {
  public:
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100, float label_smoothing = 0.0f);
   std::string describe() const override;
   core::Tensor forward(const core::Tensor& logits, const core::Tensor& labels,
                        Context& ctx) override;
-  // dlogits, in the logits' dtype.
+  // dlogits, in the logits' dtype. After a fused forward, dloss must be the
+  // one expect_backward gave (InvalidArgument otherwise).
   core::Tensor backward(float dloss, Context& ctx) override;
+  void expect_backward(float dloss) override { expected_dloss_ = dloss; }
   const core::Tensor& counted_rows() const override { return count_; }
   // Rows whose largest logit is the label (engine::count_correct).
   core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,
                              const core::Stream& stream) override;
+  // The last forward's path (Note [cross-entropy paths]): "fused in place",
+  // "fused" (into a new tensor) or "f32"; "none" before any forward.
+  const char* path() const { return path_; }
+  // The counted rows whose first largest logit is the label, as the last
+  // forward found them when it was fused (one-element f32 on the logits'
+  // device; the logits may be overwritten since); undefined otherwise.
+  const core::Tensor& fused_correct() const { return correct_; }
 
  private:
+  core::Tensor fused_forward(const core::Tensor& logits, const core::Tensor& labels, bool in_place,
+                             float dloss, Context& ctx);
+
   std::int64_t ignore_index_;
   float label_smoothing_;
   core::Tensor probs_, labels_, count_;
   core::Shape logits_shape_;
   DType logits_dtype_ = DType::f32;
+  std::optional<float> expected_dloss_;  // for the next forward only
+  core::Tensor dlogits_, correct_;       // a fused forward's
+  float fused_dloss_ = 0.0f;             // the dloss dlogits_ is for
+  const char* path_ = "none";
 };
 
 // A loss of each element of the prediction against the target of the same

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
+#include "kernels/detail/cpu_convert.h"
 #include "kernels/detail/vector_softmax.h"
 #include "kernels/error.h"
 
@@ -96,6 +98,23 @@ void count_correct(const ClassificationShape& s, const float* logits, const void
     hits += best == label;
   }
   *correct = static_cast<float>(hits);
+}
+
+// The composition Note [fused cross-entropy] defines; every step is an op
+// above or a conversion of kernels/half.h, so its bits are the unfused path's.
+void softmax_xent_fused(const ClassificationShape& s, DType logits_type, const void* logits,
+                        const void* labels, float dloss, void* dlogits, float* loss, float* count,
+                        float* correct) {
+  if (logits_type != DType::f32 && logits_type != DType::f16 && logits_type != DType::bf16)
+    throw InvalidArgument(std::string("cross-entropy: logits are ") + dtype_name(logits_type) +
+                          ", expected f32, f16 or bf16");
+  const std::int64_t n = s.rows * s.classes;
+  std::vector<float> x(static_cast<std::size_t>(n)), probs(static_cast<std::size_t>(n));
+  detail::widen(logits, logits_type, n, x.data());
+  softmax_xent_forward(s, x.data(), labels, probs.data(), loss, count);
+  if (correct) count_correct(s, x.data(), labels, correct);
+  softmax_xent_backward(s, probs.data(), labels, count, dloss, probs.data());
+  detail::narrow(probs.data(), n, logits_type, dlogits);
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -1,5 +1,6 @@
 // Cross-entropy, MSE and the accuracy count against hand-computed values and
-// finite differences.
+// finite differences; the fused cross-entropy's CPU twin against PyTorch's
+// float64 formula and the unfused path's bits.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,7 +11,10 @@
 #include <vector>
 
 #include "engine/nn/loss.h"
+#include "kernels/classification.h"
+#include "kernels/half.h"
 #include "support/gradcheck.h"
+#include "support/xent_cases.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -239,4 +243,90 @@ TEST_CASE("losses are made by their program names, and others are refused naming
                     Catch::Contains("[2, 3]") && Catch::Contains("[2, 2]"));
   CHECK_THROWS_WITH(mse.forward(test::random_f32({2}, 1), labels({0, 1}), ctx),
                     Catch::Contains("must be f32, f16 or bf16"));
+}
+
+TEST_CASE("the fused cross-entropy's cpu twin matches PyTorch's float64 formula over 16-bit logits",
+          "[engine][loss]") {
+  // kernels::cpu::softmax_xent_fused (Note [fused cross-entropy]) against
+  // F.cross_entropy(x, y, ignore_index=-100, label_smoothing=e) in float64
+  // (tests/support/xent_cases.h), at odd shapes (13 and 1001 classes, 7 and 11
+  // rows) and gpt2's vocabulary, with ignored rows, ties and i32 and i64
+  // labels. dloss is a loss scale over 3 micro-batches, 2^16 / 3.
+  // Tolerances: the loss to 1e-6 relative (f32 exponentials within 2 ulp
+  // summed in f64, so each row's log-sum-exp is within 2.4e-7, and each row's
+  // loss is rounded to f32); the count and the hits exactly. Each gradient
+  // element is f32 arithmetic on probabilities and targets <= 1 (within
+  // 2^-20 x scale absolute, scale = dloss / count), then rounded to nearest
+  // in its dtype: within 2^-8 (bf16) or 2^-11 (f16) of itself relative, plus
+  // f16's subnormal half-spacing 2^-25.
+  struct Shape {
+    std::int64_t rows, classes;
+  };
+  for (const Shape shape : {Shape{7, 1001}, Shape{11, 13}, Shape{3, 50304}}) {
+    for (const DType type : {DType::bf16, DType::f16}) {
+      for (const float e : {0.0f, 0.1f}) {
+        const DType label_type = shape.classes == 13 ? DType::i32 : DType::i64;
+        INFO(shape.rows << " x " << shape.classes << " " << dtype_name(type) << ", smoothing "
+                        << e);
+        const test::XentCase c =
+            test::make_xent_case(shape.rows, shape.classes, type, label_type, -100, 5);
+        const float dloss = 65536.0f / 3.0f;
+        const kernels::ClassificationShape s{shape.rows, shape.classes, -100, label_type, e};
+        std::vector<std::uint16_t> grad(c.bits.size());
+        float loss = 0, count = 0, correct = 0;
+        kernels::cpu::softmax_xent_fused(s, type, c.bits.data(), c.label_bytes.data(), dloss,
+                                         grad.data(), &loss, &count, &correct);
+        const test::XentReference want =
+            test::xent_reference(c.values, c.labels, shape.classes, -100, e, dloss);
+        CHECK(loss == Approx(want.loss).epsilon(1e-6));
+        CHECK(count == want.count);
+        CHECK(correct == want.correct);
+        CHECK(want.correct >= 1);  // the rows labelled with their argmax
+        const double scale = dloss / want.count;
+        const double rel = type == DType::bf16 ? 0x1p-8 : 0x1p-11;
+        const double sub = type == DType::f16 ? 0x1p-25 : 0.0;
+        for (std::size_t k = 0; k < grad.size(); ++k) {
+          const float got = type == DType::bf16 ? kernels::bf16_bits_to_f32(grad[k])
+                                                : kernels::f16_bits_to_f32(grad[k]);
+          const double f32_error = 0x1p-20 * scale;
+          const double tol = rel * (std::fabs(want.grad[k]) + f32_error) + f32_error + sub;
+          INFO("element " << k << ": twin " << got << ", float64 " << want.grad[k]);
+          REQUIRE(std::fabs(got - want.grad[k]) <= tol);
+        }
+        // In place (dlogits = logits) gives the same bits.
+        std::vector<std::uint16_t> in_place = c.bits;
+        kernels::cpu::softmax_xent_fused(s, type, in_place.data(), c.label_bytes.data(), dloss,
+                                         in_place.data(), &loss, &count, &correct);
+        CHECK(in_place == grad);
+      }
+    }
+  }
+}
+
+TEST_CASE("the fused twin is the cpu cross-entropy's forward, backward and cast, bit for bit",
+          "[engine][loss]") {
+  // Note [fused cross-entropy] defines the fused result as the unfused path's;
+  // on the CPU CrossEntropyLoss keeps that path (Note [cross-entropy paths]),
+  // announced backward or not.
+  const std::int64_t rows = 9, classes = 1001;
+  const test::XentCase c = test::make_xent_case(rows, classes, DType::bf16, DType::i64, -100, 8);
+  const core::Tensor logits =
+      core::Tensor::from_host(c.bits.data(), {rows, classes}, DType::bf16, core::Device::cpu());
+  const float dloss = 0.25f;
+  const kernels::ClassificationShape s{rows, classes, -100, DType::i64, 0.1f};
+  std::vector<std::uint16_t> grad(c.bits.size());
+  float loss = 0, count = 0, correct = 0;
+  kernels::cpu::softmax_xent_fused(s, DType::bf16, c.bits.data(), c.labels.data(), dloss,
+                                   grad.data(), &loss, &count, &correct);
+  CrossEntropyLoss ce(-100, 0.1f);
+  Context ctx;
+  ce.expect_backward(dloss);
+  CHECK(ce.forward(logits, labels(c.labels), ctx).to_vector<float>()[0] == loss);
+  CHECK(std::string(ce.path()) == "f32");
+  CHECK(ce.counted_rows().to_vector<float>()[0] == count);
+  const core::Tensor d = ce.backward(dloss, ctx);
+  REQUIRE(d.dtype() == DType::bf16);
+  CHECK(d.to_vector<std::uint16_t>() == grad);
+  CHECK(count_correct(logits, labels(c.labels), {}).to_vector<float>()[0] == correct);
+  CHECK(logits.to_vector<std::uint16_t>() == c.bits);  // the CPU path leaves the logits alone
 }
