@@ -11,6 +11,7 @@
 #include "engine/core/trace.h"
 #include "engine/nn/attention.h"
 #include "engine/nn/checkpointed.h"
+#include "engine/nn/gpt_block.h"
 
 namespace lockstep::engine {
 namespace {
@@ -28,10 +29,8 @@ std::unique_ptr<Module> block(const GptConfig& c) {
   mlp.emplace<GELU>("gelu", true);
   mlp.emplace<Linear>("c_proj", 4 * c.embed_dim, c.embed_dim);
   mlp.emplace<Dropout>("dropout", c.dropout);
-  auto b = std::make_unique<Sequential>();
-  b->add("", std::make_unique<Residual>(std::move(attn_branch), nullptr));
-  b->add("", std::make_unique<Residual>(std::move(mlp_branch), nullptr));
-  return b;
+  // Note [fused block]: the Sequential of two Residuals, fused under autocast on CUDA.
+  return std::make_unique<GptBlock>(std::move(attn_branch), std::move(mlp_branch));
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -72,6 +71,7 @@ void GPT::build_children(const GptConfig& c) {
   blocks_->trace_children();  // Note [module spans]
   ln_f_ = &static_cast<LayerNorm&>(
       add_child("transformer.ln_f", std::make_unique<LayerNorm>(c.embed_dim, 1e-5f)));
+  ln_f_->set_autocast_output(true);  // it feeds lm_head: Note [low-type LayerNorm]
   Parameter& table = *wte_->own_parameters().front();
   lm_head_ = &static_cast<Linear&>(add_child("lm_head", std::make_unique<Linear>(table, false)));
 }
