@@ -7,6 +7,12 @@ gpt2 are nanoGPT's GPT with its fused attention path
 computes the same masked softmax(QK^T / sqrt(D)) V); tied head.
 
 usage: echo 50 | torch_step.py --model mlp --batch 128 --precision fp32 --device cpu --threads 1
+
+ResNet-50 as NGC's users time it (NVIDIA DeepLearningExamples' "--amp
+--memory-format nhwc"): --precision fp16 (torch.autocast with GradScaler) or
+bf16 (autocast alone), --channels-last (the model's weights and the input
+batch in torch.channels_last, so cuDNN runs NHWC kernels) and
+--cudnn-benchmark (cuDNN autotunes each convolution in the warm-up steps).
 """
 import argparse
 import json
@@ -176,6 +182,10 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--channels-last", action="store_true",
+                   help="image models: weights and inputs in torch.channels_last (NHWC)")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="torch.backends.cudnn.benchmark = True: cuDNN autotunes in the warm-up steps")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -183,6 +193,11 @@ def main():
     device = torch.device(args.device)
     model, sample_shape, classes = make(args.model)
     model = model.to(device)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    if args.channels_last:  # before the optimizer and any compile see the parameters
+        if len(sample_shape) != 3:
+            raise SystemExit(f"--channels-last: --model {args.model} takes no images (a sample is {sample_shape})")
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if args.model in GPT_PRESETS:  # tokens and one target per position
         x = torch.randint(0, classes, (args.batch, *sample_shape), device=device)
@@ -190,6 +205,8 @@ def main():
     else:
         x = torch.randn(args.batch, *sample_shape, device=device)
         y = torch.randint(0, classes, (args.batch,), device=device)
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
     low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
     scaler = torch.cuda.amp.GradScaler(enabled=args.precision == "fp16" and device.type == "cuda")
     loss_fn = nn.CrossEntropyLoss()
