@@ -236,7 +236,8 @@ void causal_columns(const HeadShape& hs, const HeadOperand& w, const HeadOperand
 //   - the device is CUDA and the compute type bf16 or f16 (autocast);
 //   - attention dropout does nothing (p = 0, or not training): cuDNN's
 //     dropout would draw other bits than Note [dropout keys];
-//   - this build has cudnn-frontend (kernels::sdpa_built());
+//   - this build has cudnn-frontend (kernels::sdpa_built()) and the fused
+//     path is not turned off (kernels::set_fused_attention);
 //   - the shape passes the host rules (kernels::sdpa_shape_refusal: D a
 //     multiple of 8 up to 128) and c_attn's output is 16-byte aligned;
 //   - cuDNN has a plan for the forward and, when the forward keeps for
@@ -276,6 +277,7 @@ std::string fused_attention_refusal(core::Device device, bool dropout_active,
     return std::string("compute type ") + dtype_name(s.type) + " (autocast bf16 or f16 fuses)";
   if (dropout_active) return "attention dropout is active";
   if (!kernels::sdpa_built()) return "built without cudnn-frontend (scripts/install-deps.sh)";
+  if (!kernels::fused_attention()) return "turned off (kernels::set_fused_attention)";
   return kernels::sdpa_shape_refusal(s);
 }
 

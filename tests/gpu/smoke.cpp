@@ -2,7 +2,9 @@
 // run-tests), so that a broken environment costs seconds, not minutes. In
 // order: a GPU is usable; a zero-byte device tensor allocates and frees; a
 // kernel then launches with no CUDA error left behind; a cuBLASLt GEMM runs;
-// a one-rank NCCL world allreduces. Prints one line per check, line-buffered
+// the cuDNN version loaded and whether cuDNN's fused attention has plans at
+// gpt2's shape (printed; their absence is not a failure, the attention then
+// runs unfused); a one-rank NCCL world allreduces. Prints one line per check, line-buffered
 // so that the lines before a hang survive its kill; exits 1 at the first that
 // fails, naming it.
 #include <cuda_runtime_api.h>
@@ -17,6 +19,7 @@
 #include "engine/core/device.h"
 #include "engine/core/ops.h"
 #include "engine/core/tensor.h"
+#include "kernels/sdpa.h"
 
 using namespace lockstep;
 
@@ -61,6 +64,21 @@ void run() {
   no_cuda_error("gemm");
   if (product.to_vector<float>()[0] != 0.0f) fail("gemm", "0 x 0 gave a nonzero value");
   pass("gemm");
+
+  // cuDNN's fused attention at gpt2's shape (B 8, H 12, T 1024, D 64, bf16).
+  std::printf("smoke: cuDNN %zu (cudnnGetVersion)\n", kernels::cuda::cudnn_runtime_version());
+  const kernels::SdpaShape gpt2{8, 12, 1024, 64, DType::bf16};
+  for (auto [pass_kind, deterministic] :
+       {std::pair{kernels::SdpaPass::forward, false}, std::pair{kernels::SdpaPass::backward, false},
+        std::pair{kernels::SdpaPass::backward, true}}) {
+    std::string why;
+    const bool supported = kernels::cuda::sdpa_supported(gpt2, pass_kind, deterministic, &why);
+    no_cuda_error("sdpa");
+    std::printf("smoke: fused attention %s: %s\n",
+                kernels::sdpa_plan_key(0, gpt2, pass_kind, deterministic).str().c_str(),
+                supported ? "supported" : ("not supported (" + why + ")").c_str());
+  }
+  pass("sdpa query");
 
   int argc = 0;
   char** argv = nullptr;
