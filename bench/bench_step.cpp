@@ -227,6 +227,13 @@ int main(int argc, char** argv) {
                  "in the same run; the first fills the table's PyTorch columns)")
       ->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
+  bool torch_channels_last = false, torch_cudnn_benchmark = false;
+  app.add_flag("--torch-channels-last", torch_channels_last,
+               "the PyTorch baseline's image models in torch.channels_last, weights and inputs "
+               "(bench/torch_step.py --channels-last; NGC's ResNet-50 runs NHWC)");
+  app.add_flag("--torch-cudnn-benchmark", torch_cudnn_benchmark,
+               "the PyTorch baseline autotunes cuDNN in its untimed warm-up "
+               "(bench/torch_step.py --cudnn-benchmark)");
   app.add_option("--json", json_path, "write JSON lines here");
   std::string trace_dir;
   app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
@@ -297,9 +304,12 @@ int main(int argc, char** argv) {
     const std::string torch_args =
         fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,
                     precision, device.is_cuda() ? "cuda" : "cpu", threads);
+    const std::string torch_step_args = torch_args +
+                                        (torch_channels_last ? " --channels-last" : "") +
+                                        (torch_cudnn_benchmark ? " --cudnn-benchmark" : "");
     const Measure ours =
         run_lockstep(*world, model, batch, autocast, device, steps, with_floor,
-                     baseline ? pythons : std::vector<std::string>{}, torch_args, threads);
+                     baseline ? pythons : std::vector<std::string>{}, torch_step_args, threads);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
     const std::optional<Baseline> first =
@@ -414,6 +424,8 @@ int main(int argc, char** argv) {
                 bench::field("tokens_per_s", tokens_per_s),
                 bench::field("torch_tokens_per_s", torch_tokens_per_s),
                 bench::field("baselines", std::move(baselines)),
+                bench::field("torch_channels_last", torch_channels_last),
+                bench::field("torch_cudnn_benchmark", torch_cudnn_benchmark),
                 bench::field("no_baseline", ratio ? core::Json() : core::Json(why_none))});
     world->shutdown();
   } catch (const std::exception& e) {
