@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,23 +130,31 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool determ
   return g;
 }
 
-// Validates, lowers and plans `g` (heuristic A's first plan that cuDNN
-// supports), or says at which step and why not.
-Plan build(std::shared_ptr<fe::graph::Graph> g, cudnnHandle_t handle) {
+// Validates, lowers and plans the graph `make` builds (heuristic A's first
+// plan that cuDNN supports), or says at which step and why not. The
+// frontend reports most failures as error_t, but a few of its paths throw
+// (a backend descriptor it cannot create, a library symbol it cannot find):
+// those are refusals too, so that the caller falls back instead of failing.
+Plan build(const std::function<std::shared_ptr<fe::graph::Graph>()>& make, cudnnHandle_t handle) {
   Plan plan;
   const auto failed = [&](const char* step, fe::error_t status) {
     if (status.is_good()) return false;
     plan.refusal = std::string(step) + ": " + status.get_message();
     return true;
   };
-  if (failed("validate", g->validate()) ||
-      failed("build_operation_graph", g->build_operation_graph(handle)) ||
-      failed("create_execution_plans", g->create_execution_plans({fe::HeurMode_t::A})) ||
-      failed("check_support", g->check_support(handle)) ||
-      failed("build_plans", g->build_plans(handle)) ||
-      failed("get_workspace_size", g->get_workspace_size(plan.workspace_bytes)))
-    return plan;
-  plan.graph = std::move(g);
+  try {
+    std::shared_ptr<fe::graph::Graph> g = make();
+    if (failed("validate", g->validate()) ||
+        failed("build_operation_graph", g->build_operation_graph(handle)) ||
+        failed("create_execution_plans", g->create_execution_plans({fe::HeurMode_t::A})) ||
+        failed("check_support", g->check_support(handle)) ||
+        failed("build_plans", g->build_plans(handle)) ||
+        failed("get_workspace_size", g->get_workspace_size(plan.workspace_bytes)))
+      return plan;
+    plan.graph = std::move(g);
+  } catch (const std::exception& e) {
+    plan.refusal = std::string("cudnn-frontend threw: ") + e.what();
+  }
   return plan;
 }
 
@@ -165,9 +175,12 @@ class PlanCache {
     if (plan.refusal.empty()) {
       // The handle's stream is set per execute; building needs none.
       cudnnHandle_t handle = detail::cudnn_handle(nullptr);
-      plan =
-          build(pass == SdpaPass::forward ? forward_graph(s) : backward_graph(s, key.deterministic),
-                handle);
+      plan = build(
+          [&] {
+            return pass == SdpaPass::forward ? forward_graph(s)
+                                             : backward_graph(s, key.deterministic);
+          },
+          handle);
     }
     plan.key = key.str();
     return plans_.emplace(key, std::move(plan)).first->second;
