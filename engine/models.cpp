@@ -95,6 +95,12 @@ BatchNorm2d& last_batchnorm(Sequential& inner, const std::string& name, std::int
   return inner.emplace<BatchNorm2d>(name, channels);
 }
 
+// BatchNorm2d then ReLU as one layer (fused on CUDA, Note [batchnorm paths] in
+// engine/nn/batchnorm.cpp): torchvision's bn and relu, the same state_dict.
+void batchnorm_relu(Sequential& seq, const std::string& name, std::int64_t channels) {
+  seq.emplace<BatchNorm2d>(name, channels, 1e-5, 0.1, true, true, BatchNormActivation::relu);
+}
+
 // The shortcut of a block whose shape changes: torchvision's "downsample", a
 // 1x1 conv with the block's stride and a BatchNorm. Null (identity) otherwise.
 std::unique_ptr<Sequential> downsample(std::int64_t in, std::int64_t out, std::int64_t stride) {
@@ -106,13 +112,14 @@ std::unique_ptr<Sequential> downsample(std::int64_t in, std::int64_t out, std::i
 }
 
 // torchvision's BasicBlock: conv3x3-bn-relu-conv3x3-bn, plus the shortcut
-// (a 1x1 conv and bn, "downsample", when the shape changes), then relu.
+// (a 1x1 conv and bn, "downsample", when the shape changes), then relu. bn1
+// carries its relu; on CUDA bn2, the add and the relu run as one (Note
+// [fused block end] in engine/nn/containers.cpp).
 std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int64_t stride,
                                     bool zero_init_residual) {
   auto inner = std::make_unique<Sequential>();
   inner->emplace<Conv2d>("conv1", in, out, 3, stride, 1, 1, 1, false);
-  inner->emplace<BatchNorm2d>("bn1", out);
-  inner->emplace<ReLU>("relu");
+  batchnorm_relu(*inner, "bn1", out);
   inner->emplace<Conv2d>("conv2", out, out, 3, 1, 1, 1, 1, false);
   last_batchnorm(*inner, "bn2", out, zero_init_residual);
   return std::make_unique<Residual>(std::move(inner), downsample(in, out, stride), "downsample",
@@ -121,17 +128,16 @@ std::unique_ptr<Module> basic_block(std::int64_t in, std::int64_t out, std::int6
 
 // torchvision's Bottleneck as of v1.5 (the stride on the 3x3 conv, not the
 // first 1x1): conv1x1-bn-relu-conv3x3(stride)-bn-relu-conv1x1 to 4x width-bn,
-// plus the shortcut when the shape changes, then relu.
+// plus the shortcut when the shape changes, then relu. bn1 and bn2 carry their
+// relus; on CUDA bn3, the add and the relu run as one (Note [fused block end]).
 std::unique_ptr<Module> bottleneck(std::int64_t in, std::int64_t width, std::int64_t stride,
                                    bool zero_init_residual) {
   const std::int64_t out = 4 * width;
   auto inner = std::make_unique<Sequential>();
   inner->emplace<Conv2d>("conv1", in, width, 1, 1, 0, 1, 1, false);
-  inner->emplace<BatchNorm2d>("bn1", width);
-  inner->emplace<ReLU>("relu1");
+  batchnorm_relu(*inner, "bn1", width);
   inner->emplace<Conv2d>("conv2", width, width, 3, stride, 1, 1, 1, false);
-  inner->emplace<BatchNorm2d>("bn2", width);
-  inner->emplace<ReLU>("relu2");
+  batchnorm_relu(*inner, "bn2", width);
   inner->emplace<Conv2d>("conv3", width, out, 1, 1, 0, 1, 1, false);
   last_batchnorm(*inner, "bn3", out, zero_init_residual);
   return std::make_unique<Residual>(std::move(inner), downsample(in, out, stride), "downsample",
@@ -151,8 +157,7 @@ std::unique_ptr<Module> resnet(bool activation_checkpointing, bool zero_init_res
   const std::int64_t stem = narrow(64, "stem channels");
   auto net = std::make_unique<Sequential>();
   net->emplace<Conv2d>("conv1", 3, stem, 3, 1, 1, 1, 1, false);
-  net->emplace<BatchNorm2d>("bn1", stem);
-  net->emplace<ReLU>("relu");
+  batchnorm_relu(*net, "bn1", stem);
   std::int64_t channels = stem;
   for (int s = 0; s < 4; ++s) {
     const std::int64_t out = stem << s;
@@ -176,8 +181,7 @@ std::unique_ptr<Module> resnet50(bool activation_checkpointing, bool zero_init_r
   const std::int64_t stem = narrow(64, "stem channels");
   auto net = std::make_unique<Sequential>();
   net->emplace<Conv2d>("conv1", 3, stem, 7, 2, 3, 1, 1, false);
-  net->emplace<BatchNorm2d>("bn1", stem);
-  net->emplace<ReLU>("relu");
+  batchnorm_relu(*net, "bn1", stem);
   net->emplace<MaxPool2d>("maxpool", 3, 2, 1);
   const int blocks[] = {3, 4, 6, 3};
   std::int64_t channels = stem;

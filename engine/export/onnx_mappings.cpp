@@ -151,10 +151,14 @@ OnnxValue batch_norm2d(Module& m, const OnnxValue& x, OnnxGraph& g) {
              "has no running statistics (track_running_stats=false normalises by each batch's "
              "statistics in eval mode, which BatchNormalization cannot express)");
   const std::int64_t c = bn.num_features();
-  return g.op("BatchNormalization",
-              {x.name, affine_or(g, bn.weight(), c, 1.0f), affine_or(g, bn.bias(), c, 0.0f),
-               g.buffer(*bn.running_mean()), g.buffer(*bn.running_var())},
-              x.dtype, x.shape, {{"epsilon", static_cast<float>(bn.eps())}});
+  const OnnxValue y =
+      g.op("BatchNormalization",
+           {x.name, affine_or(g, bn.weight(), c, 1.0f), affine_or(g, bn.bias(), c, 0.0f),
+            g.buffer(*bn.running_mean()), g.buffer(*bn.running_var())},
+           x.dtype, x.shape, {{"epsilon", static_cast<float>(bn.eps())}});
+  // A BatchNorm2d with its ReLU (the resnet presets' bn1) is the two nodes.
+  if (bn.activation() == BatchNormActivation::relu) return g.op("Relu", {y.name}, y.dtype, y.shape);
+  return y;
 }
 
 OnnxValue layer_norm(Module& m, const OnnxValue& x, OnnxGraph& g) {

@@ -30,6 +30,13 @@ class Sequential : public Module {
 
   core::Tensor forward(const core::Tensor& x, Context& ctx) override;
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
+  // forward over children [begin, end), and backward over them from end - 1
+  // down to begin, each with forward's and backward's signals and spans: for a
+  // container that runs one child itself (Note [fused block end]).
+  core::Tensor forward_range(const core::Tensor& x, Context& ctx, std::size_t begin,
+                             std::size_t end);
+  core::Tensor backward_range(const core::Tensor& dy, Context& ctx, std::size_t begin,
+                              std::size_t end);
   void set_input_grad(bool on) override;
   // Its children's forward and backward become timeline spans though it is
   // not the root (Note [module spans]): a model's stack of blocks.
@@ -43,7 +50,11 @@ class Sequential : public Module {
 // y = inner(x) + shortcut(x), optionally followed by a ReLU (torchvision's
 // BasicBlock). The inner branch's children are named at this module's level
 // (layer1.0.conv1, not layer1.0.inner.conv1), the shortcut as given
-// ("downsample"); a null shortcut is the identity.
+// ("downsample"); a null shortcut is the identity. On CUDA, an inner branch
+// ending in a BatchNorm2d fuses it with the add and the ReLU (Note [fused
+// block end]).
+class BatchNorm2d;
+
 class Residual : public Module {
  public:
   Residual(std::unique_ptr<Sequential> inner, std::unique_ptr<Module> shortcut,
@@ -59,9 +70,19 @@ class Residual : public Module {
   void set_input_grad(bool on) override;
 
  private:
+  // The inner branch's last child when it can end a fused block: a
+  // BatchNorm2d without activation, with relu_after_add; else null.
+  BatchNorm2d* block_end_batchnorm() const;
+  // The unfused add (mixed types in f32) and ReLU.
+  core::Tensor add_and_relu(const core::Tensor& a, const core::Tensor& b, Context& ctx);
+  // Backward from the gradients of the inner branch's output and the shortcut's.
+  core::Tensor backward_branches(const core::Tensor& dx_inner, const core::Tensor& g_short,
+                                 Context& ctx);
+
   Sequential* inner_;
   Module* shortcut_;  // null: identity
   bool relu_after_add_;
+  bool fused_ = false;   // the last forward ran the fused block end
   core::Tensor output_;  // kept for the ReLU's backward
 };
 

@@ -1,10 +1,14 @@
 // CPU BatchNorm (kernels/batchnorm.h): per channel, two passes in f64 (mean,
 // then squared deviations), so the statistics are as exact as f32 inputs
-// allow. Also the argument checks both backends share.
+// allow. Also the argument checks both backends share, and the fused calls'
+// twin (Note [fused batchnorm]): the unfused f32 ops composed.
 #include <cmath>
 #include <string>
+#include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/batchnorm.h"
+#include "kernels/elementwise.h"
 #include "kernels/error.h"
 
 namespace lockstep::kernels {
@@ -98,6 +102,91 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
 }
 
 void count_batch(std::int64_t* num_batches_tracked) { ++*num_batches_tracked; }
+
+namespace {
+
+void require_fusable(DType type, BatchNormEpilogue epi, const void* identity, const char* op) {
+  if (type != DType::f32 && type != DType::f16 && type != DType::bf16)
+    throw InvalidArgument(std::string(op) + ": dtype " + dtype_name(type) +
+                          " is not supported (use f32, f16 or bf16)");
+  if ((epi == BatchNormEpilogue::add_relu) != (identity != nullptr))
+    throw InvalidArgument(std::string(op) +
+                          ": the identity is given exactly when the epilogue is add_relu");
+}
+
+// `n` values of `type` as f32.
+std::vector<float> to_f32(const void* src, DType type, std::int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  cast(src, type, out.data(), DType::f32, n);
+  return out;
+}
+
+// Today's engine order after the normalisation: + identity, then ReLU, in f32;
+// then the one rounding to `type`.
+void finish_forward(std::vector<float>& y32, DType type, BatchNormEpilogue epi,
+                    const void* identity, void* y) {
+  const auto n = static_cast<std::int64_t>(y32.size());
+  if (epi == BatchNormEpilogue::add_relu) {
+    const std::vector<float> id32 = to_f32(identity, type, n);
+    add(y32.data(), id32.data(), y32.data(), DType::f32, n);
+  }
+  if (epi != BatchNormEpilogue::none)
+    activation_forward(Activation::relu, y32.data(), y32.data(), DType::f32, n);
+  cast(y32.data(), DType::f32, y, type, n);
+}
+
+}  // namespace
+
+void batchnorm_fused_forward_training(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                                      const void* x, const void* identity, const float* weight,
+                                      const float* bias, void* y, float* save_mean,
+                                      float* save_rstd, double momentum, float* running_mean,
+                                      float* running_var) {
+  require_fusable(type, epi, identity, "batchnorm_fused_forward_training");
+  validate_batchnorm(s, true);
+  const std::int64_t n = s.batch * s.channels * s.spatial;
+  const std::vector<float> x32 = to_f32(x, type, n);
+  std::vector<float> y32(static_cast<std::size_t>(n));
+  batchnorm_forward_training(s, x32.data(), weight, bias, y32.data(), save_mean, save_rstd,
+                             momentum, running_mean, running_var);
+  finish_forward(y32, type, epi, identity, y);
+}
+
+void batchnorm_fused_forward_inference(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                                       const void* x, const void* identity, const float* weight,
+                                       const float* bias, const float* running_mean,
+                                       const float* running_var, void* y) {
+  require_fusable(type, epi, identity, "batchnorm_fused_forward_inference");
+  validate_batchnorm(s, false);
+  const std::int64_t n = s.batch * s.channels * s.spatial;
+  const std::vector<float> x32 = to_f32(x, type, n);
+  std::vector<float> y32(static_cast<std::size_t>(n));
+  batchnorm_forward_inference(s, x32.data(), weight, bias, running_mean, running_var, y32.data());
+  finish_forward(y32, type, epi, identity, y);
+}
+
+void batchnorm_fused_backward(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                              const void* x, const void* y, const void* dy, const float* weight,
+                              const float* save_mean, const float* save_rstd, void* dx,
+                              void* d_identity, float* dweight, float* dbias) {
+  require_fusable(type, BatchNormEpilogue::none, nullptr, "batchnorm_fused_backward");
+  if (epi != BatchNormEpilogue::none && !y)
+    throw InvalidArgument("batchnorm_fused_backward: a ReLU epilogue needs forward's output y");
+  validate_batchnorm(s, true);
+  const std::int64_t n = s.batch * s.channels * s.spatial;
+  std::vector<float> g32 = to_f32(dy, type, n);
+  if (epi != BatchNormEpilogue::none) {
+    const std::vector<float> y32 = to_f32(y, type, n);
+    activation_backward(Activation::relu, g32.data(), y32.data(), g32.data(), DType::f32, n);
+  }
+  if (d_identity) cast(g32.data(), DType::f32, d_identity, type, n);
+  const std::vector<float> x32 = to_f32(x, type, n);
+  std::vector<float> dx32(static_cast<std::size_t>(n));
+  std::vector<float> unused(static_cast<std::size_t>(2 * s.channels), 0.0f);
+  batchnorm_backward(s, x32.data(), g32.data(), weight, save_mean, save_rstd, dx32.data(),
+                     dweight ? dweight : unused.data(), dbias ? dbias : unused.data() + s.channels);
+  cast(dx32.data(), DType::f32, dx, type, n);
+}
 
 }  // namespace cpu
 }  // namespace lockstep::kernels

@@ -8,10 +8,24 @@
 // "resultSaveInvVariance" is in fact 1 / sqrt(var + eps): all as PyTorch, so
 // the values pass straight through. The [gpu] tests hold the running
 // statistics to the CPU's (PyTorch's formula) after two steps.
+//
+// The fused calls (Note [fused batchnorm] in the header) are this file's own
+// kernels instead, for three reasons: they take f16/bf16 data (the legacy
+// calls would too, but their fused BN+ReLU / BN+add+ReLU modes need NHWC and
+// SPATIAL_PERSISTENT, and are deprecated); the epilogue costs no pass of its
+// own; and their sums are deterministic by construction (fixed row ranges,
+// fixed-order trees, no atomics), where cuDNN documents no such promise for
+// its backward. Note [batchnorm passes]: forward training reads x twice (the
+// f64 sums, then the normalisation) and writes y once; backward reads x, y
+// and dy twice (the f64 sums of dy and dy (x - mean), then dx) and writes dx
+// (and d_identity). Sums are of x - x[channel's first value], so that a mean
+// far from zero costs no precision in sum(x^2) - sum(x)^2 / n.
 #include <memory>
+#include <string>
 #include <type_traits>
 
 #include "kernels/batchnorm.h"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/check_cudnn.h"
 #include "kernels/cuda/cudnn_handle.h"
@@ -44,11 +58,218 @@ struct Descriptors {
 void validate_for_cudnn(const BatchNormShape& s, bool training) {
   validate_batchnorm(s, training);
   if (s.batch * s.channels * s.spatial > 0x7fffffff)
-    throw InvalidArgument("batchnorm: " + std::to_string(s.batch * s.channels * s.spatial) +
-                          " elements exceed cuDNN's 2^31 - 1 (split the batch)");
+    throw InvalidArgument(
+        "batchnorm: " + std::to_string(s.batch * s.channels * s.spatial) +
+        " elements exceed 2^31 - 1, the 32-bit indexing of cuDNN's calls and of the "
+        "fused kernels (split the batch)");
 }
 
 __global__ void count_batch_kernel(std::int64_t* counter) { ++*counter; }
+
+using detail::kThreads;
+using detail::to_f32;
+
+// The rows [first, end) of batch that block `b` of a partial-sum kernel sums
+// for channel b / splits (Note [batchnorm passes]): every value has one block.
+struct RowRange {
+  std::uint32_t channel, first, end;
+  __device__ RowRange(const BatchNormShape& s, std::int64_t splits) {
+    const std::int64_t k = blockIdx.x % splits;
+    channel = static_cast<std::uint32_t>(blockIdx.x / splits);
+    first = static_cast<std::uint32_t>(k * s.batch / splits);
+    end = static_cast<std::uint32_t>((k + 1) * s.batch / splits);
+  }
+};
+
+// partial[2 b], partial[2 b + 1]: sum(x - pilot), sum((x - pilot)^2) over
+// block b's rows, pilot being the channel's first value.
+template <typename T>
+__global__ void stats_partial_kernel(BatchNormShape s, std::int64_t splits, const T* x,
+                                     double* partial) {
+  __shared__ double lanes[kThreads];
+  const RowRange r(s, splits);
+  const auto spatial = static_cast<std::uint32_t>(s.spatial);
+  const auto channels = static_cast<std::uint32_t>(s.channels);
+  const double pilot = to_f32(x[r.channel * spatial]);
+  const std::uint32_t values = (r.end - r.first) * spatial;
+  double sum = 0.0, squares = 0.0;
+  for (std::uint32_t j = threadIdx.x; j < values; j += kThreads) {
+    const std::uint32_t n = r.first + j / spatial;
+    const double d = to_f32(x[(n * channels + r.channel) * spatial + j % spatial]) - pilot;
+    sum += d;
+    squares += d * d;
+  }
+  sum = detail::block_sum(sum, lanes);
+  squares = detail::block_sum(squares, lanes);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = sum;
+    partial[2 * blockIdx.x + 1] = squares;
+  }
+}
+
+// One thread per channel: the splits' sums in order, the statistics, the
+// running update (unbiased variance) and coef = {mean, weight * rstd, bias}.
+template <typename T>
+__global__ void stats_finalize_kernel(BatchNormShape s, std::int64_t splits, const double* partial,
+                                      const T* x, const float* weight, const float* bias,
+                                      float* save_mean, float* save_rstd, double momentum,
+                                      float* running_mean, float* running_var, float4* coef) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= s.channels) return;
+  double sum = 0.0, squares = 0.0;
+  for (std::int64_t k = 0; k < splits; ++k) {
+    sum += partial[2 * (c * splits + k)];
+    squares += partial[2 * (c * splits + k) + 1];
+  }
+  const double count = static_cast<double>(s.batch * s.spatial);
+  const double shifted_mean = sum / count;
+  const double var = fmax(squares / count - shifted_mean * shifted_mean, 0.0);
+  const double mean = to_f32(x[c * s.spatial]) + shifted_mean;
+  const double rstd = 1.0 / sqrt(var + s.eps);
+  save_mean[c] = static_cast<float>(mean);
+  save_rstd[c] = static_cast<float>(rstd);
+  if (running_mean) {
+    running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
+    const double unbiased = var * count / (count - 1.0);
+    running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+  }
+  coef[c] =
+      make_float4(static_cast<float>(mean), static_cast<float>(rstd * weight[c]), bias[c], 0.0f);
+}
+
+__global__ void inference_coef_kernel(BatchNormShape s, const float* weight, const float* bias,
+                                      const float* running_mean, const float* running_var,
+                                      float4* coef) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= s.channels) return;
+  const double rstd = 1.0 / sqrt(static_cast<double>(running_var[c]) + s.eps);
+  coef[c] = make_float4(running_mean[c], static_cast<float>(weight[c] * rstd), bias[c], 0.0f);
+}
+
+template <BatchNormEpilogue E>
+__device__ __forceinline__ float epilogue(float v, float identity) {
+  if (E == BatchNormEpilogue::add_relu) v += identity;
+  if (E != BatchNormEpilogue::none) v = v > 0.0f ? v : 0.0f;  // relu(NaN) = 0, as the CPU's
+  return v;
+}
+
+// y = epilogue((x - mean) scale + bias), in f32, rounded once.
+template <typename T, BatchNormEpilogue E>
+__global__ void apply_kernel(std::uint32_t total, std::uint32_t spatial, std::uint32_t channels,
+                             const T* x, const T* identity, const float4* coef, T* y) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += gridDim.x * blockDim.x) {
+    const float4 k = coef[(i / spatial) % channels];
+    const float id = E == BatchNormEpilogue::add_relu ? to_f32(identity[i]) : 0.0f;
+    y[i] = detail::from_f32<T>(epilogue<E>((to_f32(x[i]) - k.x) * k.y + k.z, id));
+  }
+}
+
+// dy masked by the ReLU's output (y > 0), or dy itself without one.
+template <typename T, BatchNormEpilogue E>
+__device__ __forceinline__ float masked_grad(const T* dy, const T* y, std::uint32_t i) {
+  const float g = to_f32(dy[i]);
+  if (E == BatchNormEpilogue::none) return g;
+  return to_f32(y[i]) > 0.0f ? g : 0.0f;
+}
+
+// partial[2 b], partial[2 b + 1]: sum(g), sum(g (x - mean)) over block b's rows.
+template <typename T, BatchNormEpilogue E>
+__global__ void grad_partial_kernel(BatchNormShape s, std::int64_t splits, const T* x, const T* y,
+                                    const T* dy, const float* save_mean, double* partial) {
+  __shared__ double lanes[kThreads];
+  const RowRange r(s, splits);
+  const auto spatial = static_cast<std::uint32_t>(s.spatial);
+  const auto channels = static_cast<std::uint32_t>(s.channels);
+  const double mean = save_mean[r.channel];
+  const std::uint32_t values = (r.end - r.first) * spatial;
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (std::uint32_t j = threadIdx.x; j < values; j += kThreads) {
+    const std::uint32_t i =
+        ((r.first + j / spatial) * channels + r.channel) * spatial + j % spatial;
+    const double g = masked_grad<T, E>(dy, y, i);
+    sum_g += g;
+    sum_gx += g * (to_f32(x[i]) - mean);
+  }
+  sum_g = detail::block_sum(sum_g, lanes);
+  sum_gx = detail::block_sum(sum_gx, lanes);
+  if (threadIdx.x == 0) {
+    partial[2 * blockIdx.x] = sum_g;
+    partial[2 * blockIdx.x + 1] = sum_gx;
+  }
+}
+
+// One thread per channel: dweight += rstd sum(g (x - mean)), dbias += sum(g),
+// and coef = {mean, k1, mean(g), k2} with dx = k1 (g - mean(g)) - k2 (x - mean):
+// the CPU's w rstd (g - mean(g) - xhat mean(g xhat)) rearranged.
+__global__ void grad_finalize_kernel(BatchNormShape s, std::int64_t splits, const double* partial,
+                                     const float* weight, const float* save_mean,
+                                     const float* save_rstd, float* dweight, float* dbias,
+                                     float4* coef) {
+  const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= s.channels) return;
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (std::int64_t k = 0; k < splits; ++k) {
+    sum_g += partial[2 * (c * splits + k)];
+    sum_gx += partial[2 * (c * splits + k) + 1];
+  }
+  const double count = static_cast<double>(s.batch * s.spatial);
+  const double rstd = save_rstd[c], k1 = weight[c] * rstd;
+  if (dweight) dweight[c] = static_cast<float>(dweight[c] + sum_gx * rstd);
+  if (dbias) dbias[c] = static_cast<float>(dbias[c] + sum_g);
+  coef[c] = make_float4(save_mean[c], static_cast<float>(k1), static_cast<float>(sum_g / count),
+                        static_cast<float>(k1 * rstd * rstd * sum_gx / count));
+}
+
+template <typename T, BatchNormEpilogue E>
+__global__ void dx_kernel(std::uint32_t total, std::uint32_t spatial, std::uint32_t channels,
+                          const T* x, const T* y, const T* dy, const float4* coef, T* dx,
+                          T* d_identity) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += gridDim.x * blockDim.x) {
+    const float4 k = coef[(i / spatial) % channels];
+    const float g = masked_grad<T, E>(dy, y, i);
+    if (E == BatchNormEpilogue::add_relu && d_identity) d_identity[i] = detail::from_f32<T>(g);
+    dx[i] = detail::from_f32<T>(k.y * (g - k.z) - k.w * (to_f32(x[i]) - k.x));
+  }
+}
+
+// Calls f(std::integral_constant<BatchNormEpilogue, E>{}) for the runtime epi.
+template <typename F>
+void dispatch_epilogue(BatchNormEpilogue epi, F&& f) {
+  switch (epi) {
+    case BatchNormEpilogue::none:
+      f(std::integral_constant<BatchNormEpilogue, BatchNormEpilogue::none>{});
+      return;
+    case BatchNormEpilogue::relu:
+      f(std::integral_constant<BatchNormEpilogue, BatchNormEpilogue::relu>{});
+      return;
+    case BatchNormEpilogue::add_relu:
+      f(std::integral_constant<BatchNormEpilogue, BatchNormEpilogue::add_relu>{});
+      return;
+  }
+}
+
+// The checks of the fused calls, and where the workspace's parts begin.
+struct FusedLayout {
+  std::int64_t splits;
+  double* partial;
+  float4* coef;
+  FusedLayout(const BatchNormShape& s, bool training, BatchNormEpilogue epi, bool has_identity,
+              void* workspace, const char* op) {
+    validate_for_cudnn(s, training);
+    if ((epi == BatchNormEpilogue::add_relu) != has_identity)
+      throw InvalidArgument(std::string(op) +
+                            ": the identity is given exactly when the epilogue is add_relu");
+    splits = batchnorm_row_splits(s);
+    partial = static_cast<double*>(workspace);
+    coef = reinterpret_cast<float4*>(static_cast<char*>(workspace) + 16 * s.channels * splits);
+  }
+};
+
+unsigned channel_blocks(const BatchNormShape& s) {
+  return static_cast<unsigned>((s.channels + kThreads - 1) / kThreads);
+}
 
 }  // namespace
 
@@ -92,6 +313,86 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
 void count_batch(std::int64_t* num_batches_tracked, CudaStream stream) {
   count_batch_kernel<<<1, 1, 0, stream>>>(num_batches_tracked);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+}
+
+void batchnorm_fused_forward_training(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                                      const void* x, const void* identity, const float* weight,
+                                      const float* bias, void* y, float* save_mean,
+                                      float* save_rstd, double momentum, float* running_mean,
+                                      float* running_var, void* workspace, CudaStream stream) {
+  const FusedLayout w(s, true, epi, identity != nullptr, workspace,
+                      "batchnorm_fused_forward_training");
+  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
+  detail::dispatch_float(type, "batchnorm_fused_forward_training", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x);
+    stats_partial_kernel<T><<<static_cast<unsigned>(s.channels * w.splits), kThreads, 0, stream>>>(
+        s, w.splits, in, w.partial);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    stats_finalize_kernel<T><<<channel_blocks(s), kThreads, 0, stream>>>(
+        s, w.splits, w.partial, in, weight, bias, save_mean, save_rstd, momentum, running_mean,
+        running_var, w.coef);
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    dispatch_epilogue(epi, [&](auto e) {
+      apply_kernel<T, decltype(e)::value><<<detail::grid_for(total), kThreads, 0, stream>>>(
+          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels), in,
+          static_cast<const T*>(identity), w.coef, static_cast<T*>(y));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    });
+  });
+}
+
+void batchnorm_fused_forward_inference(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                                       const void* x, const void* identity, const float* weight,
+                                       const float* bias, const float* running_mean,
+                                       const float* running_var, void* y, void* workspace,
+                                       CudaStream stream) {
+  const FusedLayout w(s, false, epi, identity != nullptr, workspace,
+                      "batchnorm_fused_forward_inference");
+  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
+  inference_coef_kernel<<<channel_blocks(s), kThreads, 0, stream>>>(s, weight, bias, running_mean,
+                                                                    running_var, w.coef);
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  detail::dispatch_float(type, "batchnorm_fused_forward_inference", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_epilogue(epi, [&](auto e) {
+      apply_kernel<T, decltype(e)::value><<<detail::grid_for(total), kThreads, 0, stream>>>(
+          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels),
+          static_cast<const T*>(x), static_cast<const T*>(identity), w.coef, static_cast<T*>(y));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    });
+  });
+}
+
+void batchnorm_fused_backward(const BatchNormShape& s, DType type, BatchNormEpilogue epi,
+                              const void* x, const void* y, const void* dy, const float* weight,
+                              const float* save_mean, const float* save_rstd, void* dx,
+                              void* d_identity, float* dweight, float* dbias, void* workspace,
+                              CudaStream stream) {
+  if (epi != BatchNormEpilogue::none && !y)
+    throw InvalidArgument("batchnorm_fused_backward: a ReLU epilogue needs forward's output y");
+  const FusedLayout w(s, true, BatchNormEpilogue::none, false, workspace,
+                      "batchnorm_fused_backward");
+  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
+  detail::dispatch_float(type, "batchnorm_fused_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T *in = static_cast<const T*>(x), *out = static_cast<const T*>(y);
+    const T* grad = static_cast<const T*>(dy);
+    dispatch_epilogue(epi, [&](auto e) {
+      constexpr BatchNormEpilogue E = decltype(e)::value;
+      grad_partial_kernel<T, E>
+          <<<static_cast<unsigned>(s.channels * w.splits), kThreads, 0, stream>>>(
+              s, w.splits, in, out, grad, save_mean, w.partial);
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      grad_finalize_kernel<<<channel_blocks(s), kThreads, 0, stream>>>(
+          s, w.splits, w.partial, weight, save_mean, save_rstd, dweight, dbias, w.coef);
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      dx_kernel<T, E><<<detail::grid_for(total), kThreads, 0, stream>>>(
+          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels), in,
+          out, grad, w.coef, static_cast<T*>(dx), static_cast<T*>(d_identity));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    });
+  });
 }
 
 }  // namespace lockstep::kernels::cuda
