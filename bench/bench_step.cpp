@@ -227,6 +227,11 @@ int main(int argc, char** argv) {
                  "in the same run; the first fills the table's PyTorch columns)")
       ->capture_default_str();
   app.add_option("--baseline", baseline, "run the PyTorch baseline")->capture_default_str();
+  bool torch_compile = false;
+  app.add_flag("--torch-compile", torch_compile,
+               "the PyTorch baseline times torch.compile(model), compiled in its untimed warm-up "
+               "(bench/torch_step.py --compile; where that PyTorch cannot compile, the baseline "
+               "is none and says why)");
   bool torch_channels_last = false, torch_cudnn_benchmark = false;
   app.add_flag("--torch-channels-last", torch_channels_last,
                "the PyTorch baseline's image models in torch.channels_last, weights and inputs "
@@ -301,9 +306,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     const bool with_floor = !device.is_cuda() && precision == "fp32";
-    const std::string torch_args =
-        fmt::format("--model {} --batch {} --precision {} --device {} --threads {}", model, batch,
-                    precision, device.is_cuda() ? "cuda" : "cpu", threads);
+    const std::string torch_args = fmt::format(
+        "--model {} --batch {} --precision {} --device {} --threads {}{}", model, batch, precision,
+        device.is_cuda() ? "cuda" : "cpu", threads, torch_compile ? " --compile" : "");
     const std::string torch_step_args = torch_args +
                                         (torch_channels_last ? " --channels-last" : "") +
                                         (torch_cudnn_benchmark ? " --cudnn-benchmark" : "");
@@ -374,9 +379,10 @@ int main(int argc, char** argv) {
         fmt::print("PyTorch under {}: none ({})\n", b.python, b.why_none);
     bench::print_legend(
         baseline ? fmt::format("PyTorch running the same step (bench/torch_step.py under {}, {} "
-                               "thread(s)), timed in {} warm blocks of at least {:g} s taking "
+                               "thread(s){}), timed in {} warm blocks of at least {:g} s taking "
                                "turns with lockstep's (Note [warm blocks] in bench/report.h)",
-                               fmt::join(pythons, " and "), threads, kBlocks, kBlockSeconds)
+                               fmt::join(pythons, " and "), threads,
+                               torch_compile ? ", torch.compile" : "", kBlocks, kBlockSeconds)
                  : std::string("none: the PyTorch baseline was not run (--baseline false)"),
         std::string("lockstep samples/s / PyTorch samples/s: higher is better") +
             (gemm_ms ? "; step / GEMMs: lower is better, 1 is the GEMMs alone" : ""),
@@ -426,6 +432,7 @@ int main(int argc, char** argv) {
                 bench::field("baselines", std::move(baselines)),
                 bench::field("torch_channels_last", torch_channels_last),
                 bench::field("torch_cudnn_benchmark", torch_cudnn_benchmark),
+                bench::field("torch_compile", torch_compile),
                 bench::field("no_baseline", ratio ? core::Json() : core::Json(why_none))});
     world->shutdown();
   } catch (const std::exception& e) {

@@ -13,6 +13,12 @@ ResNet-50 as NGC's users time it (NVIDIA DeepLearningExamples' "--amp
 bf16 (autocast alone), --channels-last (the model's weights and the input
 batch in torch.channels_last, so cuDNN runs NHWC kernels) and
 --cudnn-benchmark (cuDNN autotunes each convolution in the warm-up steps).
+
+--compile times torch.compile(model) instead of eager PyTorch (the optimizer
+stays eager); compilation happens in the warm-up steps, which are not timed.
+Where this machine's PyTorch cannot compile (no torch.compile, no C++ compiler
+or Triton for Inductor, a Python that Dynamo does not support), it prints one
+line saying so and exits with status 3.
 """
 import argparse
 import json
@@ -174,6 +180,12 @@ def make(name):
     raise SystemExit(f"unknown model {name}")
 
 
+def cannot_compile(reason):
+    # One line, the last the bench reads before the exit (bench/torch_baseline.h).
+    print(f"torch.compile is not usable with torch {torch.__version__} on this machine: {reason}", flush=True)
+    raise SystemExit(3)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mlp")
@@ -186,6 +198,7 @@ def main():
                    help="image models: weights and inputs in torch.channels_last (NHWC)")
     p.add_argument("--cudnn-benchmark", action="store_true",
                    help="torch.backends.cudnn.benchmark = True: cuDNN autotunes in the warm-up steps")
+    p.add_argument("--compile", action="store_true", help="time torch.compile(model) (see above)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -199,6 +212,11 @@ def main():
             raise SystemExit(f"--channels-last: --model {args.model} takes no images (a sample is {sample_shape})")
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    forward = model
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            cannot_compile(f"torch {torch.__version__} has no torch.compile")
+        forward = torch.compile(model)
     if args.model in GPT_PRESETS:  # tokens and one target per position
         x = torch.randint(0, classes, (args.batch, *sample_shape), device=device)
         y = torch.randint(0, classes, (args.batch, *sample_shape), device=device)
@@ -214,10 +232,10 @@ def main():
     def step():
         opt.zero_grad(set_to_none=True)  # PyTorch's default since 2.0, and the faster
         if low is None:
-            loss = loss_fn(model(x).flatten(0, -2), y.flatten())
+            loss = loss_fn(forward(x).flatten(0, -2), y.flatten())
         else:
             with torch.autocast(device.type, dtype=low):
-                loss = loss_fn(model(x).flatten(0, -2), y.flatten())
+                loss = loss_fn(forward(x).flatten(0, -2), y.flatten())
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -234,9 +252,14 @@ def main():
         sync()
         return time.perf_counter() - start
 
-    for _ in range(args.warmup):
-        step()
-    sync()
+    try:
+        for _ in range(max(args.warmup, 2 if args.compile else 0)):  # compiles forward and backward
+            step()
+        sync()
+    except Exception as e:  # noqa: BLE001 - any failure to compile ends the baseline with its reason
+        if not args.compile:
+            raise
+        cannot_compile(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:400])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 

@@ -1,4 +1,5 @@
 // Argument checks shared by the CPU and CUDA GEMMs (kernels/gemm.h).
+#include <algorithm>
 #include <string>
 
 #include "kernels/error.h"
@@ -39,6 +40,53 @@ void validate_gemm(const GemmArgs& g) {
          std::to_string(g.m * g.ldc) + ", or at least n=" + std::to_string(g.n) +
          " with all batches' columns inside ldc=" + std::to_string(g.ldc) + ")");
   if (g.m > 0 && g.n > 0 && (!g.c || (g.k > 0 && (!g.a || !g.b)))) fail("null data pointer");
+  if (g.epilogue == GemmEpilogue::none) return;
+  // Note [gemm epilogues].
+  const std::string epilogue = std::string("epilogue ") + gemm_epilogue_name(g.epilogue);
+  if (g.batch != 1 || g.ldc != std::max<std::int64_t>(1, g.n))
+    fail(epilogue + " needs batch=1 and a dense C, got batch=" + std::to_string(g.batch) +
+         " ldc=" + std::to_string(g.ldc) + " n=" + std::to_string(g.n));
+  const bool empty = g.m == 0 || g.n == 0;
+  switch (g.epilogue) {
+    case GemmEpilogue::bias:
+      if (!g.bias && !empty) fail(epilogue + " needs a bias pointer");
+      break;
+    case GemmEpilogue::bias_gelu_aux:
+    case GemmEpilogue::dgelu_bgrad:
+      if (g.beta != 0.0f)
+        fail(epilogue + " needs beta=0, got beta=" + std::to_string(g.beta) +
+             " (accumulate into a separate buffer)");
+      if (!empty &&
+          (!g.aux || (g.epilogue == GemmEpilogue::bias_gelu_aux ? !g.bias : !g.bias_grad)))
+        fail(epilogue + " needs the aux buffer and the " +
+             (g.epilogue == GemmEpilogue::bias_gelu_aux ? "bias" : "bias gradient") + " pointer");
+      break;
+    case GemmEpilogue::bgrad_a:
+      if (!g.trans_a || g.lda != std::max<std::int64_t>(1, g.m))
+        fail(epilogue + " sums A stored [k, m] densely (trans_a, lda=m), got trans_a=" +
+             std::to_string(g.trans_a) + " lda=" + std::to_string(g.lda) +
+             " m=" + std::to_string(g.m));
+      if (!g.bias_grad && g.m > 0) fail(epilogue + " needs the bias gradient pointer");
+      break;
+    case GemmEpilogue::none:
+      break;
+  }
+}
+
+const char* gemm_epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::bias:
+      return "bias";
+    case GemmEpilogue::bias_gelu_aux:
+      return "bias_gelu_aux";
+    case GemmEpilogue::dgelu_bgrad:
+      return "dgelu_bgrad";
+    case GemmEpilogue::bgrad_a:
+      return "bgrad_a";
+    case GemmEpilogue::none:
+      break;
+  }
+  return "none";
 }
 
 }  // namespace lockstep::kernels

@@ -5,7 +5,10 @@
 // (attention's per-head products: cuBLASLt strided batches, a loop on the CPU);
 // the outputs may be stacked or side by side in C's rows, never overlapping.
 // CPU: OpenBLAS (16-bit inputs are widened to f32 first). CUDA: cuBLASLt with
-// the heuristic's choice cached per shape, and a caller-provided workspace.
+// the algorithm cached per shape (Note [timed gemm algorithms]), and a
+// caller-provided workspace. An epilogue (GemmEpilogue) fuses a Linear's
+// bias, bias+GELU(tanh) and their gradients into the GEMM on CUDA; the CPU
+// composes the separate ops of kernels/bias.h and kernels/activation.h.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +20,31 @@
 #include "kernels/stream.h"
 
 namespace lockstep::kernels {
+
+// Note [gemm epilogues]: what runs after the product, in row-major terms
+// (C is [m, n]; cuBLASLt's names, for its column-major view of C^T, follow).
+// Every epilogue needs batch 1 and a dense C (ldc = n); the bias and the
+// bias gradient are f32 vectors.
+// - bias: C = op(A) op(B) + bias[n], broadcast over rows (EPILOGUE_BIAS).
+// - bias_gelu_aux: aux = op(A) op(B) + bias, C = GELU_tanh(aux), aux dense
+//   [m, n] in C's type kept for backward (EPILOGUE_GELU_AUX_BIAS).
+// - dgelu_bgrad: C = (op(A) op(B)) * GELU_tanh'(aux), and bias_grad[n] = the
+//   sum of C's rows: the gradient at a fused Linear+GELU's pre-activation
+//   computed by the GEMM that makes the gradient at its output
+//   (EPILOGUE_DGELU_BGRAD).
+// - bgrad_a: bias_grad[m] = sum over k of op(A)[i, k], beside any product:
+//   the dW = dy^T x GEMM (trans_a, A = dy [k, m] with lda = m) gives the bias
+//   gradient from the dy it reads anyway (EPILOGUE_BGRADB: cuBLASLt's B is
+//   our A).
+// The bias gradient is added to bias_grad when bias_grad_accumulate, else it
+// overwrites it (cuBLASLt's epilogue overwrites: on CUDA an accumulating call
+// sums into scratch and adds). beta must be 0 with bias_gelu_aux and
+// dgelu_bgrad. CPU (the reference): the GEMM, then add_bias, GELU(tanh),
+// its backward and bias_grad in that order, the bits of the unfused layers.
+// CUDA: the epilogue where cuBLASLt offers an algorithm for it, else the same
+// separate kernels (Note [epilogue fallback], kernels/cuda/gemm.cu).
+enum class GemmEpilogue { none, bias, bias_gelu_aux, dgelu_bgrad, bgrad_a };
+const char* gemm_epilogue_name(GemmEpilogue epilogue);  // "bias_gelu_aux"
 
 struct GemmArgs {
   bool trans_a = false;  // A is stored [k, m] instead of [m, k]
@@ -36,6 +64,11 @@ struct GemmArgs {
   std::int64_t stride_a = 0;   // elements from one batch's A to the next
   std::int64_t stride_b = 0;
   std::int64_t stride_c = 0;
+  GemmEpilogue epilogue = GemmEpilogue::none;  // Note [gemm epilogues]
+  const float* bias = nullptr;                 // [n]: bias, bias_gelu_aux
+  float* bias_grad = nullptr;                  // [n] dgelu_bgrad, [m] bgrad_a
+  bool bias_grad_accumulate = false;           // add to bias_grad instead of overwriting
+  void* aux = nullptr;  // [m, n] in c_type, dense: written by bias_gelu_aux, read by dgelu_bgrad
 };
 
 // Throws InvalidArgument naming the field at fault (types, sizes, strides).
@@ -112,6 +145,29 @@ namespace cuda {
 // Workspace the caller provides to gemm(); cuBLASLt's recommendation for Hopper.
 constexpr std::size_t kGemmWorkspaceBytes = 32u << 20;
 void gemm(const GemmArgs& args, void* workspace, std::size_t workspace_bytes, CudaStream stream);
+
+// Note [epilogue fallback]: how often each epilogue ran fused in cuBLASLt and
+// how often as the separate kernels, and why the last fallback happened
+// ("no algorithm", "aux not 16-byte aligned", "deterministic", "disabled").
+struct GemmEpilogueCounts {
+  std::int64_t fused = 0;
+  std::int64_t fallback = 0;
+  std::string last_fallback_reason;
+};
+// Indexed by GemmEpilogue (none's entry stays empty); since process start or
+// the last reset.
+std::vector<GemmEpilogueCounts> gemm_epilogue_counts();
+void reset_gemm_epilogue_counts();
+// Off: every epilogue takes the separate kernels (tests force the fallback).
+// On by default.
+void set_gemm_epilogues(bool on);
+
+// Note [timed gemm algorithms]: what the plan cache holds, one line per plan:
+// shape, types, epilogue, and the algorithm and how it was chosen ("timed 4
+// of 8: 0.412 ms" or "heuristic first (deterministic)").
+std::vector<std::string> gemm_plan_descriptions();
+// Off: every new plan takes the heuristic's first algorithm. On by default.
+void set_gemm_timing(bool on);
 }  // namespace cuda
 
 }  // namespace lockstep::kernels

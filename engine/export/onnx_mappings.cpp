@@ -69,7 +69,7 @@ OnnxValue residual(Module& m, const OnnxValue& x, OnnxGraph& g) {
 // its parameter name). [batch, in] inputs use Gemm with transB; inputs of
 // other ranks multiply by a Transpose of the weight, which ONNX Runtime and
 // TensorRT fold into a constant when they build the model.
-OnnxValue linear(Module& m, const OnnxValue& x, OnnxGraph& g) {
+OnnxValue linear_product(Module& m, const OnnxValue& x, OnnxGraph& g) {
   auto& l = static_cast<Linear&>(m);
   require_float(m, x, g);
   require_dim(m, x, x.shape.size() - 1, l.in_features(), "last dimension", g);
@@ -84,6 +84,16 @@ OnnxValue linear(Module& m, const OnnxValue& x, OnnxGraph& g) {
   const std::string wt = g.node("Transpose", {w}, {{"perm", Dims{1, 0}}}).front();
   OnnxValue y = g.op("MatMul", {x.name, wt}, x.dtype, shape);
   return l.bias() ? g.op("Add", {y.name, g.parameter(*l.bias())}, y.dtype, shape) : y;
+}
+
+OnnxValue activation_of(Module& m, kernels::Activation kind, const OnnxValue& x, OnnxGraph& g);
+
+// A Linear with a fused activation (Note [fused activation] in
+// engine/nn/linear.h) is its product's nodes, then the activation's.
+OnnxValue linear(Module& m, const OnnxValue& x, OnnxGraph& g) {
+  const OnnxValue y = linear_product(m, x, g);
+  const auto fused = static_cast<Linear&>(m).activation();
+  return fused ? activation_of(m, *fused, y, g) : y;
 }
 
 OnnxValue conv2d(Module& m, const OnnxValue& x, OnnxGraph& g) {
@@ -174,9 +184,8 @@ OnnxValue layer_norm(Module& m, const OnnxValue& x, OnnxGraph& g) {
 // Note [gelu from primitives]: GELU is built from Mul, Add, Tanh (or Erf) at
 // every opset: the Gelu operator exists only from opset 20. ONNX Runtime's
 // graph optimizer fuses both patterns back into one kernel (Gelu, FastGelu).
-OnnxValue activation(Module& m, const OnnxValue& x, OnnxGraph& g) {
+OnnxValue activation_of(Module& m, kernels::Activation kind, const OnnxValue& x, OnnxGraph& g) {
   require_float(m, x, g);
-  const auto kind = static_cast<Activation&>(m).kind();
   if (kind == kernels::Activation::relu) return g.op("Relu", {x.name}, x.dtype, x.shape);
   auto mul = [&](const std::string& a, const std::string& b) {
     return g.node("Mul", {a, b}).front();
@@ -198,6 +207,10 @@ OnnxValue activation(Module& m, const OnnxValue& x, OnnxGraph& g) {
   }
   const std::string half_x = mul(x.name, scalar(0.5));
   return g.op("Mul", {half_x, add(inner, scalar(1.0))}, x.dtype, x.shape);
+}
+
+OnnxValue activation(Module& m, const OnnxValue& x, OnnxGraph& g) {
+  return activation_of(m, static_cast<Activation&>(m).kind(), x, g);
 }
 
 OnnxValue dropout(Module& /*m*/, const OnnxValue& x, OnnxGraph& /*g*/) {

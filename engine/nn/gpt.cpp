@@ -25,8 +25,8 @@ std::unique_ptr<Module> block(const GptConfig& c) {
   auto mlp_branch = std::make_unique<Sequential>();
   mlp_branch->emplace<LayerNorm>("ln_2", c.embed_dim, 1e-5f);
   auto& mlp = mlp_branch->emplace<Sequential>("mlp");
-  mlp.emplace<Linear>("c_fc", c.embed_dim, 4 * c.embed_dim);
-  mlp.emplace<GELU>("gelu", true);
+  // c_fc then GELU(approximate='tanh') as one layer: Note [fused activation].
+  mlp.emplace<Linear>("c_fc", c.embed_dim, 4 * c.embed_dim, true, kernels::Activation::gelu_tanh);
   mlp.emplace<Linear>("c_proj", 4 * c.embed_dim, c.embed_dim);
   mlp.emplace<Dropout>("dropout", c.dropout);
   // Note [fused block]: the Sequential of two Residuals, fused under autocast on CUDA.

@@ -1,14 +1,49 @@
 // Linear (engine/nn/linear.h).
 #include "engine/nn/linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "kernels/bias.h"
+#include "kernels/gemm.h"
 
 namespace lockstep::engine {
+namespace {
+
+// c[m, n] = op(a) op(b) + beta c for 2-D tensors of one device, as
+// core::ops::matmul sets it up; the caller adds the epilogue.
+kernels::GemmArgs gemm_args(const core::Tensor& a, const core::Tensor& b, core::Tensor& c,
+                            bool trans_a, bool trans_b, float beta) {
+  kernels::GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = trans_a ? a.dim(1) : a.dim(0);
+  g.k = trans_a ? a.dim(0) : a.dim(1);
+  g.n = trans_b ? b.dim(0) : b.dim(1);
+  g.beta = beta;
+  g.a = a.data();
+  g.lda = std::max<std::int64_t>(1, a.dim(1));
+  g.b = b.data();
+  g.ldb = std::max<std::int64_t>(1, b.dim(1));
+  g.c = c.data();
+  g.ldc = std::max<std::int64_t>(1, c.dim(1));
+  g.ab_type = a.dtype();
+  g.c_type = c.dtype();
+  return g;
+}
+
+void run_gemm(const kernels::GemmArgs& g, core::Device device, const core::Stream& stream) {
+  core::dispatch_stream(
+      device, stream, [&] { kernels::cpu::gemm(g); },
+      [&](const core::Stream& s) {
+        kernels::cuda::gemm(g, s.gemm_workspace(), kernels::cuda::kGemmWorkspaceBytes, s.handle());
+      });
+}
+
+}  // namespace
 
 void init_uniform(core::Tensor& value, core::Generator& rng, float bound) {
   if (value.device().is_cuda())
@@ -27,6 +62,17 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias)
   weight_->lazy_zero_grad = true;  // Note [lazy zero_grad]
   if (bias) bias_ = &add_parameter("bias", {out_features}, ParamRole::bias);
   initialize_when_built();  // Note [initialised when built]
+}
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
+               kernels::Activation fused_activation)
+    : Linear(in_features, out_features, bias) {
+  if (fused_activation != kernels::Activation::gelu_tanh || !bias)
+    throw InvalidArgument("Linear(" + std::to_string(in_features) + ", " +
+                          std::to_string(out_features) +
+                          "): a fused activation must be GELU(tanh) after a bias (Note [fused "
+                          "activation]); add the activation as its own layer instead");
+  activation_ = fused_activation;
 }
 
 Linear::Linear(Parameter& tied_weight, bool bias)
@@ -54,18 +100,20 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   const core::Tensor rows = x.reshape({x.numel() / in_features_, in_features_});
   const core::Tensor input = x.dtype() == type ? rows : rows.cast(type, ctx.stream);
   core::Tensor y = core::Tensor::empty({input.dim(0), out_features_}, type, x.device(), ctx.stream);
-  core::ops::matmul(input, low_weight_.get(*weight_, type, ctx.stream), y, {.trans_b = true},
-                    ctx.stream);
-  if (bias_) {
-    const float* b = bias_->value.data_as<float>();
-    const std::int64_t rows = y.dim(0);
-    core::dispatch(
-        y.device(), ctx.stream,
-        [&] { kernels::cpu::add_bias(y.data(), type, b, rows, out_features_); },
-        [&](kernels::CudaStream s) {
-          kernels::cuda::add_bias(y.data(), type, b, rows, out_features_, s);
-        });
+  const core::Tensor weight = low_weight_.get(*weight_, type, ctx.stream);
+  kernels::GemmArgs g = gemm_args(input, weight, y, false, true, 0.0f);
+  core::Tensor pre_activation;
+  if (bias_) {  // Note [gemm epilogues]: the CPU adds it after the product, as before
+    g.epilogue = kernels::GemmEpilogue::bias;
+    g.bias = bias_->value.data_as<float>();
   }
+  if (activation_) {  // Note [fused activation]
+    pre_activation = core::Tensor::empty(y.shape(), type, x.device(), ctx.stream);
+    g.epilogue = kernels::GemmEpilogue::bias_gelu_aux;
+    g.aux = pre_activation.data();
+  }
+  run_gemm(g, x.device(), ctx.stream);
+  pre_activation_ = keeps_for_backward(ctx) ? pre_activation : core::Tensor();
   input_ = keeps_for_backward(ctx) ? input : core::Tensor();
   input_dtype_ = x.dtype();
   input_shape_ = x.shape();
@@ -81,12 +129,34 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   check_gradient(dy, out_shape, input_.device());
   const DType type = input_.dtype();
   const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
-  const core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
+  core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
+  if (activation_) {  // Note [fused activation]: GELU's backward, as the GELU layer ran it
+    if (!pre_activation_.defined()) no_forward_error();
+    core::Tensor d_pre = core::Tensor::empty(g.shape(), type, g.device(), ctx.stream);
+    core::dispatch(
+        g.device(), ctx.stream,
+        [&] {
+          kernels::cpu::activation_backward(*activation_, g.data(), pre_activation_.data(),
+                                            d_pre.data(), type, g.numel());
+        },
+        [&](kernels::CudaStream s) {
+          kernels::cuda::activation_backward(*activation_, g.data(), pre_activation_.data(),
+                                             d_pre.data(), type, g.numel(), s);
+        });
+    pre_activation_ = core::Tensor();
+    g = d_pre;
+  }
+  const bool bias_grad = bias_ && bias_->requires_grad;
   if (weight_->requires_grad) {  // dW (+)= dy^T x, straight into the f32 gradient
     const float beta = accumulate_grad(*weight_) ? 1.0f : 0.0f;  // Note [lazy zero_grad]
-    core::ops::matmul(g, input_, weight_->grad, {.trans_a = true, .beta = beta}, ctx.stream);
-  }
-  if (bias_ && bias_->requires_grad) {
+    kernels::GemmArgs dw = gemm_args(g, input_, weight_->grad, true, false, beta);
+    if (bias_grad) {  // db from the dy the GEMM reads anyway (Note [gemm epilogues])
+      dw.epilogue = kernels::GemmEpilogue::bgrad_a;
+      dw.bias_grad_accumulate = accumulate_grad(*bias_);
+      dw.bias_grad = bias_->grad.data_as<float>();
+    }
+    run_gemm(dw, g.device(), ctx.stream);
+  } else if (bias_grad) {
     float* db = grad_to_add(*bias_, ctx.stream);
     const std::int64_t rows = g.dim(0);
     core::dispatch(

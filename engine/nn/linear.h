@@ -2,18 +2,32 @@
 // layout); leading dimensions are rows. Under autocast the GEMMs run in
 // f16/bf16 with f32 accumulation on a low-precision copy of W made once per
 // weight version (once per optimizer step, not per micro-batch), and dW lands
-// in the f32 gradient directly (GEMM with an f32 C and beta = 1).
+// in the f32 gradient directly (GEMM with an f32 C and beta = 1). On CUDA the
+// bias, and a fused GELU(tanh), run in the GEMM's cuBLASLt epilogue (Note
+// [gemm epilogues] in kernels/gemm.h); the CPU runs the same ops separately.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "engine/nn/module.h"
+#include "kernels/activation.h"
 
 namespace lockstep::engine {
 
 class Linear : public Module {
  public:
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true);
+  // Note [fused activation]: y = GELU_tanh(x W^T + b), one layer where GPT-2's
+  // MLP had Linear then GELU(approximate='tanh'); the same parameters, names
+  // and bits on the CPU (Linear's ops, then GELU's, in their order). On CUDA
+  // the forward is one GEMM with the GELU_AUX_BIAS epilogue, which also keeps
+  // the pre-activation for backward (as GELU kept its input); the backward
+  // applies GELU's derivative with the elementwise kernel and fuses the bias
+  // gradient into the dW GEMM (BGRADB). Only gelu_tanh, with a bias: what
+  // cuBLASLt's epilogue computes. The ONNX exporter writes the two nodes.
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
+         kernels::Activation fused_activation);
   // Note [tied weights]: a Linear whose weight is another module's parameter
   // (GPT's head uses the token embedding's [vocab, dim] table). The owner
   // registers, initialises, stores and reports it; this layer only adds its
@@ -27,6 +41,8 @@ class Linear : public Module {
   // Read by the ONNX exporter (engine/export/).
   std::int64_t in_features() const { return in_features_; }
   std::int64_t out_features() const { return out_features_; }
+  // The activation applied after the bias (Note [fused activation]).
+  std::optional<kernels::Activation> activation() const { return activation_; }
   void reset_parameters(core::Generator& rng) override;
 
   Parameter& weight() { return *weight_; }
@@ -37,7 +53,9 @@ class Linear : public Module {
   Parameter* weight_;
   bool tied_ = false;
   Parameter* bias_ = nullptr;
-  core::Tensor input_;  // in the compute type, kept for backward (training only)
+  std::optional<kernels::Activation> activation_;
+  core::Tensor pre_activation_;  // Note [fused activation], kept for backward
+  core::Tensor input_;           // in the compute type, kept for backward (training only)
   DType input_dtype_ = DType::f32;
   core::Shape input_shape_;
   AutocastWeight low_weight_;  // Note [autocast weight copy]

@@ -21,6 +21,8 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include "kernels/activation.h"
+#include "kernels/bias.h"
 #include "kernels/detail/cpu_float.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
@@ -175,10 +177,8 @@ void gemm_one(GemmLibrary library, const GemmArgs& g) {
       detail::store_f32(g.c, g.c_type, r * g.ldc + col, c[r * g.n + col]);
 }
 
-}  // namespace
-
-void gemm(const GemmArgs& g) {
-  validate_gemm(g);
+// The product alone (g.epilogue is ignored).
+void gemm_product(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   // Note [GEMM signal mask]: once for the whole batch.
   const GemmLibrary library = current_library.load(std::memory_order_relaxed);
@@ -190,6 +190,48 @@ void gemm(const GemmArgs& g) {
     one.b = static_cast<const char*>(g.b) + i * g.stride_b * dtype_size(g.ab_type);
     one.c = static_cast<char*>(g.c) + i * g.stride_c * dtype_size(g.c_type);
     gemm_one(library, one);
+  }
+}
+
+// Zeroes an overwritten bias gradient, so that bias_grad's += sets it.
+void start_bias_grad(const GemmArgs& g, std::int64_t length) {
+  if (!g.bias_grad_accumulate) std::fill(g.bias_grad, g.bias_grad + length, 0.0f);
+}
+
+}  // namespace
+
+// Note [gemm epilogues]: the unfused layers' ops in their order, so a fused
+// Linear keeps the bits of Linear, GELU and their backward on the CPU.
+void gemm(const GemmArgs& g) {
+  validate_gemm(g);
+  const std::int64_t elements = g.m * g.n;
+  switch (g.epilogue) {
+    case GemmEpilogue::none:
+      gemm_product(g);
+      return;
+    case GemmEpilogue::bias:
+      gemm_product(g);
+      add_bias(g.c, g.c_type, g.bias, g.m, g.n);
+      return;
+    case GemmEpilogue::bias_gelu_aux: {
+      GemmArgs pre = g;
+      pre.c = g.aux;
+      gemm_product(pre);
+      add_bias(g.aux, g.c_type, g.bias, g.m, g.n);
+      activation_forward(Activation::gelu_tanh, g.aux, g.c, g.c_type, elements);
+      return;
+    }
+    case GemmEpilogue::dgelu_bgrad:
+      gemm_product(g);
+      activation_backward(Activation::gelu_tanh, g.c, g.aux, g.c, g.c_type, elements);
+      start_bias_grad(g, g.n);
+      bias_grad(g.c, g.c_type, g.m, g.n, g.bias_grad);
+      return;
+    case GemmEpilogue::bgrad_a:
+      gemm_product(g);
+      start_bias_grad(g, g.m);
+      bias_grad(g.a, g.ab_type, g.k, g.m, g.bias_grad);
+      return;
   }
 }
 
