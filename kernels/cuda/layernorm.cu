@@ -99,7 +99,7 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
   if (i >= s.rows) return;  // Note [warp rows]: the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::int64_t base = i * s.cols;
-  auto in = [&](std::int64_t j) -> float {
+  auto value = [&](std::int64_t j) -> float {
     if constexpr (kResidual) {
       return sum[base + j];
     } else {
@@ -113,14 +113,14 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
       v = __fadd_rn(residual[base + j], detail::to_f32(x[base + j]));
       sum[base + j] = v;
     } else {
-      v = in(j);
+      v = value(j);
     }
     total += v;
   }
   const double mu = warp_sum(total) / static_cast<double>(s.cols);
   double sq = 0.0;
   for (std::int64_t j = lane; j < s.cols; j += 32) {
-    const double d = in(j)-mu;
+    const double d = value(j) - mu;
     sq += d * d;
   }
   const double r = 1.0 / sqrt(warp_sum(sq) / static_cast<double>(s.cols) + s.eps);
@@ -130,7 +130,7 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
     rstd[i] = rs;
   }
   for (std::int64_t j = lane; j < s.cols; j += 32) {
-    float out = __fmul_rn(__fsub_rn(in(j), m), rs);
+    float out = __fmul_rn(__fsub_rn(value(j), m), rs);
     if (gamma) out = __fmul_rn(out, gamma[j]);
     if (beta) out = __fadd_rn(out, beta[j]);
     y[base + j] = detail::from_f32<TOut>(out);
