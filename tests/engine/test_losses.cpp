@@ -255,10 +255,12 @@ TEST_CASE("the fused cross-entropy's cpu twin matches PyTorch's float64 formula 
   // Tolerances: the loss to 1e-6 relative (f32 exponentials within 2 ulp
   // summed in f64, so each row's log-sum-exp is within 2.4e-7, and each row's
   // loss is rounded to f32); the count and the hits exactly. Each gradient
-  // element is f32 arithmetic on probabilities and targets <= 1 (within
-  // 2^-20 x scale absolute, scale = dloss / count), then rounded to nearest
-  // in its dtype: within 2^-8 (bf16) or 2^-11 (f16) of itself relative, plus
-  // f16's subnormal half-spacing 2^-25.
+  // element (p - target) scale is f32 arithmetic (scale = dloss / count): p
+  // within 2^-21 relative (the exponential's 2 ulp, the product with 1 / sum),
+  // the subtraction and the product rounded once each, so within 2^-20 (p +
+  // target) scale; then rounded to nearest in its dtype, within half an ulp:
+  // 2^-8 (bf16) or 2^-11 (f16) of the rounded value, or f16's subnormal
+  // half-spacing 2^-25.
   struct Shape {
     std::int64_t rows, classes;
   };
@@ -288,8 +290,9 @@ TEST_CASE("the fused cross-entropy's cpu twin matches PyTorch's float64 formula 
         for (std::size_t k = 0; k < grad.size(); ++k) {
           const float got = type == DType::bf16 ? kernels::bf16_bits_to_f32(grad[k])
                                                 : kernels::f16_bits_to_f32(grad[k]);
-          const double f32_error = 0x1p-20 * scale;
-          const double tol = rel * (std::fabs(want.grad[k]) + f32_error) + f32_error + sub;
+          const double target = test::xent_target(c.labels, shape.classes, -100, e, k);
+          const double f32_error = 0x1p-20 * (std::fabs(want.grad[k]) + 2 * target * scale);
+          const double tol = rel * std::fabs(got) + f32_error + sub;
           INFO("element " << k << ": twin " << got << ", float64 " << want.grad[k]);
           REQUIRE(std::fabs(got - want.grad[k]) <= tol);
         }

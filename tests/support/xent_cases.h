@@ -95,6 +95,18 @@ inline XentCase make_xent_case(std::int64_t rows, std::int64_t classes, DType ty
   return c;
 }
 
+// The target of element k of logits [labels.size(), classes]: (1 - e) onehot
+// + e / classes on a counted row, 0 on an ignored one. A gradient element is
+// (p - target) scale, so |g| / scale + target bounds its probability p: the
+// f32 error of a gradient element is relative to p, not to g.
+inline double xent_target(const std::vector<std::int64_t>& labels, std::int64_t classes,
+                          std::int64_t ignore_index, double e, std::size_t k) {
+  const std::int64_t y = labels[k / static_cast<std::size_t>(classes)];
+  if (y == ignore_index) return 0.0;
+  return (static_cast<std::int64_t>(k % static_cast<std::size_t>(classes)) == y ? 1 - e : 0.0) +
+         e / static_cast<double>(classes);
+}
+
 // PyTorch's F.cross_entropy(x, y, ignore_index, label_smoothing=e) in float64:
 // per counted row, (1 - e) (lse - x_y) + e mean_c (lse - x_c); the mean over
 // counted rows; its gradient times dloss, (softmax - (1 - e) onehot - e / C)
