@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "comm/step_agreement.h"
@@ -240,6 +241,7 @@ Context DataParallelStep::context(std::int64_t micro_batch, std::int64_t rows) c
   ctx.autocast = options_.autocast;
   ctx.seed = options_.seed;
   ctx.step = static_cast<std::uint64_t>(steps_);
+  ctx.index_checks = &readback_->index_checks();  // Note [deferred index check]
   // Note [dropout keys]; Note [rank-invariant step]: chunk rank x K + k.
   ctx.first_sample = options_.rank_invariant
                          ? (rank * std::int64_t{options_.accumulation} + micro_batch) * rows
@@ -340,6 +342,9 @@ void DataParallelStep::update(StepResult& r) {
     measure_gradients(measured_grads(), measured_, scaler_, *readback_, stream_);
     return readback_->read(stream_);  // waits for the device
   }();
+  // Note [deferred index check]: a bad index refuses the step on every rank.
+  const bool bad_index = kernels::index_report_bad(local.bad_index);
+  const double local_loss = bad_index ? std::numeric_limits<double>::quiet_NaN() : local.loss_total;
   GradientPayload gradients = gradient_payload(local);
   // ZeRO-1 and ZeRO-2: this rank's shard, summed over the ranks by the agreement.
   std::span<double> sums = sharded() && !tree_ ? std::span<double>(gradients) : std::span<double>();
@@ -348,14 +353,15 @@ void DataParallelStep::update(StepResult& r) {
     std::fill(chunk_sums_.begin(), chunk_sums_.end(), 0.0);
     for (int k = 0; k < k_total; ++k)
       chunk_sums_[static_cast<std::size_t>(rank * k_total + k)] =
-          local.chunk_losses[static_cast<std::size_t>(k)];
+          bad_index ? local_loss : local.chunk_losses[static_cast<std::size_t>(k)];
     sums = chunk_sums_;
   }
-  comm::StepTotals totals{local.loss_total, local.rows_total, comm::stop_requested()};
+  comm::StepTotals totals{local_loss, local.rows_total, comm::stop_requested()};
   if (world_) {
     core::trace::Span agreement("agreement", core::trace::Part::comm);
-    totals = agreement_->agree(local.loss_total, local.rows_total, sums);
+    totals = agreement_->agree(local_loss, local.rows_total, sums);
   }
+  if (bad_index) readback_->index_checks().check(local.bad_index, stream_);  // throws
   if (tree_)
     totals.loss_sum = comm::tree_sum<double>(
         static_cast<std::int64_t>(chunk_sums_.size()),

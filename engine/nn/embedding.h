@@ -1,6 +1,8 @@
 // Embedding: a lookup table weight [vocab, dim] (init normal(0, 1), as
 // PyTorch) indexed by integer tensors (i64 or i32) of any shape; the output
 // is f32 [..., dim]. Its backward returns no input gradient (indices have none).
+// An index outside [0, vocab) is an InvalidArgument naming the layer (Note
+// [embedding index check]).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,9 @@ class Embedding : public Module {
  public:
   Embedding(std::int64_t vocab, std::int64_t dim);
   core::Tensor forward(const core::Tensor& indices, Context& ctx) override;
+  // forward for indices the caller built in range itself (GPT's positions):
+  // on CUDA nothing is checked or recorded; the CPU loop checks as ever.
+  core::Tensor forward_in_range(const core::Tensor& indices, Context& ctx);
   core::Tensor backward(const core::Tensor& dy, Context& ctx) override;
   // Read by the ONNX exporter (engine/export/).
   Parameter& weight() { return *weight_; }
@@ -21,6 +26,8 @@ class Embedding : public Module {
   void reset_parameters(core::Generator& rng) override;
 
  private:
+  core::Tensor lookup(const core::Tensor& indices, Context& ctx, bool check);
+
   std::int64_t vocab_, dim_;
   Parameter* weight_;
   core::Tensor indices_;

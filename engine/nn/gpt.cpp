@@ -106,7 +106,9 @@ core::Tensor GPT::forward(const core::Tensor& tokens, Context& ctx) {
     core::trace::Span span;  // Note [module spans]: the parts around the blocks
     span.open("forward", "embeddings", "module", &ctx.stream);
     x = wte_->forward(tokens, ctx);
-    core::ops::add(x, wpe_->forward(positions_, ctx), x, ctx.stream);
+    // The positions are built above, each below seq <= block_size, wpe's
+    // vocabulary: nothing to check (Note [embedding index check]).
+    core::ops::add(x, wpe_->forward_in_range(positions_, ctx), x, ctx.stream);
     x = drop_->forward(x, ctx);
   }
   x = blocks_->forward(x, ctx);

@@ -180,6 +180,12 @@ void Module::no_forward_error() const {
 const core::Tensor& AutocastWeight::get(const Parameter& weight, DType type,
                                         const core::Stream& stream) {
   if (type == DType::f32) return weight.value;
+  weight.low_copy_wanted = type;  // Note [fused weight copy]: the optimizer's cue
+  if (weight.low_copy.defined() && weight.low_copy.dtype() == type &&
+      weight.low_copy_version == weight.version) {
+    copy_ = core::Tensor();
+    return weight.low_copy;
+  }
   if (!copy_.defined() || copy_.dtype() != type || version_ != weight.version ||
       source_ != weight.value.data()) {
     copy_ = weight.value.cast(type, stream);

@@ -51,6 +51,15 @@ struct Parameter {
   // Bumped whenever `value` changes (optimizer step, load): modules key
   // caches derived from the value (the autocast low-precision copy) on it.
   std::uint64_t version = 0;
+  // Note [fused weight copy] (kernels/optimizer.h): a low-precision copy of
+  // `value` that the optimizer's CUDA step wrote beside it, current while
+  // low_copy_version == version; AutocastWeight reads it instead of casting.
+  // low_copy_wanted is the type a module last asked AutocastWeight for (the
+  // optimizer's cue to write one); mutable since AutocastWeight sees the
+  // weight const.
+  core::Tensor low_copy;
+  std::uint64_t low_copy_version = 0;
+  mutable std::optional<DType> low_copy_wanted;
   // Note [lazy zero_grad]: set by the owning module when every writer of
   // this gradient honours grad_stale; then `grad_stale` says that `grad`
   // holds stale values that count as zero.
@@ -88,6 +97,7 @@ struct Buffer {
 };
 
 class Module;
+class IndexChecks;  // engine/step_readback.h
 
 // Where a container is in a child's pass, for Context::on_module.
 enum class ModulePhase { before_forward, after_forward, before_backward, after_backward };
@@ -116,6 +126,10 @@ struct Context {
   // must not move state a second time (BatchNorm's running statistics).
   bool keep_for_backward = true;
   bool recompute = false;
+  // Note [deferred index check] (engine/step_readback.h): set by the
+  // data-parallel step, whose readback carries the Embedding lookups' index
+  // checks home; null elsewhere, where a lookup checks at once.
+  IndexChecks* index_checks = nullptr;
 };
 
 class Module {
@@ -228,6 +242,9 @@ class Module {
 // low-precision copy of their f32 weight. The copy is remade only when the
 // weight's version (bumped by each optimizer step and load) or storage
 // changes, so it is made once per optimizer step, not once per micro-batch.
+// Where the optimizer wrote the copy in its own pass (Note [fused weight
+// copy]: CUDA, unsharded), get() returns that one and keeps no cast of its
+// own; elsewhere (the CPU, ZeRO-1 to 3, the first step, after a load) it casts.
 class AutocastWeight {
  public:
   // The weight in `type`: the f32 value itself, or the cached low copy.

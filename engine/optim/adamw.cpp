@@ -58,7 +58,7 @@ void AdamW::launch(const core::Stream& stream) {
       },
       [&](kernels::CudaStream cuda_stream) {
         kernels::cuda::adamw_step(device_segments(), segment_count, groups.data(), group_count,
-                                  params, grads, exp_avg, exp_avg_sq, cuda_stream);
+                                  params, grads, exp_avg, exp_avg_sq, cuda_stream, weight_copy());
       });
 }
 

@@ -105,9 +105,53 @@ const kernels::OptimizerSegment* Optimizer::device_segments() const {
 }
 
 void Optimizer::step(const core::Stream& stream) {
+  prepare_weight_copy(stream);
   launch(stream);
   ++steps_;
   store_.bump_versions();
+  publish_weight_copy();
+}
+
+// Note [fused weight copy]: taken on CUDA when the optimizer is not sharded
+// and every parameter whose module asked for a copy asked for the same type
+// (bf16 or f16); the step then writes the whole buffer's copy. Otherwise the
+// modules cast as before (AutocastWeight): on the CPU, which keeps its order
+// and bits; under ZeRO-1 to 3, where a rank updates only its shard and the
+// gather moves the f32 values; and where the asked types differ.
+void Optimizer::prepare_weight_copy(const core::Stream& stream) {
+  weight_copy_ = {};
+  if (!store_.device().is_cuda() || sharded()) return;
+  std::optional<DType> type;
+  for (const ParameterStore::Slot& s : store_.slots()) {
+    const std::optional<DType>& wanted = s.parameter->low_copy_wanted;
+    if (!wanted) continue;
+    if ((*wanted != DType::bf16 && *wanted != DType::f16) || (type && *type != *wanted)) return;
+    type = wanted;
+  }
+  if (!type) {
+    weight_copies_ = core::Tensor();
+    return;
+  }
+  if (!weight_copies_.defined() || weight_copies_.dtype() != *type) {
+    core::MemoryKindScope kind(core::MemoryKind::parameters);  // Note [memory kinds]
+    weight_copies_ = core::Tensor::empty({store_.size()}, *type, store_.device(), stream);
+  }
+  weight_copy_ = {weight_copies_.data(), *type};
+}
+
+void Optimizer::publish_weight_copy() {
+  if (weight_copy_.data == nullptr) return;
+  for (const ParameterStore::Slot& s : store_.slots()) {
+    Parameter& p = *s.parameter;
+    if (p.low_copy_wanted != weight_copy_.type) continue;
+    p.low_copy = weight_copies_.view(s.offset, s.shape);
+    p.low_copy_version = p.version;
+  }
+}
+
+std::optional<DType> Optimizer::fused_weight_copy() const {
+  if (weight_copy_.data == nullptr) return std::nullopt;
+  return weight_copy_.type;
 }
 
 const Optimizer::Group& Optimizer::group_at(std::size_t group) const {
@@ -247,6 +291,10 @@ void Optimizer::shard(comm::Communicator& comm, const comm::ShardLayout& layout,
     buffer = shard;
   }
   set_segments(std::move(packed), stream);
+  // Note [fused weight copy]: a sharded step writes no copies; the modules cast again.
+  for (const ParameterStore::Slot& s : store_.slots()) s.parameter->low_copy = core::Tensor();
+  weight_copies_ = core::Tensor();
+  weight_copy_ = {};
   shard_comm_ = &comm;
   shard_layout_ = layout;
   packed_grads_ = std::move(packed_grads);

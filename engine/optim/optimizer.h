@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,8 +53,13 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // Updates every parameter from store.grads() and then bumps the parameter
-  // versions (autocast weight copies are keyed on them).
+  // versions (autocast weight copies are keyed on them). On CUDA, unsharded,
+  // the same pass writes the autocast weight copies the modules asked for
+  // (Note [fused weight copy]).
   void step(const core::Stream& stream = {});
+  // The type of the weight copies the last step wrote in its pass, if it
+  // wrote any (Note [fused weight copy]): for run headers and traces.
+  std::optional<DType> fused_weight_copy() const;
   // Optimizer steps taken. Every group steps together, so one count serves
   // them all: the t of AdamW's bias corrections, SGD's first momentum step.
   std::int64_t steps() const { return steps_; }
@@ -111,6 +117,9 @@ class Optimizer {
   const std::vector<kernels::OptimizerSegment>& segments() const { return segments_; }
   // The same table in GPU memory; null on the CPU.
   const kernels::OptimizerSegment* device_segments() const;
+  // Where launch() writes the weights' low-precision copy in its CUDA pass;
+  // no data when none is written (Note [fused weight copy]).
+  kernels::WeightCopy weight_copy() const { return weight_copy_; }
 
  private:
   struct Group {
@@ -120,6 +129,10 @@ class Optimizer {
   // Checks the table and keeps it, and a copy on a GPU store's device.
   void set_segments(std::vector<kernels::OptimizerSegment> segments, const core::Stream& stream);
   const ParameterStore::Slot& slot_named(const std::string& parameter) const;
+  // Note [fused weight copy]: before launch(), the copy's buffer when the
+  // modules ask for one; after it, each asking parameter's view of it.
+  void prepare_weight_copy(const core::Stream& stream);
+  void publish_weight_copy();
 
   std::string type_name_;  // "SGD", "AdamW": for messages
   ParameterStore& store_;
@@ -130,7 +143,9 @@ class Optimizer {
   std::int64_t steps_ = 0;
   comm::Communicator* shard_comm_ = nullptr;  // set by shard()
   comm::ShardLayout shard_layout_;
-  core::Tensor packed_grads_;  // ZeRO-2: set by shard()
+  core::Tensor packed_grads_;   // ZeRO-2: set by shard()
+  core::Tensor weight_copies_;  // indexed like store().values(), in weight_copy_.type
+  kernels::WeightCopy weight_copy_;
 };
 
 }  // namespace lockstep::engine

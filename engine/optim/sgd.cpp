@@ -45,7 +45,7 @@ void SGD::launch(const core::Stream& stream) {
       },
       [&](kernels::CudaStream cuda_stream) {
         kernels::cuda::sgd_step(device_segments(), segment_count, groups.data(), group_count,
-                                params, grads, momentum, cuda_stream);
+                                params, grads, momentum, cuda_stream, weight_copy());
       });
 }
 

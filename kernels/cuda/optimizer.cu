@@ -1,7 +1,9 @@
 // CUDA optimizer steps and unscaling (kernels/optimizer.h). One launch covers
 // every parameter: each block takes whole segments from the device-resident
 // table, and the group hyper-parameters travel by value in the launch, so a
-// step needs no host-to-device copy. Same f32 formulas as the CPU versions.
+// step needs no host-to-device copy. Same f32 formulas as the CPU versions;
+// the weights' low-precision copy written in the same pass (Note [fused
+// weight copy]).
 #include <algorithm>
 #include <string>
 
@@ -40,9 +42,32 @@ __device__ bool known_group(const OptimizerSegment& segment, int group_count) {
   return segment.group >= 0 && segment.group < group_count;
 }
 
+// What a step does with an updated weight besides storing it: nothing, or
+// the store into the low-precision copy (Note [fused weight copy]).
+struct NoCopy {
+  __device__ void operator()(std::int64_t, float) const {}
+};
+template <typename T>
+struct CopyTo {
+  T* low;
+  __device__ void operator()(std::int64_t i, float p) const { low[i] = detail::from_f32<T>(p); }
+};
+
+// Calls launch(copier) with the copier `copy` asks for.
+template <typename Launch>
+void with_copy(const WeightCopy& copy, const char* op, Launch&& launch) {
+  if (copy.data == nullptr) return launch(NoCopy{});
+  if (copy.type == DType::bf16)
+    return launch(CopyTo<__nv_bfloat16>{static_cast<__nv_bfloat16*>(copy.data)});
+  if (copy.type == DType::f16) return launch(CopyTo<__half>{static_cast<__half*>(copy.data)});
+  throw InvalidArgument(std::string(op) + ": a weight copy in " + dtype_name(copy.type) +
+                        " (the fused copy is bf16 or f16)");
+}
+
+template <typename Copy>
 __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segment_count,
                            GroupTable<SgdGroup> groups, int group_count, float* params,
-                           const float* grads, float* momentum) {
+                           const float* grads, float* momentum, Copy copy) {
   for (std::int64_t s = blockIdx.x; s < segment_count; s += gridDim.x) {
     const OptimizerSegment segment = segments[s];
     if (!known_group(segment, group_count)) continue;
@@ -53,20 +78,24 @@ __global__ void sgd_kernel(const OptimizerSegment* segments, std::int64_t segmen
       const float p = params[i];
       const float g = grads[i + segment.grad_shift];
       const float d = h.weight_decay != 0.0f ? g + h.weight_decay * p : g;
+      float updated;
       if (h.momentum == 0.0f) {
-        params[i] = p - h.lr * d;
-        continue;
+        updated = p - h.lr * d;
+      } else {
+        const float b = h.first_step ? d : h.momentum * buf[i] + h.one_minus_dampening * d;
+        buf[i] = b;
+        updated = p - h.lr * (h.nesterov ? d + h.momentum * b : b);
       }
-      const float b = h.first_step ? d : h.momentum * buf[i] + h.one_minus_dampening * d;
-      buf[i] = b;
-      params[i] = p - h.lr * (h.nesterov ? d + h.momentum * b : b);
+      params[i] = updated;
+      copy(i, updated);
     }
   }
 }
 
+template <typename Copy>
 __global__ void adamw_kernel(const OptimizerSegment* segments, std::int64_t segment_count,
                              GroupTable<AdamwGroup> groups, int group_count, float* params,
-                             const float* grads, float* exp_avg, float* exp_avg_sq) {
+                             const float* grads, float* exp_avg, float* exp_avg_sq, Copy copy) {
   for (std::int64_t s = blockIdx.x; s < segment_count; s += gridDim.x) {
     const OptimizerSegment segment = segments[s];
     if (!known_group(segment, group_count)) continue;
@@ -80,7 +109,9 @@ __global__ void adamw_kernel(const OptimizerSegment* segments, std::int64_t segm
       exp_avg[i + to_state] = m;
       exp_avg_sq[i + to_state] = v;
       const float denom = sqrtf(v) / h.bias_correction2_sqrt + h.eps;
-      params[i] = params[i] * h.decay_factor - h.step_size * (m / denom);
+      const float updated = params[i] * h.decay_factor - h.step_size * (m / denom);
+      params[i] = updated;
+      copy(i, updated);
     }
   }
 }
@@ -101,21 +132,25 @@ __global__ void unscale_kernel(float* grads, std::int64_t n, float inv_scale,
 
 void sgd_step(const OptimizerSegment* segments, std::int64_t segment_count, const SgdGroup* groups,
               int group_count, float* params, const float* grads, float* momentum,
-              CudaStream stream) {
+              CudaStream stream, WeightCopy copy) {
   const auto table = group_table(groups, group_count, "sgd_step");
   if (segment_count == 0) return;
-  sgd_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
-      segments, segment_count, table, group_count, params, grads, momentum);
+  with_copy(copy, "sgd_step", [&](auto copier) {
+    sgd_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
+        segments, segment_count, table, group_count, params, grads, momentum, copier);
+  });
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
 void adamw_step(const OptimizerSegment* segments, std::int64_t segment_count,
                 const AdamwGroup* groups, int group_count, float* params, const float* grads,
-                float* exp_avg, float* exp_avg_sq, CudaStream stream) {
+                float* exp_avg, float* exp_avg_sq, CudaStream stream, WeightCopy copy) {
   const auto table = group_table(groups, group_count, "adamw_step");
   if (segment_count == 0) return;
-  adamw_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
-      segments, segment_count, table, group_count, params, grads, exp_avg, exp_avg_sq);
+  with_copy(copy, "adamw_step", [&](auto copier) {
+    adamw_kernel<<<grid_for_segments(segment_count), kThreads, 0, stream>>>(
+        segments, segment_count, table, group_count, params, grads, exp_avg, exp_avg_sq, copier);
+  });
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -22,6 +22,7 @@
 #include "kernels/embedding.h"
 #include "kernels/error.h"
 #include "kernels/layernorm.h"
+#include "support/embedding_order.h"
 #include "support/reference.h"
 
 using namespace lockstep;
@@ -158,10 +159,12 @@ TEST_CASE("cuda LayerNorm weight and bias gradients match the cpu, the same bits
   }
 }
 
-TEST_CASE("cuda embedding gradient equals the cpu's bits, repeated indices included",
+TEST_CASE("cuda embedding gradient adds in its stated order, repeated indices included",
           "[gpu][embedding]") {
-  // vocab 50 over 4096 tokens: runs of about 80 positions per row; gpt2's 50304
-  // over 16384 tokens (most rows untouched); a single token.
+  // vocab 50 over 4096 tokens: runs of about 80 positions per row, summed in
+  // chunks (Note [embedding gradient order]); gpt2's 50304 over 16384 tokens
+  // (most rows untouched, none used more than kEmbeddingChunk times: the CPU
+  // loop's bits); a single token. The reference is that order on the host.
   struct Case {
     std::int64_t count, vocab, dim;
   };
@@ -175,7 +178,8 @@ TEST_CASE("cuda embedding gradient equals the cpu's bits, repeated indices inclu
       const auto dw0 = test::random_matrix(c.vocab * c.dim, DType::f32, 53).values;
       std::vector<float> cpu = dw0;
       const kernels::EmbeddingShape cpu_s{c.count, c.vocab, c.dim, DType::i64};  // idx's type
-      kernels::cpu::embedding_backward(cpu_s, dout.data(), idx.data(), cpu.data());
+      test::embedding_backward_in_cuda_order(cpu_s.count, cpu_s.vocab, cpu_s.dim, dout.data(),
+                                             idx.data(), cpu.data());
       const Tensor gidx = indices_on_gpu(idx, type);
       const Tensor gdout = Tensor::from_vector(dout, {c.count * c.dim}, DType::f32, kGpu);
       Tensor gdw = Tensor::from_vector(dw0, {c.vocab * c.dim}, DType::f32, kGpu);
