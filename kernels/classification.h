@@ -50,12 +50,13 @@ void count_correct(const ClassificationShape& s, const float* logits, const void
 //   dlogits:     as softmax_xent_backward's dlogits, rounded to logits_type
 //                (to nearest even), which is what the unfused composition
 //                forward -> backward -> cast gives.
-// dlogits may be logits: the gradient overwrites the logits in place, every
-// statistic of a row (its max, f64 sum of exponentials, label logit, argmax,
-// f64 sum of logits for smoothing) being taken before any of it is written.
-// This CPU version is that composition (widen to f32, softmax_xent_forward,
+// dlogits is logits (in place: every statistic of a row, its max, f64 sum of
+// exponentials, label logit, argmax and f64 sum of logits for smoothing, is
+// taken before any of it is written) or does not overlap them. This CPU
+// version is that composition (widen to f32, softmax_xent_forward,
 // count_correct, softmax_xent_backward, narrow): the reference the CUDA
-// kernel is held to (tests/gpu/test_gpu_fused_xent.cpp).
+// kernel is held to (tests/gpu/test_gpu_fused_xent.cpp), which differs from
+// it by its exponentials' ulps before the rounding to logits_type.
 void softmax_xent_fused(const ClassificationShape& s, DType logits_type, const void* logits,
                         const void* labels, float dloss, void* dlogits, float* loss, float* count,
                         float* correct);

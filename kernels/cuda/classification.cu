@@ -205,6 +205,7 @@ __device__ void for_my_elements(const T* row, const RowSplit& r, std::int64_t n,
   constexpr int kCount = Pack<T>::kCount;
   if (threadIdx.x < r.head) f(static_cast<std::int64_t>(threadIdx.x), to_f32(row[threadIdx.x]));
   const auto* packs = reinterpret_cast<const Pack<T>*>(row + r.head);
+#pragma unroll 4  // four loads in flight per thread: the statistics wait on the data, not the loads
   for (std::int64_t p = threadIdx.x; p < r.packs; p += kThreads) {
     const Pack<T> pack = packs[p];
 #pragma unroll
@@ -294,6 +295,7 @@ __global__ void fused_xent_rows(ClassificationShape s, const T* logits, const vo
   constexpr int kCount = Pack<T>::kCount;
   if (threadIdx.x < split.head) out[threadIdx.x] = grad(threadIdx.x, to_f32(row[threadIdx.x]));
   const auto* packs = reinterpret_cast<const Pack<T>*>(row + split.head);
+#pragma unroll 4
   for (std::int64_t p = threadIdx.x; p < split.packs; p += kThreads) {
     const Pack<T> in = packs[p];
     Pack<T> g;
