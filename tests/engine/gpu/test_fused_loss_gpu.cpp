@@ -159,7 +159,8 @@ TEST_CASE("the data-parallel step takes the fused cross-entropy in place, as the
       std::vector<float> x(16 * 24);
       std::vector<std::int64_t> y(16);
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
-      for (std::size_t i = 0; i < y.size(); ++i) y[i] = i % 4 == 3 ? -100 : (i * 131) % 1001;
+      for (std::size_t i = 0; i < y.size(); ++i)
+        y[i] = i % 4 == 3 ? -100 : static_cast<std::int64_t>((i * 131) % 1001);
       const MicroBatch batch{core::Tensor::from_vector(x, {16, 24}, DType::f32, kGpu, stream),
                              core::Tensor::from_vector(y, {16}, DType::i64, kGpu, stream)};
       const StepResult r = step.run(std::vector<MicroBatch>{batch});
