@@ -9,7 +9,7 @@
 # its 3 classes from classes.txt (Note [classes from the data]) and the header
 # says so, --eval-only rebuilds it the same way, and without a classes.txt the
 # preset's 1000 stay; the loader-pace line before the summary (Note [loader
-# pace]); the new flags' refusals.
+# pace]); the new flags' refusals; bench_loader --threads-sweep where built.
 # Usage: recipe.sh BUILD_DIR (exits 77, skipped, without PIL).
 set -euo pipefail
 build=$1
@@ -99,4 +99,20 @@ if "$train" --data "$work/shards/train" --model mlp --zero-init-residual --devic
   fail "--zero-init-residual was accepted for mlp"
 fi
 expect "$work/r.log" "no residual blocks to zero-initialise"
+# bench_loader --threads-sweep (where the benchmarks are built): a row per
+# thread count and the threads a rate needs, in the table and the JSON.
+if [ -x "$build/bench/bench_loader" ]; then
+  "$build/bench/bench_loader" --data "$work/shards/val" --batch 4 --threads-sweep 1,2 --trials 1 \
+    --target-images-per-s 1e6 --json "$work/sweep.jsonl" >"$work/sweep.log"
+  expect "$work/sweep.log" "delivered to cpu"
+  expect "$work/sweep.log" "1000000 images/s (--target-images-per-s): no thread count tried reaches it"
+  [ "$(grep -c '"bench": "loader_images_threads"' "$work/sweep.jsonl")" = 2 ] ||
+    fail "bench_loader --threads-sweep 1,2 wrote no row per thread count"
+  expect "$work/sweep.jsonl" '"bench": "loader_images_threads_needed"'
+  "$shard" synthetic --out "$work/fixed" --count 64 --shape 3,8,8 --dtype u8 --classes 3 >/dev/null
+  if "$build/bench/bench_loader" --data "$work/fixed" --batch 4 --threads-sweep 1 >"$work/r.log" 2>&1; then
+    fail "bench_loader --threads-sweep ran on fixed-shape shards"
+  fi
+  expect "$work/r.log" "--threads-sweep times the image pipeline"
+fi
 echo "recipe.sh: the ResNet-50 recipe at width / 16, classes from classes.txt, --eval-only: ok"
