@@ -480,9 +480,12 @@ int main(int argc, char** argv) {
           "--threads-sweep times the image pipeline, but --data {} holds {} (write encoded-image "
           "shards with lockstep-shard images)",
           data_dir, data.format().str()));
-    if (!threads_sweep.empty())
-      return thread_sweep(data, batch, threads_sweep, trials, image_size, device,
-                          target_images_per_s, json_path);
+    // Encoded images on cuda: the batches on the GPU, as training takes them
+    // (the comparison with the decode alone and torchvision is the cpu's).
+    if (!threads_sweep.empty() || (data.format().encoded && device.is_cuda()))
+      return thread_sweep(data, batch,
+                          threads_sweep.empty() ? std::vector<int>{threads} : threads_sweep, trials,
+                          image_size, device, target_images_per_s, json_path);
     if (data.format().encoded)
       return image_bench(data, batch, threads, trials, image_size, torch_python, torch_src,
                          json_path);
