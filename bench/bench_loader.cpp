@@ -311,7 +311,7 @@ int thread_sweep(const io::Dataset& data, std::int64_t batch, const std::vector<
     const double wait_ms =
         1e3 * stats.wait_s / static_cast<double>(std::max<std::int64_t>(1, stats.batches));
     best_per_thread = std::max(best_per_thread, rate / threads);
-    if (!enough && rate >= target_images_per_s) enough = threads;
+    if (rate >= target_images_per_s) enough = std::min(enough.value_or(threads), threads);
     fmt::print("{:>8} {:>12.0f} {:>12.0f} {:>11.2f} ms\n", threads, rate, rate / threads, wait_ms);
     json.write(
         {bench::field("bench", "loader_images_threads"), bench::field("device", device.str()),
@@ -325,8 +325,9 @@ int thread_sweep(const io::Dataset& data, std::int64_t batch, const std::vector<
   const int estimate =
       best_per_thread > 0 ? static_cast<int>(std::ceil(target_images_per_s / best_per_thread)) : 0;
   if (enough)
-    fmt::print("{} images/s (--target-images-per-s) needs {} loader thread{} a GPU here\n",
-               target_images_per_s, *enough, *enough == 1 ? "" : "s");
+    fmt::print(
+        "{} images/s (--target-images-per-s) needs {} loader thread{} here, delivered to {}\n",
+        target_images_per_s, *enough, *enough == 1 ? "" : "s", device.str());
   else
     fmt::print(
         "{} images/s (--target-images-per-s): no thread count tried reaches it; at the best rate "
