@@ -313,7 +313,8 @@ std::shared_ptr<Loss> loss_for(const Flags& f) {
 // want of data. Summed over the run's steps after its first (which waits
 // for the loader's start), its share of the step time says who set the
 // pace: at 10% or more, the loader (more --loader-threads, or a cheaper
-// pipeline); below, the model. Printed before the summary.
+// pipeline); below, the model. Rank 0's, printed before the summary (the
+// metrics' per-step data_wait_ms give every step's).
 struct LoaderPace {
   std::int64_t steps = 0, first_step = 0, last_step = 0;
   double wait_ms = 0, step_ms = 0;
@@ -327,7 +328,7 @@ struct LoaderPace {
   std::string text(int loader_threads, const std::string& device) const {
     const double share = step_ms > 0 ? wait_ms / step_ms : 0.0;
     return fmt::format(
-        "loader pace: the steps waited for data {:.1f}% of their time (steps {}-{}, {} loader "
+        "loader pace: rank 0's steps waited for data {:.1f}% of their time (steps {}-{}, {} loader "
         "thread{} a rank): {}",
         100 * share, first_step, last_step, loader_threads, loader_threads == 1 ? "" : "s",
         share >= 0.1 ? fmt::format("the loader, not the {}, set the pace (raise --loader-threads; "

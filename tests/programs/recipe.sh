@@ -53,7 +53,7 @@ expect "$work/a.log" "lockstep-train: resnet50, 3 classes, as --data's classes.t
 expect "$work/a.log" "2 loader threads"
 expect "$work/a.log" "augment imagenet (random-resized-crop 224x224 of 3 channels, flip)"
 expect "$work/a.log" "evaluation centre-crop 224x224 of 3 channels"
-expect "$work/a.log" "loader pace: the steps waited for data"
+expect "$work/a.log" "loader pace: rank 0's steps waited for data"
 expect "$work/a.log" "(steps 2-4, 2 loader threads a rank)"
 expect "$work/a.log" "epoch 1: val_loss"
 # Warmup then cosine: the first step's lr is the whole lr after 1 warmup step,
