@@ -20,6 +20,8 @@
 // and dy twice (the f64 sums of dy and dy (x - mean), then dx) and writes dx
 // (and d_identity). Sums are of x - x[channel's first value], so that a mean
 // far from zero costs no precision in sum(x^2) - sum(x)^2 / n.
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -93,6 +95,7 @@ __global__ void stats_partial_kernel(BatchNormShape s, std::int64_t splits, cons
   const double pilot = to_f32(x[r.channel * spatial]);
   const std::uint32_t values = (r.end - r.first) * spatial;
   double sum = 0.0, squares = 0.0;
+#pragma unroll 4  // later iterations' loads in flight; the order of the sums is unchanged
   for (std::uint32_t j = threadIdx.x; j < values; j += kThreads) {
     const std::uint32_t n = r.first + j / spatial;
     const double d = to_f32(x[(n * channels + r.channel) * spatial + j % spatial]) - pilot;
@@ -146,6 +149,7 @@ __global__ void inference_coef_kernel(BatchNormShape s, const float* weight, con
   coef[c] = make_float4(running_mean[c], static_cast<float>(weight[c] * rstd), bias[c], 0.0f);
 }
 
+// `identity` counts only for add_relu.
 template <BatchNormEpilogue E>
 __device__ __forceinline__ float epilogue(float v, float identity) {
   if (E == BatchNormEpilogue::add_relu) v += identity;
@@ -153,15 +157,30 @@ __device__ __forceinline__ float epilogue(float v, float identity) {
   return v;
 }
 
+// V consecutive values of one row (V divides spatial: one channel), loaded
+// and stored as one access: 16 bytes where the row length and the pointers
+// allow (Note [batchnorm packs]), else one value.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
 // y = epilogue((x - mean) scale + bias), in f32, rounded once.
-template <typename T, BatchNormEpilogue E>
-__global__ void apply_kernel(std::uint32_t total, std::uint32_t spatial, std::uint32_t channels,
-                             const T* x, const T* identity, const float4* coef, T* y) {
-  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += gridDim.x * blockDim.x) {
-    const float4 k = coef[(i / spatial) % channels];
-    const float id = E == BatchNormEpilogue::add_relu ? to_f32(identity[i]) : 0.0f;
-    y[i] = detail::from_f32<T>(epilogue<E>((to_f32(x[i]) - k.x) * k.y + k.z, id));
+template <typename T, int V, BatchNormEpilogue E>
+__global__ void apply_kernel(std::uint32_t packs, std::uint32_t row_packs, std::uint32_t channels,
+                             const Pack<T, V>* x, const Pack<T, V>* identity, const float4* coef,
+                             Pack<T, V>* y) {
+  for (std::uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < packs;
+       p += gridDim.x * blockDim.x) {
+    const float4 k = coef[(p / row_packs) % channels];
+    const Pack<T, V> in = x[p];
+    const Pack<T, V> id = E == BatchNormEpilogue::add_relu ? identity[p] : in;
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      out.v[e] =
+          detail::from_f32<T>(epilogue<E>((to_f32(in.v[e]) - k.x) * k.y + k.z, to_f32(id.v[e])));
+    y[p] = out;
   }
 }
 
@@ -184,6 +203,7 @@ __global__ void grad_partial_kernel(BatchNormShape s, std::int64_t splits, const
   const double mean = save_mean[r.channel];
   const std::uint32_t values = (r.end - r.first) * spatial;
   double sum_g = 0.0, sum_gx = 0.0;
+#pragma unroll 4  // as stats_partial_kernel's
   for (std::uint32_t j = threadIdx.x; j < values; j += kThreads) {
     const std::uint32_t i =
         ((r.first + j / spatial) * channels + r.channel) * spatial + j % spatial;
@@ -221,16 +241,26 @@ __global__ void grad_finalize_kernel(BatchNormShape s, std::int64_t splits, cons
                         static_cast<float>(k1 * rstd * rstd * sum_gx / count));
 }
 
-template <typename T, BatchNormEpilogue E>
-__global__ void dx_kernel(std::uint32_t total, std::uint32_t spatial, std::uint32_t channels,
-                          const T* x, const T* y, const T* dy, const float4* coef, T* dx,
-                          T* d_identity) {
-  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += gridDim.x * blockDim.x) {
-    const float4 k = coef[(i / spatial) % channels];
-    const float g = masked_grad<T, E>(dy, y, i);
-    if (E == BatchNormEpilogue::add_relu && d_identity) d_identity[i] = detail::from_f32<T>(g);
-    dx[i] = detail::from_f32<T>(k.y * (g - k.z) - k.w * (to_f32(x[i]) - k.x));
+template <typename T, int V, BatchNormEpilogue E>
+__global__ void dx_kernel(std::uint32_t packs, std::uint32_t row_packs, std::uint32_t channels,
+                          const Pack<T, V>* x, const Pack<T, V>* y, const Pack<T, V>* dy,
+                          const float4* coef, Pack<T, V>* dx, Pack<T, V>* d_identity) {
+  for (std::uint32_t p = blockIdx.x * blockDim.x + threadIdx.x; p < packs;
+       p += gridDim.x * blockDim.x) {
+    const float4 k = coef[(p / row_packs) % channels];
+    const Pack<T, V> in = x[p], grad = dy[p];
+    const Pack<T, V> out = E == BatchNormEpilogue::none ? grad : y[p];
+    Pack<T, V> d, masked;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      // masked_grad's rule: dy where y > 0 under a ReLU.
+      const float g =
+          E == BatchNormEpilogue::none || to_f32(out.v[e]) > 0.0f ? to_f32(grad.v[e]) : 0.0f;
+      masked.v[e] = detail::from_f32<T>(g);
+      d.v[e] = detail::from_f32<T>(k.y * (g - k.z) - k.w * (to_f32(in.v[e]) - k.x));
+    }
+    if (E == BatchNormEpilogue::add_relu && d_identity) d_identity[p] = masked;
+    dx[p] = d;
   }
 }
 
@@ -248,6 +278,53 @@ void dispatch_epilogue(BatchNormEpilogue epi, F&& f) {
       f(std::integral_constant<BatchNormEpilogue, BatchNormEpilogue::add_relu>{});
       return;
   }
+}
+
+// Note [batchnorm packs]: the elementwise passes (apply, dx) move 16 bytes per
+// access (8 f16/bf16 or 4 f32 values) when every row's length is a multiple of
+// that and every pointer is 16-byte aligned (resnet's 56x56, 28x28, 14x14;
+// not 7x7), else one value: 16-bit scalar accesses leave too few bytes in
+// flight to fill an H100's or H200's memory system. Each value's arithmetic
+// is the same either way, so the choice never changes a bit. The sums stay
+// scalar: their order is part of the result (Note [batchnorm passes]).
+template <typename T>
+bool packs_fit(std::int64_t spatial, std::initializer_list<const void*> pointers) {
+  if (spatial % static_cast<std::int64_t>(16 / sizeof(T)) != 0) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;  // null is aligned
+  return true;
+}
+
+template <typename T, int V, BatchNormEpilogue E>
+void launch_apply(const BatchNormShape& s, const void* x, const void* identity, const float4* coef,
+                  void* y, CudaStream stream) {
+  const auto packs = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial / V);
+  apply_kernel<T, V, E><<<detail::grid_for(packs), kThreads, 0, stream>>>(
+      packs, static_cast<std::uint32_t>(s.spatial / V), static_cast<std::uint32_t>(s.channels),
+      static_cast<const Pack<T, V>*>(x), static_cast<const Pack<T, V>*>(identity), coef,
+      static_cast<Pack<T, V>*>(y));
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+}
+
+template <typename T, BatchNormEpilogue E>
+void apply(const BatchNormShape& s, const void* x, const void* identity, const float4* coef,
+           void* y, CudaStream stream) {
+  if (packs_fit<T>(s.spatial, {x, identity, y}))
+    launch_apply<T, 16 / sizeof(T), E>(s, x, identity, coef, y, stream);
+  else
+    launch_apply<T, 1, E>(s, x, identity, coef, y, stream);
+}
+
+template <typename T, int V, BatchNormEpilogue E>
+void launch_dx(const BatchNormShape& s, const void* x, const void* y, const void* dy,
+               const float4* coef, void* dx, void* d_identity, CudaStream stream) {
+  const auto packs = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial / V);
+  dx_kernel<T, V, E><<<detail::grid_for(packs), kThreads, 0, stream>>>(
+      packs, static_cast<std::uint32_t>(s.spatial / V), static_cast<std::uint32_t>(s.channels),
+      static_cast<const Pack<T, V>*>(x), static_cast<const Pack<T, V>*>(y),
+      static_cast<const Pack<T, V>*>(dy), coef, static_cast<Pack<T, V>*>(dx),
+      static_cast<Pack<T, V>*>(d_identity));
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
 // The checks of the fused calls, and where the workspace's parts begin.
@@ -322,7 +399,6 @@ void batchnorm_fused_forward_training(const BatchNormShape& s, DType type, Batch
                                       float* running_var, void* workspace, CudaStream stream) {
   const FusedLayout w(s, true, epi, identity != nullptr, workspace,
                       "batchnorm_fused_forward_training");
-  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
   detail::dispatch_float(type, "batchnorm_fused_forward_training", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
@@ -333,12 +409,8 @@ void batchnorm_fused_forward_training(const BatchNormShape& s, DType type, Batch
         s, w.splits, w.partial, in, weight, bias, save_mean, save_rstd, momentum, running_mean,
         running_var, w.coef);
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
-    dispatch_epilogue(epi, [&](auto e) {
-      apply_kernel<T, decltype(e)::value><<<detail::grid_for(total), kThreads, 0, stream>>>(
-          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels), in,
-          static_cast<const T*>(identity), w.coef, static_cast<T*>(y));
-      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
-    });
+    dispatch_epilogue(
+        epi, [&](auto e) { apply<T, decltype(e)::value>(s, x, identity, w.coef, y, stream); });
   });
 }
 
@@ -349,18 +421,13 @@ void batchnorm_fused_forward_inference(const BatchNormShape& s, DType type, Batc
                                        CudaStream stream) {
   const FusedLayout w(s, false, epi, identity != nullptr, workspace,
                       "batchnorm_fused_forward_inference");
-  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
   inference_coef_kernel<<<channel_blocks(s), kThreads, 0, stream>>>(s, weight, bias, running_mean,
                                                                     running_var, w.coef);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   detail::dispatch_float(type, "batchnorm_fused_forward_inference", [&](auto tag) {
     using T = decltype(tag);
-    dispatch_epilogue(epi, [&](auto e) {
-      apply_kernel<T, decltype(e)::value><<<detail::grid_for(total), kThreads, 0, stream>>>(
-          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels),
-          static_cast<const T*>(x), static_cast<const T*>(identity), w.coef, static_cast<T*>(y));
-      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
-    });
+    dispatch_epilogue(
+        epi, [&](auto e) { apply<T, decltype(e)::value>(s, x, identity, w.coef, y, stream); });
   });
 }
 
@@ -373,24 +440,22 @@ void batchnorm_fused_backward(const BatchNormShape& s, DType type, BatchNormEpil
     throw InvalidArgument("batchnorm_fused_backward: a ReLU epilogue needs forward's output y");
   const FusedLayout w(s, true, BatchNormEpilogue::none, false, workspace,
                       "batchnorm_fused_backward");
-  const auto total = static_cast<std::uint32_t>(s.batch * s.channels * s.spatial);
   detail::dispatch_float(type, "batchnorm_fused_backward", [&](auto tag) {
     using T = decltype(tag);
-    const T *in = static_cast<const T*>(x), *out = static_cast<const T*>(y);
-    const T* grad = static_cast<const T*>(dy);
     dispatch_epilogue(epi, [&](auto e) {
       constexpr BatchNormEpilogue E = decltype(e)::value;
       grad_partial_kernel<T, E>
           <<<static_cast<unsigned>(s.channels * w.splits), kThreads, 0, stream>>>(
-              s, w.splits, in, out, grad, save_mean, w.partial);
+              s, w.splits, static_cast<const T*>(x), static_cast<const T*>(y),
+              static_cast<const T*>(dy), save_mean, w.partial);
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
       grad_finalize_kernel<<<channel_blocks(s), kThreads, 0, stream>>>(
           s, w.splits, w.partial, weight, save_mean, save_rstd, dweight, dbias, w.coef);
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
-      dx_kernel<T, E><<<detail::grid_for(total), kThreads, 0, stream>>>(
-          total, static_cast<std::uint32_t>(s.spatial), static_cast<std::uint32_t>(s.channels), in,
-          out, grad, w.coef, static_cast<T*>(dx), static_cast<T*>(d_identity));
-      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      if (packs_fit<T>(s.spatial, {x, y, dy, dx, d_identity}))
+        launch_dx<T, 16 / sizeof(T), E>(s, x, y, dy, w.coef, dx, d_identity, stream);
+      else
+        launch_dx<T, 1, E>(s, x, y, dy, w.coef, dx, d_identity, stream);
     });
   });
 }
