@@ -72,7 +72,7 @@ core::Tensor GptBlock::forward(const core::Tensor& x, Context& ctx) {
   LayerNorm::AddOutput h;
   {
     core::trace::Span span;
-    span.open("fused add+layernorm", ln_2_->path(), "module", &ctx.stream);
+    span.open("fused add+layernorm", ln_2_->path(), "module");
     signal(*ln_2_, ModulePhase::before_forward);
     h = ln_2_->forward_add(x, a, ctx);
     signal(*ln_2_, ModulePhase::after_forward);
@@ -114,7 +114,7 @@ core::Tensor GptBlock::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx1;
   {
     core::trace::Span span;
-    span.open("fused add+ln backward", ln_2_->path(), "module", &ctx.stream);
+    span.open("fused add+ln backward", ln_2_->path(), "module");
     signal(*ln_2_, ModulePhase::before_backward);
     dx1 = ln_2_->backward_add(dh2, g, ctx);
     ln_2_->report_ready(ctx);
@@ -131,7 +131,7 @@ core::Tensor GptBlock::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx;
   if (dh1.defined()) {  // undefined: ln_1 has no parameters and no dx is wanted
     core::trace::Span span;
-    span.open("fused add+ln backward", ln_1_->path(), "module", &ctx.stream);
+    span.open("fused add+ln backward", ln_1_->path(), "module");
     signal(*ln_1_, ModulePhase::before_backward);
     if (input_grad()) {
       dx = ln_1_->backward_add(dh1, dx1, ctx);

@@ -30,8 +30,10 @@ namespace lockstep::engine {
 // CPU, a stream not f32) the Sequential of Residuals runs as it always has;
 // Fusion::always runs the fused order on any device (on the CPU through the
 // kernels' twins, the same bits: tests/engine/test_gpt_block.cpp). A traced
-// run names the fused passes "fused add+layernorm" (the default path has no
-// such span).
+// run marks the fused passes with host spans "fused add+layernorm" and "fused
+// add+ln backward" (no GPU twin: the block's own span times the kernels, and
+// tools/trace.py would count a nested GPU span twice); the unfused path has
+// none.
 class GptBlock : public Sequential {
  public:
   enum class Fusion {

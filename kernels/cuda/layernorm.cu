@@ -65,7 +65,8 @@ __global__ void dx_kernel(LayerNormShape s, const float* dy, const float* x, con
 // a block), so a row's reductions are shuffles with no __syncthreads, and a
 // row of GPT-2's 768 columns is 24 elements a lane. Lane l handles columns l,
 // l + 32, ... in order in every pass; later passes re-read the row (from L1
-// or L2, as the f32 kernels do). Each row's f64 partials are added by an
+// or L2, as the f32 kernels do); the loops unroll by 4 so that a lane has
+// several loads in flight. Each row's f64 partials are added by an
 // xor butterfly: IEEE addition commutes exactly, so every lane ends with the
 // same bits, and the bits depend on cols only. A warp whose row is past the
 // end returns as a whole, before any shuffle.
@@ -107,6 +108,7 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
     }
   };
   double total = 0.0;
+#pragma unroll 4
   for (std::int64_t j = lane; j < s.cols; j += 32) {
     float v;
     if constexpr (kResidual) {
@@ -119,6 +121,7 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
   }
   const double mu = warp_sum(total) / static_cast<double>(s.cols);
   double sq = 0.0;
+#pragma unroll 4
   for (std::int64_t j = lane; j < s.cols; j += 32) {
     const double d = value(j) - mu;
     sq += d * d;
@@ -129,6 +132,7 @@ __global__ void forward_mixed_kernel(LayerNormShape s, const float* residual, co
     mean[i] = m;
     rstd[i] = rs;
   }
+#pragma unroll 4
   for (std::int64_t j = lane; j < s.cols; j += 32) {
     float out = __fmul_rn(__fsub_rn(value(j), m), rs);
     if (gamma) out = __fmul_rn(out, gamma[j]);
@@ -156,6 +160,7 @@ __global__ void dx_mixed_kernel(LayerNormShape s, const TDy* dy, const TX* x, co
     return gamma ? g * gamma[j] : g;
   };
   double a = 0.0, b = 0.0;
+#pragma unroll 4
   for (std::int64_t j = lane; j < s.cols; j += 32) {
     const double dh = dxhat(j);
     a += dh;
@@ -163,6 +168,7 @@ __global__ void dx_mixed_kernel(LayerNormShape s, const TDy* dy, const TX* x, co
   }
   const double mean_dxhat = warp_sum(a) / static_cast<double>(s.cols);
   const double mean_dxhat_xhat = warp_sum(b) / static_cast<double>(s.cols);
+#pragma unroll 4
   for (std::int64_t j = lane; j < s.cols; j += 32) {
     float out = static_cast<float>(r * (dxhat(j) - mean_dxhat - xhat(j) * mean_dxhat_xhat));
     if (dresidual) out = __fadd_rn(out, dresidual[base + j]);
