@@ -88,9 +88,15 @@ __global__ void sort_input_kernel(EmbeddingShape s, const void* indices, std::ui
 //   then finish_kernel adds the partials to dweight's row in chunk order.
 // A block decides from the keys in [c kChunk - kChunk, c kChunk + 2 kChunk),
 // staged in shared memory: whether a run is long is whether the entry kChunk
-// after its start still holds its key.
-__global__ void chunk_kernel(EmbeddingShape s, const float* dout, const std::uint32_t* keys,
-                             const std::int32_t* positions, float* dweight, float* partials) {
+// after its start still holds its key. Blocks (c, y) spread the channels, a
+// thread one channel of each piece: gpt2's 8192 tokens give 256 x 3 blocks,
+// about one wave on an H100 or H200, each thread walking at most kChunk
+// pieces (a block per run, as before, had 8192 blocks but left a run of
+// hundreds of rows to one block).
+__global__ void chunk_kernel(EmbeddingShape s, const float* __restrict__ dout,
+                             const std::uint32_t* __restrict__ keys,
+                             const std::int32_t* __restrict__ positions,
+                             float* __restrict__ dweight, float* __restrict__ partials) {
   __shared__ std::uint32_t staged_keys[3 * kChunk];
   __shared__ std::int32_t staged_positions[2 * kChunk];
   const std::int64_t first = std::int64_t{blockIdx.x} * kChunk, lo = first - kChunk;
@@ -105,6 +111,8 @@ __global__ void chunk_kernel(EmbeddingShape s, const float* dout, const std::uin
     return dout + std::int64_t{staged_positions[k - first]} * s.dim;
   };
   const std::int64_t end = first + kChunk < s.count ? first + kChunk : s.count;
+  const std::int64_t channel = blockIdx.y * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t channel_step = std::int64_t{gridDim.y} * blockDim.x;
   for (std::int64_t k = first; k < end;) {
     const std::uint32_t key = key_at(k);
     std::int64_t piece_end = k + 1;
@@ -117,14 +125,14 @@ __global__ void chunk_kernel(EmbeddingShape s, const float* dout, const std::uin
       std::int64_t run_end = k + 1;
       while (key_at(run_end) == key) ++run_end;
       float* row = dweight + std::int64_t{key} * s.dim;
-      for (std::int64_t d = threadIdx.x; d < s.dim; d += blockDim.x) {
+      for (std::int64_t d = channel; d < s.dim; d += channel_step) {
         float acc = row[d];
         for (std::int64_t r = k; r < run_end; ++r) acc += row_at(r)[d];
         row[d] = acc;
       }
     } else if (key < s.vocab && long_run) {
       float* partial = partials + (2 * std::int64_t{blockIdx.x} + (k == first ? 0 : 1)) * s.dim;
-      for (std::int64_t d = threadIdx.x; d < s.dim; d += blockDim.x) {
+      for (std::int64_t d = channel; d < s.dim; d += channel_step) {
         float acc = row_at(k)[d];
         for (std::int64_t r = k + 1; r < piece_end; ++r) acc += row_at(r)[d];
         partial[d] = acc;
@@ -136,8 +144,8 @@ __global__ void chunk_kernel(EmbeddingShape s, const float* dout, const std::uin
 
 // Block (c, y): the long run that starts in chunk c, if any, adds its pieces'
 // partials to its row in chunk order; blockIdx.y spreads the channels.
-__global__ void finish_kernel(EmbeddingShape s, const std::uint32_t* keys, const float* partials,
-                              float* dweight) {
+__global__ void finish_kernel(EmbeddingShape s, const std::uint32_t* __restrict__ keys,
+                              const float* __restrict__ partials, float* __restrict__ dweight) {
   __shared__ long long long_start;
   const std::int64_t first = std::int64_t{blockIdx.x} * kChunk;
   if (threadIdx.x == 0) long_start = -1;
@@ -255,14 +263,12 @@ void embedding_backward(const EmbeddingShape& s, const float* dout, const void* 
   LOCKSTEP_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(
       base + 4 * layout.array_bytes, cub_bytes, keys_in, keys_out, positions_in, positions_out,
       static_cast<int>(s.count), 0, layout.end_bit, stream));
-  const auto chunks = static_cast<unsigned>(layout.chunks);
-  chunk_kernel<<<chunks, kThreads, 0, stream>>>(s, dout, keys_out, positions_out, dweight,
-                                                partials);
-  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   const std::int64_t channel_blocks = (s.dim + kThreads - 1) / kThreads;
-  const dim3 finish_grid(chunks,
-                         static_cast<unsigned>(channel_blocks < 65535 ? channel_blocks : 65535));
-  finish_kernel<<<finish_grid, kThreads, 0, stream>>>(s, keys_out, partials, dweight);
+  const dim3 grid(static_cast<unsigned>(layout.chunks),
+                  static_cast<unsigned>(channel_blocks < 65535 ? channel_blocks : 65535));
+  chunk_kernel<<<grid, kThreads, 0, stream>>>(s, dout, keys_out, positions_out, dweight, partials);
+  LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  finish_kernel<<<grid, kThreads, 0, stream>>>(s, keys_out, partials, dweight);
   LOCKSTEP_CHECK_CUDA(cudaGetLastError());
 }
 
