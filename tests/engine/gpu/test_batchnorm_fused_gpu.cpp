@@ -51,18 +51,28 @@ core::Tensor f32_vector(const std::vector<float>& v) {
   return core::Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}, DType::f32);
 }
 
-void compare_kernels(const core::Shape& shape, DType type, BatchNormEpilogue epi) {
+// The f32 inputs of one shape, made once for its nine cases.
+struct Inputs {
+  core::Tensor x_shifted, x, identity, dy;
+  explicit Inputs(const core::Shape& shape) {
+    // A mean of 1.5 and a spread of 3: the statistics are not those of N(0, 1).
+    auto values = test::random_f32(shape, 3, 3.0f).to_vector<float>();
+    for (float& v : values) v += 1.5f;
+    x_shifted = core::Tensor::from_vector(values, shape, DType::f32);
+    x = test::random_f32(shape, 13, 3.0f);  // for eval
+    identity = test::random_f32(shape, 4);
+    dy = test::random_f32(shape, 5);
+  }
+};
+
+void compare_kernels(const core::Shape& shape, const Inputs& inputs, DType type,
+                     BatchNormEpilogue epi) {
   INFO(core::shape_str(shape) << " " << dtype_name(type) << " epilogue " << static_cast<int>(epi));
   const kernels::BatchNormShape s{shape[0], shape[1], shape[2] * shape[3], 1e-5};
   const std::int64_t c = shape[1];
   const bool add = epi == BatchNormEpilogue::add_relu;
-  // A mean of 1.5 and a spread of 3: the statistics are not those of N(0, 1).
-  auto values = test::random_f32(shape, 3, 3.0f).to_vector<float>();
-  for (float& v : values) v += 1.5f;
-  const core::Tensor x_shifted = core::Tensor::from_vector(values, shape, DType::f32).cast(type);
-  const core::Tensor x = test::random_f32(shape, 13, 3.0f).cast(type);  // for eval
-  const core::Tensor id = test::random_f32(shape, 4).cast(type);
-  const core::Tensor dy = test::random_f32(shape, 5).cast(type);
+  const core::Tensor x_shifted = inputs.x_shifted.cast(type), x = inputs.x.cast(type);
+  const core::Tensor id = inputs.identity.cast(type), dy = inputs.dy.cast(type);
   std::vector<float> w(c), b(c);
   for (std::int64_t i = 0; i < c; ++i) {
     w[i] = 0.5f + 0.01f * static_cast<float>(i % 97);
@@ -149,11 +159,13 @@ TEST_CASE("cuda fused batchnorm matches its cpu twin at resnet50's shapes and od
   // layer1's bn3 at batch 32, layer4's (one row split per channel), and an
   // odd shape (C 5, H*W 21: no alignment, several splits per channel).
   const core::Shape shapes[] = {{32, 256, 56, 56}, {32, 2048, 7, 7}, {3, 5, 7, 3}, {37, 3, 5, 1}};
-  for (const core::Shape& shape : shapes)
+  for (const core::Shape& shape : shapes) {
+    const Inputs inputs(shape);
     for (DType type : {DType::f32, DType::f16, DType::bf16})
       for (BatchNormEpilogue epi :
            {BatchNormEpilogue::none, BatchNormEpilogue::relu, BatchNormEpilogue::add_relu})
-        compare_kernels(shape, type, epi);
+        compare_kernels(shape, inputs, type, epi);
+  }
 }
 
 TEST_CASE("cuda fused batchnorm gives the same bits on every run", "[gpu][engine][batchnorm]") {
