@@ -25,9 +25,12 @@ std::unique_ptr<Module> block(const GptConfig& c) {
   auto mlp_branch = std::make_unique<Sequential>();
   mlp_branch->emplace<LayerNorm>("ln_2", c.embed_dim, 1e-5f);
   auto& mlp = mlp_branch->emplace<Sequential>("mlp");
-  // c_fc then GELU(approximate='tanh') as one layer: Note [fused activation].
-  mlp.emplace<Linear>("c_fc", c.embed_dim, 4 * c.embed_dim, true, kernels::Activation::gelu_tanh);
-  mlp.emplace<Linear>("c_proj", 4 * c.embed_dim, c.embed_dim);
+  // c_fc then GELU(approximate='tanh') as one layer: Note [fused activation];
+  // c_proj's backward gives the gradient at GELU's input (Note [gelu gradient
+  // from the next layer]).
+  auto& c_fc = mlp.emplace<Linear>("c_fc", c.embed_dim, 4 * c.embed_dim, true,
+                                   kernels::Activation::gelu_tanh);
+  mlp.emplace<Linear>("c_proj", 4 * c.embed_dim, c.embed_dim).take_gelu_gradient_from(c_fc);
   mlp.emplace<Dropout>("dropout", c.dropout);
   // Note [fused block]: the Sequential of two Residuals, fused under autocast on CUDA.
   return std::make_unique<GptBlock>(std::move(attn_branch), std::move(mlp_branch));

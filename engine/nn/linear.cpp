@@ -75,6 +75,18 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
   activation_ = fused_activation;
 }
 
+void Linear::take_gelu_gradient_from(Linear& previous) {
+  if (!previous.activation_ || previous.out_features_ != in_features_)
+    throw InvalidArgument("Linear(" + std::to_string(in_features_) + ", " +
+                          std::to_string(out_features_) +
+                          ").take_gelu_gradient_from: the previous layer must be a Linear with a "
+                          "fused GELU giving " +
+                          std::to_string(in_features_) + " features, it gives " +
+                          std::to_string(previous.out_features_) +
+                          (previous.activation_ ? "" : " without a fused activation"));
+  gelu_producer_ = &previous;
+}
+
 Linear::Linear(Parameter& tied_weight, bool bias)
     : Module("Linear"), weight_(&tied_weight), tied_(true) {
   if (tied_weight.value.shape().size() != 2)
@@ -114,6 +126,7 @@ core::Tensor Linear::forward(const core::Tensor& x, Context& ctx) {
   }
   run_gemm(g, x.device(), ctx.stream);
   pre_activation_ = keeps_for_backward(ctx) ? pre_activation : core::Tensor();
+  gradient_at_pre_activation_ = false;
   input_ = keeps_for_backward(ctx) ? input : core::Tensor();
   input_dtype_ = x.dtype();
   input_shape_ = x.shape();
@@ -130,7 +143,12 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   const DType type = input_.dtype();
   const core::Tensor dy_rows = dy.reshape({input_.dim(0), out_features_});
   core::Tensor g = dy.dtype() == type ? dy_rows : dy_rows.cast(type, ctx.stream);
-  if (activation_) {  // Note [fused activation]: GELU's backward, as the GELU layer ran it
+  // Note [gelu gradient from the next layer]: dy is already the gradient at
+  // the pre-activation, and the bias gradient is summed.
+  const bool from_next = gradient_at_pre_activation_;
+  gradient_at_pre_activation_ = false;
+  if (from_next) pre_activation_ = core::Tensor();
+  if (activation_ && !from_next) {  // Note [fused activation]: GELU's backward, as GELU ran it
     if (!pre_activation_.defined()) no_forward_error();
     core::Tensor d_pre = core::Tensor::empty(g.shape(), type, g.device(), ctx.stream);
     core::dispatch(
@@ -146,7 +164,7 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
     pre_activation_ = core::Tensor();
     g = d_pre;
   }
-  const bool bias_grad = bias_ && bias_->requires_grad;
+  const bool bias_grad = bias_ && bias_->requires_grad && !from_next;
   if (weight_->requires_grad) {  // dW (+)= dy^T x, straight into the f32 gradient
     const float beta = accumulate_grad(*weight_) ? 1.0f : 0.0f;  // Note [lazy zero_grad]
     kernels::GemmArgs dw = gemm_args(g, input_, weight_->grad, true, false, beta);
@@ -172,7 +190,20 @@ core::Tensor Linear::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx;
   if (input_grad()) {
     dx = core::Tensor::empty(input_.shape(), type, g.device(), ctx.stream);
-    core::ops::matmul(g, low_weight_.get(*weight_, type, ctx.stream), dx, {}, ctx.stream);
+    const core::Tensor weight = low_weight_.get(*weight_, type, ctx.stream);
+    kernels::GemmArgs gx = gemm_args(g, weight, dx, false, false, 0.0f);
+    Linear* previous = gelu_producer_;
+    if (previous && previous->pre_activation_.defined() &&
+        previous->pre_activation_.shape() == dx.shape() &&
+        previous->pre_activation_.dtype() == dx.dtype() &&
+        previous->bias_->requires_grad) {  // Note [gelu gradient from the next layer]
+      gx.epilogue = kernels::GemmEpilogue::dgelu_bgrad;
+      gx.aux = previous->pre_activation_.data();
+      gx.bias_grad_accumulate = accumulate_grad(*previous->bias_);
+      gx.bias_grad = previous->bias_->grad.data_as<float>();
+      previous->gradient_at_pre_activation_ = true;
+    }
+    run_gemm(gx, g.device(), ctx.stream);
   }
   input_ = core::Tensor();
   if (!dx.defined()) return dx;

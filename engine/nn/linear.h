@@ -24,10 +24,22 @@ class Linear : public Module {
   // the forward is one GEMM with the GELU_AUX_BIAS epilogue, which also keeps
   // the pre-activation for backward (as GELU kept its input); the backward
   // applies GELU's derivative with the elementwise kernel and fuses the bias
-  // gradient into the dW GEMM (BGRADB). Only gelu_tanh, with a bias: what
-  // cuBLASLt's epilogue computes. The ONNX exporter writes the two nodes.
+  // gradient into the dW GEMM (BGRADB), unless the next layer does both
+  // (take_gelu_gradient_from). Only gelu_tanh, with a bias: what cuBLASLt's
+  // epilogue computes. The ONNX exporter writes the two nodes.
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias,
          kernels::Activation fused_activation);
+
+  // Note [gelu gradient from the next layer]: this layer's input is
+  // `previous`'s output (a Linear with a fused GELU, GPT-2's c_fc before
+  // c_proj). This layer's dX GEMM then gives the gradient at previous's
+  // pre-activation and previous's bias gradient in one call (on CUDA the
+  // DGELU_BGRAD epilogue, on the CPU the same ops as previous would run, so
+  // the same bits), and previous's backward starts from there. It does so
+  // only when previous kept its pre-activation in this pass at this layer's
+  // input shape and type and both want their gradients; otherwise previous
+  // does it itself.
+  void take_gelu_gradient_from(Linear& previous);
   // Note [tied weights]: a Linear whose weight is another module's parameter
   // (GPT's head uses the token embedding's [vocab, dim] table). The owner
   // registers, initialises, stores and reports it; this layer only adds its
@@ -54,8 +66,10 @@ class Linear : public Module {
   bool tied_ = false;
   Parameter* bias_ = nullptr;
   std::optional<kernels::Activation> activation_;
-  core::Tensor pre_activation_;  // Note [fused activation], kept for backward
-  core::Tensor input_;           // in the compute type, kept for backward (training only)
+  core::Tensor pre_activation_;              // Note [fused activation], kept for backward
+  Linear* gelu_producer_ = nullptr;          // Note [gelu gradient from the next layer]
+  bool gradient_at_pre_activation_ = false;  // set by the next layer's backward
+  core::Tensor input_;  // in the compute type, kept for backward (training only)
   DType input_dtype_ = DType::f32;
   core::Shape input_shape_;
   AutocastWeight low_weight_;  // Note [autocast weight copy]

@@ -1,8 +1,9 @@
 // A Linear with a fused GELU(tanh) (Note [fused activation] in
 // engine/nn/linear.h) on the CPU: the bits of Linear then GELU(approximate=
 // 'tanh') forward and backward, in f32 and under bf16 and f16 autocast, over
-// two micro-batches (the gradients accumulate); finite-difference gradients;
-// what it refuses; and GPT-2's MLP built with it keeps its parameter names.
+// two micro-batches (the gradients accumulate), alone and with the next layer
+// taking its gradient (c_fc and c_proj); finite-difference gradients; and
+// what it refuses. (GPT-2's names with it: tests/engine/test_gpt.cpp.)
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -58,6 +59,44 @@ TEST_CASE("a Linear with fused GELU(tanh) gives Linear then GELU's bits on the C
       REQUIRE(same_bits(fused.bias()->grad, reference.bias()->grad));
     }
   }
+}
+
+TEST_CASE("c_fc with fused GELU and c_proj taking its gradient give the unfused MLP's bits",
+          "[engine][linear]") {
+  // Note [gelu gradient from the next layer]: c_proj's dX GEMM applies GELU's
+  // derivative and sums c_fc's bias gradient; the values must be the unfused
+  // layers' (Linear, GELU(tanh), Linear) bit for bit, gradients accumulating
+  // over two micro-batches.
+  for (std::optional<DType> autocast : {std::optional<DType>{}, std::optional<DType>{DType::bf16},
+                                        std::optional<DType>{DType::f16}}) {
+    INFO("autocast " << (autocast ? dtype_name(*autocast) : "off"));
+    Sequential unfused;
+    unfused.emplace<Linear>("c_fc", 19, 24);
+    unfused.emplace<GELU>("gelu", true);
+    unfused.emplace<Linear>("c_proj", 24, 19);
+    Sequential fused;
+    auto& c_fc = fused.emplace<Linear>("c_fc", 19, 24, true, kernels::Activation::gelu_tanh);
+    fused.emplace<Linear>("c_proj", 24, 19).take_gelu_gradient_from(c_fc);
+    initialize(unfused, 12);
+    const auto from = unfused.parameters(), to = fused.parameters();
+    REQUIRE(from.size() == to.size());
+    for (std::size_t i = 0; i < from.size(); ++i) to[i]->value.copy_from(from[i]->value);
+    for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+      const core::Tensor x = random_f32({7, 19}, 40 + micro_batch);
+      const core::Tensor dy = random_f32({7, 19}, 50 + micro_batch);
+      Context ctx;
+      ctx.autocast = autocast;
+      REQUIRE(same_bits(fused.forward(x, ctx), unfused.forward(x, ctx)));
+      REQUIRE(same_bits(fused.backward(dy, ctx), unfused.backward(dy, ctx)));
+      for (std::size_t i = 0; i < from.size(); ++i) {
+        INFO(from[i]->name);
+        REQUIRE(same_bits(to[i]->grad, from[i]->grad));
+      }
+    }
+  }
+  Linear plain(4, 3);
+  CHECK_THROWS_WITH(Linear(3, 2).take_gelu_gradient_from(plain),
+                    Catch::Contains("fused GELU") && Catch::Contains("without a fused activation"));
 }
 
 TEST_CASE("a Linear with fused GELU(tanh) has finite-difference gradients", "[engine][linear]") {
