@@ -3,7 +3,7 @@
 // against the CPU's unfused blocks and against CUDA's own unfused blocks
 // (GptBlock::Fusion::never): logits, loss and every gradient, at an odd width
 // with dropout and checkpointing, and at GPT-2's width C = 768 over T = 1024;
-// and the same bits on a second run.
+// and, with deterministic kernels, the same bits on a second run.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "engine/nn/gpt_block.h"
 #include "engine/nn/loss.h"
 #include "engine/parameter_store.h"
+#include "kernels/conv.h"
 
 using namespace lockstep;
 using namespace lockstep::engine;
@@ -85,7 +86,16 @@ double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // reordering gives, while a misplaced add or a wrong gradient is O(1).
 double tolerance(DType autocast) { return autocast == DType::f16 ? 4e-3 : 3e-2; }
 
+// Deterministic kernels for the run (cuDNN's fused attention adds dQ with
+// atomics otherwise), so that a second run must give the same bits.
+struct DeterministicScope {
+  bool was = kernels::deterministic();
+  DeterministicScope() { kernels::set_deterministic(true); }
+  ~DeterministicScope() { kernels::set_deterministic(was); }
+};
+
 void compare(const GptConfig& config, std::int64_t batch, std::int64_t seq) {
+  const DeterministicScope deterministic;
   GPT cpu(config), fused(config), unfused(config);
   for (GPT* m : {&cpu, &fused, &unfused}) initialize(*m, 7);
   set_fusion(unfused, GptBlock::Fusion::never);
