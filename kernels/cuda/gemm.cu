@@ -15,7 +15,12 @@
 // outputs the real call then overwrites; with beta != 0 (C is read) it writes
 // D into a scratch copy of C's extent taken with cudaMallocAsync, and keeps
 // the heuristic's first if that allocation fails. The first use of a shape
-// therefore waits for the stream once.
+// therefore waits for the stream once. A shape planned again for buffers of
+// another alignment takes the algorithm timed first where the heuristic offers
+// it there too: one process then gives a shape one algorithm, and the same
+// bits, whichever buffers it runs on (ZeRO's gathered copies, say), as the
+// heuristic's first did before. Ranks time apart and may choose differently;
+// rank-invariant runs are deterministic, so the heuristic's first.
 //
 // Note [deterministic gemm]: with kernels::deterministic() (--deterministic,
 // --rank-invariant) the heuristic may only offer algorithms whose split-K
@@ -30,6 +35,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -106,7 +112,7 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   // Epilogue plans: whether cuBLASLt runs it (else the separate kernels), and
   // whether the bias is handed over in C's type (no algorithm took an f32 one).
-  bool fused = false;
+  std::atomic<bool> fused{false};
   bool bias_in_c_type = false;
   std::string fallback_reason;
   std::string description;  // Note [timed gemm algorithms]
@@ -125,6 +131,9 @@ struct Cache {
   std::map<int, cublasLtHandle_t> handles;  // one per device, never destroyed (see below)
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   std::array<GemmEpilogueCounts, 5> counts;  // Note [epilogue fallback]
+  // The timed choice per shape, whatever the buffers' alignment (Note [timed
+  // gemm algorithms]).
+  std::map<PlanKey, cublasLtMatmulAlgo_t> timed;
   std::atomic<bool> epilogues{true};
   std::atomic<bool> timing{true};
 };
@@ -229,9 +238,8 @@ int query(cublasLtHandle_t handle, Plan& plan, const PlanKey& key, GemmEpilogue 
     if (has_aux(epilogue)) {
       // cuBLASLt's view of aux is C^T: n rows, ld in elements, a multiple of 8.
       set_desc(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+      // Its type is C's (AUX_DATA_TYPE's default), as the CPU twin keeps it.
       set_desc(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, std::int64_t{key.n});
-      set_desc(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
-               static_cast<std::int32_t>(cuda_type(key.c_type)));
     }
   }
 
@@ -291,11 +299,21 @@ cublasStatus_t run(cublasLtHandle_t handle, Plan& plan, const cublasLtMatmulAlgo
                         d, plan.c, &algo, o.p.workspace, o.p.workspace_bytes, o.stream);
 }
 
+// A plan's key without the buffers' alignments: the shape whose timed
+// choice every alignment's plan reuses where its candidates include it.
+PlanKey shape_only(PlanKey key) {
+  key.align_a = key.align_b = key.align_c = key.align_bias = key.align_aux = 0;
+  return key;
+}
+
 // Note [timed gemm algorithms]. Returns the index of the fastest candidate
-// and describes the choice.
+// and describes the choice. `earlier`: the algorithm timed for this shape at
+// another alignment, taken again where it is a candidate, so that one process
+// gives a shape the same algorithm (and bits) whichever buffers it runs on.
 std::size_t time_candidates(cublasLtHandle_t handle, Plan& plan, const PlanKey& key,
                             const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
-                            const Operands& o, bool timing_on, std::string& description) {
+                            const Operands& o, bool timing_on, const cublasLtMatmulAlgo_t* earlier,
+                            std::string& description) {
   const std::string count = std::to_string(candidates.size());
   if (key.deterministic) {
     description = "heuristic first of " + count + " (deterministic)";
@@ -305,6 +323,11 @@ std::size_t time_candidates(cublasLtHandle_t handle, Plan& plan, const PlanKey& 
     description = "heuristic first of " + count + (timing_on ? "" : " (timing off)");
     return 0;
   }
+  for (std::size_t i = 0; earlier && i < candidates.size(); ++i)
+    if (std::memcmp(&candidates[i].algo, earlier, sizeof *earlier) == 0) {
+      description = "#" + std::to_string(i) + " of " + count + ", as timed at another alignment";
+      return i;
+    }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOCKSTEP_CHECK_CUDA(cudaStreamIsCapturing(o.stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
@@ -348,6 +371,10 @@ std::size_t time_candidates(cublasLtHandle_t handle, Plan& plan, const PlanKey& 
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   if (d != g.c) LOCKSTEP_CHECK_CUDA(cudaFreeAsync(d, o.stream));
+  if (best_ms < 0.0f) {  // none ran: the real call says why (gemm())
+    description = "heuristic first of " + count + " (no candidate ran when timed)";
+    return 0;
+  }
   char text[160];
   std::snprintf(text, sizeof text, "timed %s: #%zu %.4f ms (heuristic first %.4f ms)",
                 count.c_str(), best, static_cast<double>(best_ms), static_cast<double>(first_ms));
@@ -359,7 +386,8 @@ std::size_t time_candidates(cublasLtHandle_t handle, Plan& plan, const PlanKey& 
 // with an f32 bias, then a bias in C's type in the scratch), else the product
 // alone.
 std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, const Operands& o,
-                                bool timing_on) {
+                                bool timing_on,
+                                std::map<PlanKey, cublasLtMatmulAlgo_t>& timed_algos) {
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t ab = cuda_type(key.ab_type), c = cuda_type(key.c_type);
   LOCKSTEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, ab, key.trans_b ? key.k : key.n,
@@ -374,9 +402,9 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, con
   }
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;
   Operands timed = o;
-  int found = 0;
+  // The product alone, or first with the epilogue and an f32 bias.
+  int found = query(handle, *plan, key, key.epilogue, false, o.p, candidates);
   if (key.epilogue != GemmEpilogue::none) {
-    found = query(handle, *plan, key, key.epilogue, false, o.p, candidates);
     const bool forward_bias =
         key.epilogue == GemmEpilogue::bias || key.epilogue == GemmEpilogue::bias_gelu_aux;
     if (found == 0 && forward_bias && key.c_type != DType::f32) {
@@ -402,9 +430,12 @@ std::unique_ptr<Plan> make_plan(cublasLtHandle_t handle, const PlanKey& key, con
                            " (check leading dimensions and buffer alignment)");
   }
   std::string chosen;
+  const auto earlier = timed_algos.find(shape_only(key));
   const std::size_t best =
-      time_candidates(handle, *plan, key, candidates, timed, timing_on, chosen);
+      time_candidates(handle, *plan, key, candidates, timed, timing_on,
+                      earlier == timed_algos.end() ? nullptr : &earlier->second, chosen);
   plan->algo = candidates[best].algo;
+  if (chosen.rfind("timed", 0) == 0) timed_algos.emplace(shape_only(key), plan->algo);
   plan->description = shape_text(key) + ": " + plan->description + chosen;
   return plan;
 }
@@ -461,20 +492,24 @@ Plan& find_plan(const GemmArgs& g, GemmEpilogue epilogue, const CallPointers& p,
   handle = h->second;
   auto found = c.plans.find(key);
   if (found == c.plans.end())
-    found = c.plans.emplace(key, make_plan(handle, key, Operands{&g, p, stream}, c.timing)).first;
+    found = c.plans.emplace(key, make_plan(handle, key, Operands{&g, p, stream}, c.timing, c.timed))
+                .first;
   return *found->second;
 }
 
 // One call of a plan: its epilogue's pointers (when fused) into the
-// descriptor, then the product.
-void call_plan(cublasLtHandle_t handle, Plan& plan, const GemmArgs& g, GemmEpilogue epilogue,
-               const CallPointers& p, CudaStream stream) {
+// descriptor, then the product. A fused plan's refusal is returned (cuBLASLt
+// checks before it launches, so nothing was written); the product alone's throws.
+cublasStatus_t call_plan(cublasLtHandle_t handle, Plan& plan, const GemmArgs& g,
+                         GemmEpilogue epilogue, const CallPointers& p, CudaStream stream) {
   std::lock_guard<std::mutex> call(plan.call_mutex);
   if (plan.fused) {
     set_desc(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
     if (has_aux(epilogue)) set_desc(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+    return run(handle, plan, plan.algo, Operands{&g, p, stream}, g.c);
   }
   LOCKSTEP_CHECK_CUBLAS(run(handle, plan, plan.algo, Operands{&g, p, stream}, g.c));
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // The product alone as today's path: cuBLASLt, or k = 0 row by row.
@@ -604,16 +639,24 @@ void gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes, CudaS
     p.bias = g.bias;
   cublasLtHandle_t handle;
   Plan& plan = find_plan(g, g.epilogue, p, stream, handle);
+  if (plan.fused && plan.bias_in_c_type) {
+    cast(g.bias, DType::f32, p.scratch, g.c_type, g.n, stream);
+    p.bias = p.scratch;
+  }
+  const cublasStatus_t status =
+      plan.fused ? call_plan(handle, plan, g, g.epilogue, p, stream) : CUBLAS_STATUS_SUCCESS;
+  if (status != CUBLAS_STATUS_SUCCESS) {  // the heuristic offered what the call refuses
+    std::lock_guard<std::mutex> lock(cache().mutex);
+    plan.fused = false;
+    plan.fallback_reason =
+        std::string("cuBLASLt refused the call (") + cublasLtGetStatusName(status) + ")";
+    plan.description += "; then " + plan.fallback_reason + ", separate kernels";
+  }
   count(g.epilogue, plan.fused, plan.fallback_reason);
   if (!plan.fused) {
     separate_kernels(g, workspace, workspace_bytes, stream);
     return;
   }
-  if (plan.bias_in_c_type) {
-    cast(g.bias, DType::f32, p.scratch, g.c_type, g.n, stream);
-    p.bias = p.scratch;
-  }
-  call_plan(handle, plan, g, g.epilogue, p, stream);
   if (accumulate_scratch)
     add(g.bias_grad, p.scratch, g.bias_grad, DType::f32, vector_length(g), stream);
 }
