@@ -35,6 +35,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -138,10 +139,23 @@ struct Cache {
   std::atomic<bool> timing{true};
 };
 
+// "0" in LOCKSTEP_GEMM_EPILOGUES or LOCKSTEP_GEMM_TIMING starts the process
+// with that switch off (set_gemm_epilogues, set_gemm_timing): a benchmark
+// compares both ways in one build.
+bool switched_on(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 // Leaked on purpose: cuBLASLt handles must not be destroyed after the CUDA
 // runtime has shut down, which static destructors cannot guarantee.
 Cache& cache() {
-  static Cache* instance = new Cache;
+  static Cache* instance = [] {
+    auto* c = new Cache;
+    c->epilogues = switched_on("LOCKSTEP_GEMM_EPILOGUES");
+    c->timing = switched_on("LOCKSTEP_GEMM_TIMING");
+    return c;
+  }();
   return *instance;
 }
 
