@@ -131,6 +131,8 @@ Result run_cuda(const Case& k, const Operands& o) {
     g.aux = aux.data();
   if (k.epilogue == GemmEpilogue::dgelu_bgrad || k.epilogue == GemmEpilogue::bgrad_a)
     g.bias_grad = bias_grad.data_as<float>();
+  // The tensors were made on the device's own stream; the GEMM runs on the legacy one.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   kernels::cuda::gemm(g, workspace.data(), kernels::cuda::kGemmWorkspaceBytes, nullptr);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   Result r;
@@ -278,13 +280,17 @@ TEST_CASE("cuda gemm epilogues match the cpu twin at odd shapes", "[gpu][gemm]")
 
 TEST_CASE("cuda gemm epilogues forced to the separate kernels match the cpu twin and say so",
           "[gpu][gemm]") {
+  struct Restore {  // the process's settings, also when a check fails
+    ~Restore() {
+      kernels::cuda::set_gemm_epilogues(true);
+      kernels::cpu::set_gemm_threads(1);
+    }
+  } restore;
   kernels::cpu::set_gemm_threads(8);
   kernels::cuda::set_gemm_epilogues(false);
   kernels::cuda::reset_gemm_epilogue_counts();
   check_all(8192, 768, 3072, true);
   check_all(7, 37, 24, true);
-  kernels::cuda::set_gemm_epilogues(true);
-  kernels::cpu::set_gemm_threads(1);
   const auto counts = kernels::cuda::gemm_epilogue_counts();
   for (GemmEpilogue e :
        {GemmEpilogue::bias_gelu_aux, GemmEpilogue::dgelu_bgrad, GemmEpilogue::bgrad_a}) {
