@@ -8,7 +8,8 @@
 // heuristic for up to kTimedCandidates algorithms and times each on the
 // caller's stream with events (one untimed run, then kTimedRuns timed), and
 // keeps the fastest for the process; bench_gemm reached 68-69% of peak with
-// the heuristic's first at the MLP shapes. Deterministic runs keep the
+// the heuristic's first at the MLP shapes. Products under kTimedMinFlops keep
+// the heuristic's first. Deterministic runs keep the
 // heuristic's first (the same choice on every rank and every run). No timing
 // while the stream is being captured into a CUDA graph (events cannot be
 // waited on then): such a plan keeps the heuristic's first. Timing writes the
@@ -83,6 +84,10 @@ std::uint32_t alignment_of(const void* p, std::int64_t stride, DType type) {
 
 constexpr int kTimedCandidates = 8;
 constexpr int kTimedRuns = 3;
+// Products smaller than this (2 m n k batch) keep the heuristic's first: at
+// ~650 TF/s they take under 2 us, and timing costs a wait for the stream per
+// shape (generate_greedy plans ~8 new shapes per token).
+constexpr double kTimedMinFlops = 1e9;
 // Epilogue scratch (the bias in C's type, an accumulating bias gradient) sits
 // at the workspace's start in a whole number of these, so cuBLASLt's part
 // keeps the workspace's alignment.
@@ -335,6 +340,12 @@ std::size_t time_candidates(cublasLtHandle_t handle, Plan& plan, const PlanKey& 
   }
   if (!timing_on || candidates.size() < 2) {
     description = "heuristic first of " + count + (timing_on ? "" : " (timing off)");
+    return 0;
+  }
+  if (2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k) *
+          static_cast<double>(key.batch) <
+      kTimedMinFlops) {
+    description = "heuristic first of " + count + " (under 1 GFLOP: not timed)";
     return 0;
   }
   for (std::size_t i = 0; earlier && i < candidates.size(); ++i)
