@@ -21,7 +21,8 @@ class Linear : public Module {
   // Note [fused activation]: y = GELU_tanh(x W^T + b), one layer where GPT-2's
   // MLP had Linear then GELU(approximate='tanh'); the same parameters, names
   // and bits on the CPU (Linear's ops, then GELU's, in their order). On CUDA
-  // the forward is one GEMM with the GELU_AUX_BIAS epilogue, which also keeps
+  // under f16/bf16 autocast (f32 keeps the separate kernels: Note [epilogue
+  // fallback]) the forward is one GEMM with the GELU_AUX_BIAS epilogue, which also keeps
   // the pre-activation for backward (as GELU kept its input); the backward
   // applies GELU's derivative with the elementwise kernel and fuses the bias
   // gradient into the dW GEMM (BGRADB), unless the next layer does both

@@ -566,6 +566,10 @@ void plain_gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes,
 // - a bias gradient under kernels::deterministic() ("deterministic"): the f64
 //   column sums keep bits that depend on the shape alone (Note [column
 //   chunks]), where cuBLASLt's reduction order is its algorithm's;
+// - GELU or its derivative into an f32 C ("f32 GELU"): cuBLASLt does not say
+//   how it evaluates tanh (CUTLASS's epilogues use the hardware tanh.approx,
+//   2^-11 relative), which f16/bf16 rounding (2^-11, 2^-8) covers but an f32
+//   run, held to the CPU within 1e-4 by the [gpu] tests, would not;
 // - a GELU aux whose ld (n) is not a multiple of 8, as cuBLASLt requires, or
 //   an aux or bias pointer not 16-byte aligned;
 // - no algorithm: the heuristic offers none (or refuses the descriptor) with an
@@ -628,6 +632,7 @@ std::string static_fallback_reason(const GemmArgs& g, std::size_t workspace_byte
   // (Note [column chunks]), whose bits depend on the shape alone; cuBLASLt's
   // reduction is deterministic for one algorithm but its order is its own.
   if (deterministic() && is_bias_grad(g.epilogue)) return "deterministic";
+  if (has_aux(g.epilogue) && g.c_type == DType::f32) return "f32 GELU";
   if (has_aux(g.epilogue) && g.n % 8 != 0)
     return "aux ld " + std::to_string(g.n) + " not a multiple of 8";
   if (has_aux(g.epilogue) && alignment_of(g.aux) < 16) return "aux not 16-byte aligned";
