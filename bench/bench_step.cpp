@@ -29,8 +29,10 @@
 #include "engine/core/memory.h"
 #include "engine/core/trace.h"
 #include "engine/data_parallel_step.h"
+#include "engine/kernel_paths.h"
 #include "engine/optim/loss_scaler.h"
 #include "examples/common/flags.h"
+#include "kernels/fusion.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -57,6 +59,7 @@ struct Measure {
   std::optional<double> floor_ms;  // the GEMMs alone
   std::vector<Baseline> baselines;
   bench::BlockTimes blocks;  // the step's
+  KernelPaths kernels;       // the fused paths the first step took (Note [kernel paths])
 };
 
 // The baseline's block b over ours (the two ran one after the other): the
@@ -100,6 +103,7 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   const auto sync = [&] { stream.synchronize(); };
   core::reset_peak_memory(device);
   step();  // the first step also makes what the model keeps (autocast copies, scratch)
+  KernelPaths kernels = collect_kernel_paths(device, t.optimizer.get(), autocast);
   const std::size_t allocations_before = core::memory_stats(device).allocations;
   for (int i = 0; i < 2; ++i) step();
   sync();
@@ -131,7 +135,8 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   }
   const std::vector<bench::BlockTimes> blocks =
       bench::warm_blocks(contenders, kBlocks, kBlockSeconds, steps);
-  Measure m{1e3 * blocks[0].median, peak, allocations_per_step, std::nullopt, {}, blocks[0]};
+  Measure m{1e3 * blocks[0].median, peak, allocations_per_step, std::nullopt, {}, blocks[0],
+            std::move(kernels)};
   std::size_t next = 1;
   if (floor) m.floor_ms = 1e3 * blocks[next++].median;
   for (const auto& torch : torches) {
@@ -239,6 +244,15 @@ int main(int argc, char** argv) {
   app.add_flag("--torch-cudnn-benchmark", torch_cudnn_benchmark,
                "the PyTorch baseline autotunes cuDNN in its untimed warm-up "
                "(bench/torch_step.py --cudnn-benchmark)");
+  bool unfused = false;
+  app.add_flag("--unfused", unfused,
+               "lockstep runs the unfused ops its fused CUDA kernels replace "
+               "(kernels::set_fused_kernels(false), Note [one fusion switch]): one build timed "
+               "both ways");
+  bool no_gemm_timing = false;
+  app.add_flag("--no-gemm-timing", no_gemm_timing,
+               "new CUDA GEMM plans take cuBLASLt's first heuristic algorithm instead of the "
+               "fastest of up to 8 timed (Note [timed gemm algorithms])");
   app.add_option("--json", json_path, "write JSON lines here");
   std::string trace_dir;
   app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
@@ -259,6 +273,10 @@ int main(int argc, char** argv) {
   app.get_option("--trace")->check(examples::non_empty());
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGPIPE, SIG_IGN);  // a baseline that dies is reported, not fatal
+  kernels::set_fused_kernels(!unfused);
+#if LOCKSTEP_WITH_CUDA
+  kernels::cuda::set_gemm_timing(!no_gemm_timing);
+#endif
   std::unique_ptr<comm::World> world;
   try {
     if (!trace_dir.empty()) examples::start_trace(0, trace_dir, "1:");
@@ -365,6 +383,7 @@ int main(int argc, char** argv) {
                                                *torch_over_gemm)
                                  : "");
     fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
+    for (const std::string& line : ours.kernels.lines()) fmt::print("kernels: {}\n", line);
     fmt::print("lockstep: {:.2f} ms/step, median of {} blocks ({:.2f}-{:.2f})\n", ours.ms_per_step,
                kBlocks, 1e3 * ours.blocks.low, 1e3 * ours.blocks.high);
     for (const Baseline& b : ours.baselines)
@@ -433,6 +452,9 @@ int main(int argc, char** argv) {
                 bench::field("torch_channels_last", torch_channels_last),
                 bench::field("torch_cudnn_benchmark", torch_cudnn_benchmark),
                 bench::field("torch_compile", torch_compile),
+                bench::field("fused_kernels", !unfused),
+                bench::field("gemm_timing", !no_gemm_timing),
+                bench::field("kernels", ours.kernels.json()),
                 bench::field("no_baseline", ratio ? core::Json() : core::Json(why_none))});
     world->shutdown();
   } catch (const std::exception& e) {

@@ -15,16 +15,22 @@
 #include "engine/core/log.h"
 #include "engine/core/memory.h"
 #include "kernels/conv.h"
+#include "kernels/fusion.h"
 
 namespace lockstep::engine {
 
 // Note [deterministic runs]: what "deterministic" changes. On CUDA, cuDNN
 // may only use algorithms it marks deterministic, and convolution autotuning
 // (timing candidates, whose winner can change run to run) is off, so the
-// heuristic's choice is used. Everything else is deterministic in every mode,
-// on both backends: our CUDA kernels use no floating-point atomics (fixed
-// trees and row-ordered sums, see kernels/reduce.h, bias.h, embedding.h),
-// cuBLASLt plans are chosen once per shape, OpenBLAS splits a GEMM over its
+// heuristic's choice is used; cuDNN's fused attention takes its deterministic
+// backward (it adds dQ with atomics otherwise, Note [fused attention]); new
+// cuBLASLt plans take the heuristic's first algorithm instead of the fastest
+// timed (Note [timed gemm algorithms]), and bias gradients keep the column
+// sums instead of cuBLASLt's epilogues (Note [epilogue fallback]). Everything
+// else is deterministic in every mode, on both backends: our own CUDA kernels
+// use no floating-point atomics (fixed trees and row-ordered sums, see
+// kernels/reduce.h, bias.h, embedding.h), cuBLASLt plans are chosen once per
+// shape and kept for the process, OpenBLAS splits a GEMM over its
 // rows and columns (never over the summed k), the loader delivers batches in
 // sampler order whatever its thread count, and reductions across ranks run
 // in an order fixed by the world size. So the CPU has nothing to switch; the
@@ -184,9 +190,10 @@ std::vector<std::string> format_run_header(const RunHeader& h, int world_size,
   if (!h.length_reason.empty()) length += ": " + h.length_reason;
   lines.push_back(length);
   if (!h.resume.empty()) lines.push_back("  start        " + h.resume);
-  lines.push_back(fmt::format("  precision    {}{}, deterministic {}", h.precision,
+  lines.push_back(fmt::format("  precision    {}{}, deterministic {}{}", h.precision,
                               h.loss_scaling ? " with dynamic loss scaling" : "",
-                              deterministic_run() ? "on" : "off"));
+                              deterministic_run() ? "on" : "off",
+                              kernels::fused_kernels() ? "" : ", fused CUDA kernels off"));
   if (h.zero_stage >= 1)
     lines.push_back(fmt::format("  zero         ZeRO-{}: optimizer state{} sharded over {} rank{}",
                                 h.zero_stage,
@@ -217,6 +224,7 @@ core::Json start_record(const RunHeader& h, int world_size) {
                           .set("precision", h.precision)
                           .set("loss_scaling", h.loss_scaling)
                           .set("deterministic", deterministic_run())
+                          .set("fused_kernels", kernels::fused_kernels())
                           .set("threads", h.threads)
                           .set("start_step", h.start_step)
                           .set("total_steps", h.total_steps)

@@ -159,16 +159,15 @@ struct GemmEpilogueCounts {
 // the last reset.
 std::vector<GemmEpilogueCounts> gemm_epilogue_counts();
 void reset_gemm_epilogue_counts();
-// Off: every epilogue takes the separate kernels (tests force the fallback).
-// On by default; LOCKSTEP_GEMM_EPILOGUES=0 in the environment starts it off.
-void set_gemm_epilogues(bool on);
+// Every epilogue takes the separate kernels while the fusion switch is off
+// (kernels/fusion.h; tests force the fallback with it).
 
 // Note [timed gemm algorithms]: what the plan cache holds, one line per plan:
 // shape, types, epilogue, and the algorithm and how it was chosen ("timed 4
 // of 8: 0.412 ms" or "heuristic first (deterministic)").
 std::vector<std::string> gemm_plan_descriptions();
-// Off: every new plan takes the heuristic's first algorithm. On by default;
-// LOCKSTEP_GEMM_TIMING=0 in the environment starts it off.
+// Off: every new plan takes the heuristic's first algorithm. On by default
+// (bench_step --no-gemm-timing turns it off).
 void set_gemm_timing(bool on);
 }  // namespace cuda
 

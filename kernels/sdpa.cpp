@@ -4,7 +4,6 @@
 // (Note [one frontend translation unit]).
 #include "kernels/sdpa.h"
 
-#include <atomic>
 #include <string>
 
 #include "kernels/error.h"
@@ -44,13 +43,6 @@ std::string sdpa_shape_refusal(const SdpaShape& s) {
 }
 
 bool sdpa_built() { return LOCKSTEP_WITH_CUDNN_FRONTEND; }
-
-namespace {
-std::atomic<bool> fused_attention_on{true};
-}  // namespace
-
-void set_fused_attention(bool on) { fused_attention_on = on; }
-bool fused_attention() { return fused_attention_on; }
 
 std::string sdpa_frontend_version() {
 #if LOCKSTEP_WITH_CUDNN_FRONTEND

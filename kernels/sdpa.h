@@ -70,12 +70,6 @@ std::string sdpa_shape_refusal(const SdpaShape& s);
 bool sdpa_built();
 std::string sdpa_frontend_version();
 
-// Process-wide, on by default: whether layers may take the fused path where
-// it applies (Note [fused attention], engine/nn/attention.cpp). Off, they
-// run the unfused attention: for A/B runs and the tests that compare them.
-void set_fused_attention(bool on);
-bool fused_attention();
-
 namespace cuda {
 // cudnnGetVersion() of the cuDNN loaded at run time (91900 for 9.19.0); 0
 // without CUDA.

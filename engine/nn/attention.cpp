@@ -17,8 +17,10 @@
 #include "engine/core/log.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
+#include "engine/kernel_paths.h"
 #include "kernels/attention.h"
 #include "kernels/conv.h"
+#include "kernels/fusion.h"
 #include "kernels/gemm.h"
 
 namespace lockstep::engine {
@@ -237,7 +239,7 @@ void causal_columns(const HeadShape& hs, const HeadOperand& w, const HeadOperand
 //   - attention dropout does nothing (p = 0, or not training): cuDNN's
 //     dropout would draw other bits than Note [dropout keys];
 //   - this build has cudnn-frontend (kernels::sdpa_built()) and the fused
-//     path is not turned off (kernels::set_fused_attention);
+//     path is not turned off (kernels::set_fused_kernels);
 //   - the shape passes the host rules (kernels::sdpa_shape_refusal: D a
 //     multiple of 8 up to 128) and c_attn's output is 16-byte aligned;
 //   - cuDNN has a plan for the forward and, when the forward keeps for
@@ -277,7 +279,7 @@ std::string fused_attention_refusal(core::Device device, bool dropout_active,
     return std::string("compute type ") + dtype_name(s.type) + " (autocast bf16 or f16 fuses)";
   if (dropout_active) return "attention dropout is active";
   if (!kernels::sdpa_built()) return "built without cudnn-frontend (scripts/install-deps.sh)";
-  if (!kernels::fused_attention()) return "turned off (kernels::set_fused_attention)";
+  if (!kernels::fused_kernels()) return "turned off (kernels::set_fused_kernels)";
   return kernels::sdpa_shape_refusal(s);
 }
 
@@ -292,6 +294,8 @@ bool CausalSelfAttention::choose_fused(const kernels::SdpaShape& s, const core::
     if (kernels::cuda::sdpa_supported(s, kernels::SdpaPass::forward, false, &why) && backward_too)
       kernels::cuda::sdpa_supported(s, kernels::SdpaPass::backward, deterministic, &why);
   }
+  if (qkv.device().is_cuda())
+    note_kernel_path("attention", why.empty() ? "cudnn sdpa" : "unfused", why);
   // Refusals an f32 or CPU run always has are not news; the others are.
   if (!why.empty()) {
     if (qkv.device().is_cuda() && (s.type == DType::bf16 || s.type == DType::f16))

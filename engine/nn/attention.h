@@ -29,7 +29,7 @@ inline constexpr std::int64_t kCausalQueryBlock = 64;
 // Why CausalSelfAttention on `device` with shape `s` (its type the compute
 // type) does not take cuDNN's fused attention, by the rules known without a
 // GPU: the device, the type, active attention dropout, a build without
-// cudnn-frontend or the path turned off (kernels::set_fused_attention), the
+// cudnn-frontend or the path turned off (kernels::set_fused_kernels), the
 // shape. Empty when only cuDNN's own check remains
 // (Note [fused attention], attention.cpp).
 std::string fused_attention_refusal(core::Device device, bool dropout_active,

@@ -5,8 +5,10 @@
 
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
+#include "engine/kernel_paths.h"
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
+#include "kernels/fusion.h"
 
 namespace lockstep::engine {
 
@@ -137,8 +139,11 @@ core::Tensor BatchNorm2d::run_forward(const core::Tensor& x, const core::Tensor*
                                     ? BatchNormEpilogue::relu
                                     : BatchNormEpilogue::none;
   // Note [batchnorm paths]
-  const bool fused =
-      x.device().is_cuda() && (x.dtype() != DType::f32 || epi != BatchNormEpilogue::none);
+  const bool fused = x.device().is_cuda() && kernels::fused_kernels() &&
+                     (x.dtype() != DType::f32 || epi != BatchNormEpilogue::none);
+  if (x.device().is_cuda())  // Note [kernel paths]
+    note_kernel_path("batchnorm", fused ? (identity ? "fused add+relu" : "fused") : "cudnn",
+                     fused || kernels::fused_kernels() ? "" : "turned off");
   if (fused && identity && identity->dtype() != x.dtype())
     throw InvalidArgument(describe() + ": the identity is " + dtype_name(identity->dtype()) +
                           " but the input " + dtype_name(x.dtype()) +

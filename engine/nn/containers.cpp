@@ -6,6 +6,7 @@
 #include "engine/core/trace.h"
 #include "engine/nn/batchnorm.h"
 #include "kernels/activation.h"
+#include "kernels/fusion.h"
 
 namespace lockstep::engine {
 
@@ -111,7 +112,7 @@ core::Tensor Residual::forward(const core::Tensor& x, Context& ctx) {
   fused_ = false;
   output_ = core::Tensor();
   BatchNorm2d* bn = block_end_batchnorm();
-  if (!bn || !x.device().is_cuda()) {
+  if (!bn || !x.device().is_cuda() || !kernels::fused_kernels()) {
     core::Tensor a = inner_->forward(x, ctx);
     core::Tensor b = shortcut_ ? shortcut_->forward(x, ctx) : x;
     return add_and_relu(a, b, ctx);

@@ -8,6 +8,8 @@
 
 #include "engine/core/dispatch.h"
 #include "engine/core/trace.h"
+#include "engine/kernel_paths.h"
+#include "kernels/fusion.h"
 #include "kernels/layernorm.h"
 
 namespace lockstep::engine {
@@ -45,7 +47,7 @@ GptBlock::GptBlock(std::unique_ptr<Sequential> attn_branch,
 bool GptBlock::fuses(const core::Tensor& x, const Context& ctx) const {
   if (fusion_ == Fusion::never || x.dtype() != DType::f32) return false;
   if (fusion_ == Fusion::always) return true;
-  return x.device().is_cuda() && ctx.autocast &&
+  return x.device().is_cuda() && kernels::fused_kernels() && ctx.autocast &&
          (*ctx.autocast == DType::f16 || *ctx.autocast == DType::bf16);
 }
 
@@ -54,6 +56,8 @@ bool GptBlock::fuses(const core::Tensor& x, const Context& ctx) const {
 // is a unit; ready reports likewise (Note [grad-ready order]).
 core::Tensor GptBlock::forward(const core::Tensor& x, Context& ctx) {
   fused_forward_ = fuses(x, ctx);
+  if (x.device().is_cuda())
+    note_kernel_path("gpt block", fused_forward_ ? "fused add+layernorm" : "unfused");
   if (!fused_forward_) return Sequential::forward(x, ctx);
   auto signal = [&](Module& m, ModulePhase phase) {
     if (ctx.on_module) ctx.on_module(m, phase);

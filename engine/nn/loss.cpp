@@ -12,8 +12,10 @@
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
+#include "engine/kernel_paths.h"
 #include "kernels/classification.h"
 #include "kernels/elementwise_loss.h"
+#include "kernels/fusion.h"
 
 namespace lockstep::engine {
 namespace {
@@ -79,10 +81,14 @@ core::Tensor CrossEntropyLoss::forward(const core::Tensor& logits_in, const core
   const core::Tensor& labels = rows.second;
   logits_shape_ = logits_in.shape();
   // Note [cross-entropy paths]: fused on CUDA for f16/bf16 with a backward announced.
-  if (dloss && logits.device().is_cuda() &&
-      (logits.dtype() == DType::bf16 || logits.dtype() == DType::f16))
+  const bool low = logits.dtype() == DType::bf16 || logits.dtype() == DType::f16;
+  if (dloss && logits.device().is_cuda() && kernels::fused_kernels() && low)
     return fused_forward(logits, labels, only_holder, *dloss, ctx);
   path_ = "f32";
+  if (dloss && logits.device().is_cuda())  // Note [kernel paths]: a training forward's
+    note_kernel_path(
+        "cross-entropy", path_,
+        low ? "turned off (kernels::set_fused_kernels)" : "f32 logits (autocast f16/bf16 fuses)");
   auto s = classification_shape("CrossEntropyLoss", logits, labels, ignore_index_);
   s.label_smoothing = label_smoothing_;
   const core::Tensor x = as_f32(logits, ctx.stream);
@@ -140,6 +146,8 @@ core::Tensor CrossEntropyLoss::fused_forward(const core::Tensor& logits, const c
   fused_dloss_ = dloss;
   logits_dtype_ = type;
   path_ = in_place ? "fused in place" : "fused";
+  if (device.is_cuda())
+    note_kernel_path("cross-entropy", path_, in_place ? "" : "the logits have another holder");
   core::trace::instant(in_place ? "cross-entropy fused in place" : "cross-entropy fused", "loss");
   return loss;
 }
@@ -331,6 +339,10 @@ void WeightedLosses::expect_backward(float dloss) {
                                        [&](const Term& u) { return u.output == t.output; });
     if (readers == 1) t.loss->expect_backward(dloss * t.weight);
   }
+}
+
+void WeightedLosses::cancel_expected_backward() {
+  for (const Term& t : terms_) t.loss->cancel_expected_backward();
 }
 
 const core::Tensor& WeightedLosses::counted_rows() const {

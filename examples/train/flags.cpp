@@ -141,6 +141,10 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   app.add_flag("--deterministic", f.deterministic,
                "repeatable bits on CUDA: deterministic cuDNN algorithms, no autotuning (the "
                "CPU is deterministic anyway)");
+  app.add_flag("--unfused-kernels", f.unfused_kernels,
+               "on CUDA, run the unfused ops that the fused kernels replace (attention, "
+               "cross-entropy, LayerNorm, GEMM epilogues, BatchNorm; Note [one fusion switch]): "
+               "to compare a run with today's fused paths");
   // The image pipeline and evaluation (Note [augment recipes]).
   app.add_option("--augment", f.augment,
                  "crop and flip training images in the loader threads: imagenet "

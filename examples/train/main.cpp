@@ -17,6 +17,7 @@
 #include "engine/core/trace.h"
 #include "engine/heartbeat.h"
 #include "engine/input_record.h"
+#include "engine/kernel_paths.h"
 #include "engine/models.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/sgd.h"
@@ -27,6 +28,7 @@
 #include "examples/common/flags.h"
 #include "examples/train/flags.h"
 #include "io/loader.h"
+#include "kernels/fusion.h"
 #include "kernels/gemm.h"
 
 using namespace lockstep;
@@ -374,6 +376,7 @@ int evaluate_only(const Flags& flags, comm::World& world) {
   core::set_log_level(core::parse_log_level(f.log_level));
   use_cpu_threads(f.threads, world.rank() == 0);
   set_deterministic_run(f.deterministic);
+  kernels::set_fused_kernels(!f.unfused_kernels);
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
   io::Dataset val_data = io::Dataset::open(f.val_data, open_options(f));
@@ -468,6 +471,7 @@ int run(const Flags& flags, comm::World& world) {
   use_cpu_threads(f.threads, lead);
   // Note [rank-invariant step]: on CUDA the mode needs the deterministic kernels.
   set_deterministic_run(f.deterministic || f.rank_invariant);
+  kernels::set_fused_kernels(!f.unfused_kernels);
   install_signal_handlers();
   const core::Device device = world.device();
   const ModelPreset& preset = model_preset(f.model);
@@ -710,6 +714,11 @@ int run(const Flags& flags, comm::World& world) {
       heartbeat.beat(r->step, "training");
       // Rank 0's breakdown and device memory; the summary gives every rank's peak.
       const std::size_t peak_bytes = core::memory_stats(device).peak_bytes;
+      // Note [kernel paths]: which fused paths this process's first step took,
+      // said once: a "kernels" block after its line and in its step record.
+      std::optional<KernelPaths> kernel_paths;
+      if (lead && r->step == first_step)
+        kernel_paths = collect_kernel_paths(device, optimizer.get(), trainer_options.autocast);
       if (lead && !f.metrics.empty()) {  // formatted only when written
         core::Json record = core::Json::object()
                                 .set("step", r->step)
@@ -722,6 +731,7 @@ int run(const Flags& flags, comm::World& world) {
                                 .set("samples_per_s", samples_per_s)
                                 .set("skipped_steps", r->skipped_steps);
         add_step_detail(record, r->breakdown, 1e3 * r->seconds, peak_bytes);
+        if (kernel_paths) record.set("kernels", kernel_paths->json());
         metrics.write(record);
       }
       if (lead && (r->step % f.log_every == 0 || r->step == total_steps || r->step == 1))
@@ -729,6 +739,8 @@ int run(const Flags& flags, comm::World& world) {
                    progress_line(r->step, total_steps, r->loss, r->lr, samples_per_s,
                                  eta.eta_s(r->step, total_steps)),
                    step_detail(r->breakdown, 1e3 * r->seconds, peak_bytes, device.str()));
+      if (kernel_paths)
+        for (const std::string& line : kernel_paths->header_lines()) fmt::print("{}\n", line);
       if (val_loader && f.val_every > 0 && r->step % f.val_every == 0 && !r->stop) {
         const EvalResult e = trainer.evaluate(*val_loader);
         report->record_eval(r->step, epoch + 1, e.loss, e.accuracy);

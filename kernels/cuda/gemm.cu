@@ -50,6 +50,7 @@
 #include "kernels/conv.h"
 #include "kernels/cuda/check.h"
 #include "kernels/elementwise.h"
+#include "kernels/fusion.h"
 #include "kernels/gemm.h"
 
 namespace lockstep::kernels::cuda {
@@ -140,27 +141,13 @@ struct Cache {
   // The timed choice per shape, whatever the buffers' alignment (Note [timed
   // gemm algorithms]).
   std::map<PlanKey, cublasLtMatmulAlgo_t> timed;
-  std::atomic<bool> epilogues{true};
   std::atomic<bool> timing{true};
 };
-
-// "0" in LOCKSTEP_GEMM_EPILOGUES or LOCKSTEP_GEMM_TIMING starts the process
-// with that switch off (set_gemm_epilogues, set_gemm_timing): a benchmark
-// compares both ways in one build.
-bool switched_on(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
 
 // Leaked on purpose: cuBLASLt handles must not be destroyed after the CUDA
 // runtime has shut down, which static destructors cannot guarantee.
 Cache& cache() {
-  static Cache* instance = [] {
-    auto* c = new Cache;
-    c->epilogues = switched_on("LOCKSTEP_GEMM_EPILOGUES");
-    c->timing = switched_on("LOCKSTEP_GEMM_TIMING");
-    return c;
-  }();
+  static Cache* instance = [] { return new Cache; }();
   return *instance;
 }
 
@@ -562,7 +549,8 @@ void plain_gemm(const GemmArgs& g, void* workspace, std::size_t workspace_bytes,
 // cuBLASLt unless one of these holds, and then runs as the separate kernels
 // below, in the CPU twin's order (kernels/cpu/gemm.cpp): the unfused Linear,
 // GELU and bias-gradient kernels as they ran before the epilogues.
-// - set_gemm_epilogues(false) ("disabled"), or an empty product ("empty");
+// - the fusion switch off (kernels::set_fused_kernels, Note [one fusion
+//   switch]: "fusions off"), or an empty product ("empty");
 // - a bias gradient under kernels::deterministic() ("deterministic"): the f64
 //   column sums keep bits that depend on the shape alone (Note [column
 //   chunks]), where cuBLASLt's reduction order is its algorithm's;
@@ -626,7 +614,7 @@ void separate_kernels(const GemmArgs& g, void* workspace, std::size_t workspace_
 
 // Why `g`'s epilogue cannot be fused whatever cuBLASLt offers; "" if it may be.
 std::string static_fallback_reason(const GemmArgs& g, std::size_t workspace_bytes) {
-  if (!cache().epilogues) return "disabled";
+  if (!kernels::fused_kernels()) return "fusions off";
   if (g.m == 0 || g.n == 0 || g.k == 0) return "empty";
   // Note [deterministic gemm]: the bias gradient keeps the f64 column sums
   // (Note [column chunks]), whose bits depend on the shape alone; cuBLASLt's
@@ -701,12 +689,6 @@ void reset_gemm_epilogue_counts() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.counts = {};
-}
-
-void set_gemm_epilogues(bool on) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.epilogues = on;
 }
 
 void set_gemm_timing(bool on) {

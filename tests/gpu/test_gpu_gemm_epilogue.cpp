@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "kernels/fusion.h"
 #include "kernels/gemm.h"
 #include "support/reference.h"
 
@@ -282,12 +283,12 @@ TEST_CASE("cuda gemm epilogues forced to the separate kernels match the cpu twin
           "[gpu][gemm]") {
   struct Restore {  // the process's settings, also when a check fails
     ~Restore() {
-      kernels::cuda::set_gemm_epilogues(true);
+      kernels::set_fused_kernels(true);
       kernels::cpu::set_gemm_threads(1);
     }
   } restore;
   kernels::cpu::set_gemm_threads(8);
-  kernels::cuda::set_gemm_epilogues(false);
+  kernels::set_fused_kernels(false);
   kernels::cuda::reset_gemm_epilogue_counts();
   check_all(8192, 768, 3072, true);
   check_all(7, 37, 24, true);

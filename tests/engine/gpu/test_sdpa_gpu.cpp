@@ -2,7 +2,7 @@
 // engine/nn/attention.cpp) on a GPU: the kernels' O, log-sum-exp and dQKV
 // against a float64 loop written here from the formula, on inputs already
 // rounded to the low type; CausalSelfAttention's fused path against its
-// unfused CUDA path (kernels::set_fused_attention(false)) on the same
+// unfused CUDA path (kernels::set_fused_kernels(false)) on the same
 // weights and inputs at gpt2's shape, and against the CPU at smaller ones;
 // the deterministic backward twice, bit for bit. bf16 and f16, at gpt2-like
 // shapes and at odd ones (T = 67, not a multiple of cuDNN's 64-row tiles).
@@ -18,6 +18,7 @@
 #include "engine/core/device.h"
 #include "engine/nn/attention.h"
 #include "engine/parameter_store.h"
+#include "kernels/fusion.h"
 #include "kernels/sdpa.h"
 #include "support/gradcheck.h"
 
@@ -32,8 +33,8 @@ const core::Device kGpu = core::Device::cuda(0);
 
 // Restores the process-wide switch whatever a test does.
 struct FusedSwitch {
-  explicit FusedSwitch(bool on) { kernels::set_fused_attention(on); }
-  ~FusedSwitch() { kernels::set_fused_attention(true); }
+  explicit FusedSwitch(bool on) { kernels::set_fused_kernels(on); }
+  ~FusedSwitch() { kernels::set_fused_kernels(true); }
 };
 
 std::vector<float> host(const core::Tensor& t, const core::Stream& stream = {}) {
