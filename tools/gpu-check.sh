@@ -12,17 +12,25 @@
 #                                  NCCL reduce-scatter and gather, the packed
 #                                  optimizer state, the data-parallel step on CUDA),
 #                                  and a gpt2-shaped step with per-kernel times
-#   tools/gpu-check.sh run-bench   second call: bench_gemm and torch.matmul,
-#                                  bench_step against PyTorch (mlp-large, resnet,
-#                                  gpt2 bf16), and a 300-step training run held
-#                                  to the packed cpu run
-#   tools/gpu-check.sh run-profile optional call: the whole GEMM sweep, where
-#                                  gpt2's and resnet's steps spend their time
+#   tools/gpu-check.sh run-bench   second call: bench_step against PyTorch eager
+#                                  with AMP (gpt2 bf16 at batch 8 and 16 with
+#                                  SDPA; resnet50 fp16 and bf16 and the CIFAR
+#                                  resnet with PyTorch in channels-last)
+#   tools/gpu-check.sh run-compare third call: gpt2 against torch.compile, the
+#                                  fused kernels against the unfused (bench_step
+#                                  --unfused), training runs held to the packed
+#                                  cpu runs (mlp, gpt-tiny), gpt2 fused against
+#                                  unfused for 100 steps, and --deterministic
+#                                  twice with the same bits
+#   tools/gpu-check.sh run-profile optional call: where gpt2's and resnet50's
+#                                  steps spend their time, fused and unfused
 #                                  (bench_step --trace, tools/trace.py top; nsys
-#                                  where present), and the loader's batches to
-#                                  the device against cudaMemcpyAsync (bench_loader)
+#                                  where present), and the JPEG pipeline's
+#                                  loader threads for one GPU (bench_loader
+#                                  --threads-sweep)
 #   tools/gpu-check.sh run-scaling optional call: bench_scaling profiles
-#                                  (feed them to tools/scaling_model.py here)
+#                                  (feed them to tools/scaling_model.py here),
+#                                  the GEMM sweep against torch.matmul
 #   tools/gpu-check.sh plan        here: each call's steps, their timeouts and
 #                                  total, and whether the pack holds the binaries
 # Every step has a timeout; a call's timeouts add up to well under the device
@@ -41,23 +49,41 @@ binaries=(tests/lockstep-gpu-smoke tests/lockstep_gpu_tests tests/comm/lockstep_
           tests/io/lockstep_io_gpu_tests tests/engine/lockstep_engine_gpu_tests bench/bench_gemm
           bench/bench_step bench/bench_scaling bench/bench_loader examples/train/lockstep-train
           examples/shard/lockstep-shard)
-# The training comparison: the same data, model, seed and steps on both devices.
+# The training comparisons: the same data, model, seed and steps on both devices.
 shard_args=(synthetic --count 8192 --shape 1,28,28 --dtype u8 --classes 10 --shards 2 --seed 1)
 train_args=(--model mlp --steps 300 --batch-size 64 --seed 3 --log-every 100)
+# gpt-tiny on byte-level text (the packed fortunes' windows), bf16 on both
+# devices: the cpu composes the unfused ops, the GPU runs the fused kernels.
+gpt_tiny_common=(--model gpt-tiny --batch-size 16 --seed 3 --optimizer adamw --lr 0.002
+                 --precision bf16)
+gpt_tiny_args=("${gpt_tiny_common[@]}" --steps 300 --log-every 100)
+# gpt2 at T 1024 for 100 steps, fused against --unfused-kernels on the GPU.
+gpt2_args=(--model gpt2 --steps 100 --batch-size 8 --seed 3 --log-every 25 --optimizer adamw
+           --lr 0.0006 --precision bf16)
+# JPEGs for the loader's thread sweep: photograph-sized, few enough to travel.
+photo_count=320
 
 pack() {
   set -e
-  local build=build-gpu stage=.gpu-pack/stage
+  # LOCKSTEP_GPU_BUILD: an existing Release build for sm_90 to reuse (here,
+  # saving a full build); the pack's own folder by default.
+  local build=${LOCKSTEP_GPU_BUILD:-build-gpu} stage=.gpu-pack/stage
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
   cmake --build "$build" --target "${targets[@]}"
+  # The fused attention is the largest part of the GPT step's gain: a pack
+  # without it would measure the wrong thing.
+  [ -f "$build/kernels/CMakeFiles/lockstep_kernels.dir/cuda/sdpa_cudnn.cpp.o" ] || {
+    echo "pack: built without cudnn-frontend (scripts/install-deps.sh fetches it)" >&2
+    exit 1
+  }
   rm -rf .gpu-pack && mkdir -p "$stage/bin" "$stage/lib" "$stage/ref"
   for b in "${binaries[@]}"; do cp "$build/$b" "$stage/bin/"; done
   cp -L "$build"/kernels/liblockstep_*.so "$build"/engine/core/liblockstep_*.so "$build"/comm/liblockstep_*.so \
     "$build"/io/liblockstep_*.so "$build"/engine/liblockstep_*.so "$stage/lib/"
   # Every library the binaries load, except what the GPU machine has: glibc,
   # the compiler runtime, and the CUDA libraries (its own, or its nvidia wheels').
-  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libresolv|libnsl|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so'
+  local skip='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libresolv|libnsl|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl|libnvrtc[^/]*|libnvJitLink)\.so'
   for f in "$stage"/bin/* "$stage"/lib/*; do
     LD_LIBRARY_PATH="$stage/lib" ldd "$f" | awk '/=> \// {print $1, $3}'
   done | sort -u | while read -r soname path; do
@@ -71,6 +97,20 @@ pack() {
   "$build/examples/train/lockstep-train" --data "$data" "${train_args[@]}" --device cpu \
     --metrics "$stage/ref/train_cpu.jsonl" >/dev/null
   rm -rf "$data"
+  local texts=()
+  mapfile -t texts < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.*' | sort)
+  "$build/examples/shard/lockstep-shard" text --src "${texts[@]}" --out "$stage/text128" --seq 128 \
+    >/dev/null
+  "$build/examples/shard/lockstep-shard" text --src "${texts[@]}" --out "$stage/text1024" \
+    --seq 1024 >/dev/null
+  "$build/examples/train/lockstep-train" --data "$stage/text128/train" "${gpt_tiny_args[@]}" \
+    --device cpu --metrics "$stage/ref/train_gpt_tiny_cpu.jsonl" >/dev/null
+  local photos
+  photos=$(mktemp -d)
+  /usr/bin/python3 bench/photo_jpegs.py "$photos" "$photo_count"
+  "$build/examples/shard/lockstep-shard" images --src "$photos" --out "$stage/photos" --shards 4 \
+    >/dev/null
+  rm -rf "$photos"
   git rev-parse HEAD >"$stage/ref/commit"
   tar czf "$pack_file" -C "$stage" .
   rm -rf "$stage"
@@ -152,18 +192,23 @@ prepare() {
 run_tests() {
   [ -z "${PLAN:-}" ] && prepare tests
   local bin=$work/bin
+  # The smoke step also prints the run-time cuDNN version and whether its
+  # fused attention supports gpt2's shape (forward, backward, deterministic).
   if ! step smoke 30 "$bin/lockstep-gpu-smoke"; then
     echo "smoke failed: see $OUT/smoke.log; nothing else ran"
     verdicts
     return
   fi
-  step gpu_tests 60 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
-  step comm_gpu_tests 30 "$bin/lockstep_comm_gpu_tests" "[gpu]"
+  # The kernels binary now holds the fused cross-entropy at 8192 x 50304,
+  # the LayerNorms and the GEMM epilogues at gpt2's shapes; the engine's the
+  # fused attention, fused BatchNorm at resnet50's, GPT blocks, embedding.
+  step gpu_tests 70 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
+  step comm_gpu_tests 20 "$bin/lockstep_comm_gpu_tests" "[gpu]"
   step io_gpu_tests 30 "$bin/lockstep_io_gpu_tests" "[gpu]"
-  step engine_gpu_tests 90 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]" --durations yes
+  step engine_gpu_tests 110 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]" --durations yes
   # GPT-2's real widths: a one-block step against the cpu, then each kernel
   # family at 16K tokens checked and timed (tests/engine/gpu/test_gpt2_shape_gpu.cpp).
-  step gpt2_shape 60 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
+  step gpt2_shape 40 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
   [ -n "${PLAN:-}" ] && return 0
   grep -hE "^(test cases|All tests)" "$OUT"/*_gpu_tests.log "$OUT/gpt2_shape.log"
   # The gpt2-shaped times, for docs/gpu-results.md.
@@ -171,42 +216,85 @@ run_tests() {
   verdicts
 }
 
+# bench_step STEP_NAME TIMEOUT_S MODEL BATCH PRECISION [FLAGS...]: one
+# bench_step run, its JSON in $OUT/bench_step_STEP_NAME.json.
+bench_step() {
+  local name=$1 limit=$2 model=$3 batch=$4 precision=$5
+  shift 5
+  step "$name" "$limit" "$work/bin/bench_step" --device cuda --model "$model" --batch "$batch" \
+    --precision "$precision" --steps 20 --python "$python" --json "$OUT/bench_step_$name.json" "$@"
+}
+
 run_bench() {
   [ -z "${PLAN:-}" ] && prepare bench
-  local bin=$work/bin
-  # 300 s in all, from the first run's times (docs/gpu-results.md, 2026-12-04):
-  # bench_gemm's sweep did not end in 50 s, torch.matmul's took 27, the steps
-  # 31 to 38 s, the shard and the 300 training steps a second each.
-  step bench_gemm 80 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
-  step torch_gemm 40 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
-  for config in "mlp-large 1024 bf16 45" "resnet 256 fp16 45" "gpt2 8 bf16 55"; do
-    set -- $config
-    step "step_$1_$3" "$4" "$bin/bench_step" --device cuda --model "$1" --batch "$2" \
-      --precision "$3" --steps 20 --python "$python" --json "$OUT/bench_step_$1_$3.json"
-  done
-  step shard 10 "$bin/lockstep-shard" "${shard_args[@]}" --out "$work/data"
-  step train_cuda 25 "$bin/lockstep-train" --data "$work/data" "${train_args[@]}" --device cuda \
-    --metrics "$OUT/train_cuda.jsonl"
+  # Issue 44: gpt2 against PyTorch eager with AMP and scaled_dot_product_attention.
+  bench_step gpt2_8 55 gpt2 8 bf16
+  bench_step gpt2_16 70 gpt2 16 bf16
+  # Issue 45: PyTorch as NGC runs ResNet-50, channels-last with AMP, cuDNN autotuned.
+  local torch_nhwc=(--torch-channels-last --torch-cudnn-benchmark)
+  bench_step resnet50_fp16 60 resnet50 256 fp16 "${torch_nhwc[@]}"
+  bench_step resnet50_bf16 60 resnet50 256 bf16 "${torch_nhwc[@]}"
+  bench_step resnet_fp16 45 resnet 256 fp16 "${torch_nhwc[@]}"
   [ -n "${PLAN:-}" ] && return 0
   cat "$OUT"/bench_step_*.json >"$OUT/bench_step.json" 2>/dev/null
   echo
-  "$python" tools/gpu_baseline.py summary --lockstep "$OUT/bench_gemm.json" --torch "$OUT/torch_gemm.json" \
-    --steps "$OUT/bench_step.json" --train "$OUT/train_cuda.jsonl" "$work/ref/train_cpu.jsonl" \
-    | tee "$OUT/summary.txt"
+  "$python" tools/gpu_baseline.py steps "$OUT/bench_step.json" | tee "$OUT/summary.txt"
+  verdicts
+}
+
+# train NAME TIMEOUT_S DATA METRICS [FLAGS...]: one lockstep-train run on the GPU.
+train() {
+  local name=$1 limit=$2 data=$3 metrics=$4
+  shift 4
+  step "$name" "$limit" "$work/bin/lockstep-train" --data "$data" --device cuda \
+    --metrics "$metrics" "$@"
+}
+
+run_compare() {
+  [ -z "${PLAN:-}" ] && prepare compare
+  # torch.compile's warm-up compiles the model (tens of seconds).
+  bench_step gpt2_compile 100 gpt2 8 bf16 --torch-compile
+  bench_step gpt2_unfused 40 gpt2 8 bf16 --unfused --baseline false
+  step shard 5 "$work/bin/lockstep-shard" "${shard_args[@]}" --out "$work/data"
+  train train_mlp 20 "$work/data" "$OUT/train_mlp_cuda.jsonl" "${train_args[@]}"
+  train train_gpt_tiny 30 "$work/text128/train" "$OUT/train_gpt_tiny_cuda.jsonl" \
+    "${gpt_tiny_args[@]}"
+  train train_gpt2 35 "$work/text1024/train" "$OUT/train_gpt2_fused.jsonl" "${gpt2_args[@]}"
+  train train_gpt2_unfused 35 "$work/text1024/train" "$OUT/train_gpt2_unfused.jsonl" \
+    "${gpt2_args[@]}" --unfused-kernels
+  local run
+  for run in 1 2; do
+    train "deterministic_$run" 15 "$work/text128/train" "$OUT/train_deterministic_$run.jsonl" \
+      "${gpt_tiny_common[@]}" --steps 100 --log-every 50 --deterministic
+  done
+  [ -n "${PLAN:-}" ] && return 0
+  cat "$OUT"/bench_step_gpt2_*.json >"$OUT/bench_step_compare.json" 2>/dev/null
+  echo
+  {
+    "$python" tools/gpu_baseline.py steps "$OUT/bench_step_compare.json"
+    "$python" tools/gpu_baseline.py runs "mlp cuda vs cpu" "$OUT/train_mlp_cuda.jsonl" \
+      "$work/ref/train_cpu.jsonl"
+    "$python" tools/gpu_baseline.py runs "gpt-tiny bf16 cuda vs cpu" \
+      "$OUT/train_gpt_tiny_cuda.jsonl" "$work/ref/train_gpt_tiny_cpu.jsonl"
+    "$python" tools/gpu_baseline.py runs "gpt2 bf16 fused vs unfused" \
+      "$OUT/train_gpt2_fused.jsonl" "$OUT/train_gpt2_unfused.jsonl"
+    "$python" tools/gpu_baseline.py same "gpt-tiny --deterministic twice" \
+      "$OUT/train_deterministic_1.jsonl" "$OUT/train_deterministic_2.jsonl"
+  } | tee "$OUT/summary.txt"
   verdicts
 }
 
 # Where the GPU steps' time goes: each module's forward and backward and the
 # optimizer on the compute stream (bench_step --trace, summed per span name by
-# tools/trace.py top), and per kernel where nsys is installed.
+# tools/trace.py top), fused and unfused, and per kernel where nsys is installed.
 run_profile() {
   [ -z "${PLAN:-}" ] && prepare profile
-  local bin=$work/bin
-  step bench_gemm 80 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
-  for config in "gpt2 8 bf16 45" "resnet 256 fp16 40"; do
+  local bin=$work/bin config
+  for config in "gpt2 8 bf16 40 gpt2" "gpt2 8 bf16 40 gpt2_unfused --unfused" \
+    "resnet50 256 fp16 45 resnet50" "resnet50 256 fp16 45 resnet50_unfused --unfused"; do
     set -- $config
-    step "trace_$1" "$4" "$bin/bench_step" --device cuda --model "$1" --batch "$2" \
-      --precision "$3" --steps 3 --baseline false --trace "$work/trace_$1"
+    step "trace_$5" "$4" "$bin/bench_step" --device cuda --model "$1" --batch "$2" \
+      --precision "$3" --steps 3 --baseline false --trace "$work/trace_$5" "${@:6}"
   done
   if [ -n "${PLAN:-}" ] || command -v nsys >/dev/null; then
     step nsys_gpt2 60 nsys profile --force-overwrite true -o "$work/gpt2" "$bin/bench_step" \
@@ -214,27 +302,27 @@ run_profile() {
   else
     echo "nsys: not on this machine; per-kernel times from the trace spans only" | tee "$OUT/nsys.txt"
   fi
-  # 4096 images of 3 x 224 x 224 u8 (616 MB), batches of 256 to GPU memory.
-  step loader_shards 20 "$bin/lockstep-shard" synthetic --count 4096 --shape 3,224,224 --dtype u8 \
-    --classes 10 --shards 4 --seed 1 --out "$work/images"
-  step loader_cuda 40 "$bin/bench_loader" --data "$work/images" --batch 256 --threads 4 --trials 3 \
-    --device cuda --python "" --json "$OUT/bench_loader.json"
+  # The JPEG pipeline at 224 (RandomResizedCrop, flip, normalised on the GPU):
+  # how many loader threads reach ResNet-50's rate on one GPU.
+  step loader_sweep 60 "$bin/bench_loader" --data "$work/photos" --batch 256 --device cuda \
+    --threads-sweep 1,2,4,8,12 --trials 2 --python "" --json "$OUT/bench_loader.json"
   [ -n "${PLAN:-}" ] && return 0
-  local model
-  for model in gpt2 resnet; do
-    [ -d "$work/trace_$model" ] && "$python" tools/trace.py top "$work/trace_$model" --count 40 \
-      >"$OUT/top_$model.txt" 2>&1
+  local trace
+  for trace in gpt2 gpt2_unfused resnet50 resnet50_unfused; do
+    [ -d "$work/trace_$trace" ] && "$python" tools/trace.py top "$work/trace_$trace" --count 40 \
+      >"$OUT/top_$trace.txt" 2>&1
   done
   [ -f "$work/gpt2.nsys-rep" ] && nsys stats --report cuda_gpu_kern_sum --format column \
     "$work/gpt2.nsys-rep" >"$OUT/nsys_gpt2_kernels.txt" 2>&1
   head -n 45 "$OUT"/top_*.txt
   [ -f "$OUT/nsys_gpt2_kernels.txt" ] && head -n 40 "$OUT/nsys_gpt2_kernels.txt" | cut -c1-200
-  tail -n 12 "$OUT/loader_cuda.log"
+  tail -n 12 "$OUT/loader_sweep.log"
   verdicts
 }
 
 # One rank (no mpirun there): the GPU backward profiles tools/scaling_model.py
-# extrapolates from, in place of CPU profiles scaled by GEMM rate.
+# extrapolates from, in place of CPU profiles scaled by GEMM rate; and the
+# GEMM sweep against torch.matmul.
 run_scaling() {
   [ -z "${PLAN:-}" ] && prepare scaling
   local bin=$work/bin
@@ -243,8 +331,12 @@ run_scaling() {
     step "scaling_$1" 90 "$bin/bench_scaling" --device cuda --model "$1" --batch "$2" \
       --precision "$3" --steps 10 --trials 3 --json "$OUT/bench_scaling_$1.json"
   done
+  step bench_gemm 80 "$bin/bench_gemm" --device cuda --json "$OUT/bench_gemm.json"
+  step torch_gemm 40 "$python" tools/gpu_baseline.py gemm --json "$OUT/torch_gemm.json"
   [ -n "${PLAN:-}" ] && return 0
   cat "$OUT"/bench_scaling_*.json >"$OUT/bench_scaling.json" 2>/dev/null
+  "$python" tools/gpu_baseline.py summary --lockstep "$OUT/bench_gemm.json" \
+    --torch "$OUT/torch_gemm.json" | tee "$OUT/summary.txt"
   verdicts
 }
 
@@ -253,7 +345,7 @@ run_scaling() {
 plan() {
   PLAN=1
   local call status=0
-  for call in run_tests run_bench run_profile run_scaling; do
+  for call in run_tests run_bench run_compare run_profile run_scaling; do
     plan_total=0
     echo "${call//_/-}:"
     "$call"
@@ -266,7 +358,9 @@ plan() {
     for b in "${binaries[@]}"; do
       grep -qx "./bin/$(basename "$b")" <<<"$listing" || { echo "pack lacks $b" >&2; status=1; }
     done
-    grep -qx "./ref/train_cpu.jsonl" <<<"$listing" || { echo "pack lacks the cpu training run" >&2; status=1; }
+    for b in ref/train_cpu.jsonl ref/train_gpt_tiny_cpu.jsonl text128/train text1024/train photos; do
+      grep -qE "^\./$b/?$" <<<"$listing" || { echo "pack lacks $b" >&2; status=1; }
+    done
     echo "pack: $(($(stat -c %s "$pack_file") >> 20)) MiB, every binary present"
   else
     echo "no pack yet (tools/gpu-check.sh pack)"
@@ -281,8 +375,9 @@ case "${1:-}" in
   pack) pack ;;
   run-tests) run_tests ;;
   run-bench) run_bench ;;
+  run-compare) run_compare ;;
   run-profile) run_profile ;;
   run-scaling) run_scaling ;;
   plan) plan ;;
-  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-profile|run-scaling|plan" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-compare|run-profile|run-scaling|plan" >&2; exit 2 ;;
 esac

@@ -3,6 +3,11 @@
 
   gpu_baseline.py gemm --json FILE     torch.matmul GFLOP/s for bench_gemm's CUDA shapes
   gpu_baseline.py summary --lockstep A --torch B   one table: lockstep, cuBLAS, PyTorch
+  gpu_baseline.py steps FILE           bench_step's JSON lines as one table against PyTorch
+  gpu_baseline.py runs LABEL A B       two training runs' losses step by step: the largest
+                                       relative difference (run A against run B)
+  gpu_baseline.py same LABEL A B       two runs' losses and gradient norms bit for bit; exits 1
+                                       at the first step that differs
 """
 import argparse
 import json
@@ -69,24 +74,47 @@ def summary_steps(path):
     rows = read_lines(path)
     if not rows:
         return
-    print(f"\n{'model':<10} {'batch':>6} {'prec':>5} {'lockstep samp/s':>16} {'torch samp/s':>13} {'ratio':>7}"
-          f" {'peak MiB':>9} {'torch MiB':>9}")
+    print(f"\n{'model':<10} {'batch':>6} {'prec':>5} {'kernels':>8} {'baseline':>15} {'lockstep samp/s':>16}"
+          f" {'torch samp/s':>13} {'ratio':>7} {'peak MiB':>9} {'torch MiB':>9}")
     for r in rows:
         torch_sps = r.get("torch_samples_per_s") or 0
-        print(f"{r['model']:<10} {r['batch']:>6} {r['precision']:>5} {r['samples_per_s']:16.0f} {torch_sps:13.0f}"
-              f" {r.get('ratio') or 0:7.3f} {r['peak_bytes'] / 2**20:9.0f} {(r.get('torch_peak_bytes') or 0) / 2**20:9.0f}")
+        kernels = "fused" if r.get("fused_kernels", True) else "unfused"
+        baseline = ("compile" if r.get("torch_compile") else "eager") + \
+            (" NHWC" if r.get("torch_channels_last") else "")
+        print(f"{r['model']:<10} {r['batch']:>6} {r['precision']:>5} {kernels:>8} {baseline:>15}"
+              f" {r['samples_per_s']:16.0f} {torch_sps:13.0f} {r.get('ratio') or 0:7.3f}"
+              f" {r['peak_bytes'] / 2**20:9.0f} {(r.get('torch_peak_bytes') or 0) / 2**20:9.0f}")
 
 
-def compare_training(gpu_path, cpu_path):
-    gpu = {r["step"]: r["loss"] for r in read_lines(gpu_path) if "loss" in r}
-    cpu = {r["step"]: r["loss"] for r in read_lines(cpu_path) if "loss" in r}
-    common = sorted(set(gpu) & set(cpu))
+def step_records(path, field):
+    return {r["step"]: r[field] for r in read_lines(path) if field in r and "step" in r}
+
+
+def compare_training(label, path_a, path_b):
+    a, b = step_records(path_a, "loss"), step_records(path_b, "loss")
+    common = sorted(set(a) & set(b))
     if not common:
-        print("\ntraining comparison: no common steps")
+        print(f"{label}: no common steps")
         return
-    worst = max(abs(gpu[s] - cpu[s]) / max(1e-6, abs(cpu[s])) for s in common)
-    print(f"\ntraining cuda vs cpu: {len(common)} steps, final loss {gpu[common[-1]]:.4f} vs {cpu[common[-1]]:.4f},"
+    worst = max(abs(a[s] - b[s]) / max(1e-6, abs(b[s])) for s in common)
+    print(f"{label}: {len(common)} steps, final loss {a[common[-1]]:.4f} vs {b[common[-1]]:.4f},"
           f" largest relative difference {worst:.2e}")
+
+
+def same_bits(label, path_a, path_b):
+    differ = []
+    for field in ("loss", "grad_norm"):
+        a, b = step_records(path_a, field), step_records(path_b, field)
+        if not a or set(a) != set(b):
+            print(f"{label}: the runs' {field} steps differ ({len(a)} against {len(b)})")
+            return 1
+        differ += [(s, field, a[s], b[s]) for s in sorted(a) if a[s] != b[s]]
+    if differ:
+        s, field, x, y = differ[0]
+        print(f"{label}: {len(differ)} values differ, first at step {s}: {field} {x!r} against {y!r}")
+        return 1
+    print(f"{label}: the same bits ({len(step_records(path_a, 'loss'))} steps of loss and gradient norm)")
+    return 0
 
 
 def summary(lockstep_path, torch_path):
@@ -112,16 +140,24 @@ def main():
     summ = sub.add_parser("summary")
     summ.add_argument("--lockstep", required=True)
     summ.add_argument("--torch", required=True)
-    summ.add_argument("--steps", default="")
-    summ.add_argument("--train", nargs=2, default=None)
+    steps = sub.add_parser("steps")
+    steps.add_argument("json")
+    for name in ("runs", "same"):
+        pair = sub.add_parser(name)
+        pair.add_argument("label")
+        pair.add_argument("a")
+        pair.add_argument("b")
     args = parser.parse_args()
     if args.command == "gemm":
         measure_gemm(args.json)
-    else:
+    elif args.command == "summary":
         summary(args.lockstep, args.torch)
-        summary_steps(args.steps)
-        if args.train:
-            compare_training(*args.train)
+    elif args.command == "steps":
+        summary_steps(args.json)
+    elif args.command == "runs":
+        compare_training(args.label, args.a, args.b)
+    else:
+        raise SystemExit(same_bits(args.label, args.a, args.b))
 
 
 if __name__ == "__main__":
