@@ -2,12 +2,15 @@
 // kh, kw]) with stride, padding, dilation and groups, in f32, f16 or bf16 with
 // f32 accumulation; each pass's result is rounded to the type once, so the CPU
 // emulates what cuDNN does under autocast. CPU: im2col + OpenBLAS GEMM, col2im
-// for the input gradient. CUDA: cuDNN's legacy API, with algorithms from its
-// heuristics chosen once per shape (Note [conv algorithm choice] in the .cu).
+// for the input gradient. CUDA: cuDNN's legacy API, with algorithms chosen once
+// per shape by timing (cudnnFind*Ex) outside deterministic runs and by its
+// heuristics in them (Note [conv algorithm choice] in the .cu).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 #include "kernels/stream.h"
@@ -38,8 +41,12 @@ void validate_conv2d(const Conv2dShape& s);
 // How CUDA chooses convolution algorithms; process-wide, read when a shape is
 // first planned (each setting keeps its own plans). The CPU has one algorithm.
 // deterministic: only algorithms cuDNN marks deterministic (bitwise equal
-// results run to run). autotune: time the candidates once per shape
-// (cudnnFind*, which allocates its own scratch) instead of the heuristic.
+// results run to run), chosen by the heuristic, never timed.
+// set_conv_autotune: whether new plans time the candidates (cudnnFind*Ex on
+// pool memory, once per shape) instead of taking the heuristic's choice; on
+// by default (bench_step --no-conv-timing turns it off). conv_autotune():
+// whether new plans are timed now, that is the setting and not
+// deterministic(): deterministic runs never time, whatever the setting.
 void set_deterministic(bool on);
 bool deterministic();
 void set_conv_autotune(bool on);
@@ -68,8 +75,11 @@ void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int6
 namespace cuda {
 enum class ConvPass { forward, backward_data, backward_filter };
 // Workspace bytes the caller provides to the pass: cuDNN's, plus room for the
-// 16-bit weight gradient in backward_filter. Plans the shape if needed.
-std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass);
+// 16-bit weight gradient in backward_filter. Plans the shape if needed, timed
+// on `stream` (pass the one the pass will run on; never while it is being
+// captured into a CUDA graph, when the plan takes the heuristic's choice).
+std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass,
+                                   CudaStream stream = nullptr);
 void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
                     const float* bias, void* y, void* workspace, std::size_t workspace_bytes,
                     CudaStream stream);
@@ -80,6 +90,10 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
                             std::size_t workspace_bytes, CudaStream stream);
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db, CudaStream stream);
+// What the plan cache holds, one line per plan: device, pass, shape and type,
+// the algorithm, how it was chosen ("timed #0 of 8: 0.0412 ms" or "heuristic
+// #0 of 8 (deterministic)"), its workspace and math type.
+std::vector<std::string> conv2d_plan_descriptions();
 }  // namespace cuda
 
 }  // namespace lockstep::kernels

@@ -1,6 +1,8 @@
 // Conv2d (engine/nn/conv.h). The CUDA workspace of each pass comes from the
 // stream-ordered pool, allocated on the op's stream right before the call, so
-// it is freed (and reusable) as soon as the pass has run.
+// it is freed (and reusable) as soon as the pass has run. Each pass is planned
+// on the op's stream, where a new shape's algorithms are timed outside
+// deterministic runs (Note [conv algorithm choice] in kernels/cuda/conv.cu).
 #include "engine/nn/conv.h"
 
 #include <algorithm>
@@ -95,8 +97,8 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
       x.device(), ctx.stream,
       [&] { kernels::cpu::conv2d_forward(s, type, input.data(), w.data(), b, y.data()); },
       [&](kernels::CudaStream stream) {
-        const std::size_t bytes =
-            kernels::cuda::conv2d_workspace_bytes(s, type, kernels::cuda::ConvPass::forward);
+        const std::size_t bytes = kernels::cuda::conv2d_workspace_bytes(
+            s, type, kernels::cuda::ConvPass::forward, stream);
         const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
                                                            DType::u8, x.device(), ctx.stream);
         kernels::cuda::conv2d_forward(s, type, input.data(), w.data(), b, y.data(),
@@ -138,7 +140,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
         using kernels::cuda::ConvPass;
         if (dw) {
           const std::size_t bytes =
-              kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_filter);
+              kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_filter, stream);
           const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
                                                              DType::u8, g.device(), ctx.stream);
           kernels::cuda::conv2d_backward_filter(s, type, input_.data(), g.data(), dw, accumulate,
@@ -149,7 +151,7 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
                                            stream);
         if (!want_dx) return;
         const std::size_t bytes =
-            kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_data);
+            kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_data, stream);
         const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
                                                            DType::u8, g.device(), ctx.stream);
         kernels::cuda::conv2d_backward_data(s, type, g.data(), w.data(), dx.data(),

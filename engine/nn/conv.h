@@ -2,7 +2,8 @@
 // (weight [out, in/groups, kh, kw]) and initialisation. Under autocast it
 // computes in f16/bf16 with f32 accumulation on a low-precision copy of the
 // weight made once per weight version, as Linear does; the weight gradient
-// ends in the f32 gradient (CUDA: cast-added from cuDNN's 16-bit result).
+// ends in the f32 gradient (CUDA: cast-added from cuDNN's 16-bit result, Note
+// [16-bit weight gradient] in kernels/cuda/conv.cu).
 // Also Size2, the (h, w) pair the spatial layers take.
 #pragma once
 

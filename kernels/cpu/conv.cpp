@@ -18,13 +18,14 @@
 namespace lockstep::kernels {
 namespace {
 std::atomic<bool> deterministic_mode{false};
-std::atomic<bool> autotune_mode{false};
+std::atomic<bool> autotune_mode{true};
 }  // namespace
 
 void set_deterministic(bool on) { deterministic_mode = on; }
 bool deterministic() { return deterministic_mode; }
 void set_conv_autotune(bool on) { autotune_mode = on; }
-bool conv_autotune() { return autotune_mode; }
+// Deterministic runs never time (Note [conv algorithm choice] in kernels/cuda/conv.cu).
+bool conv_autotune() { return autotune_mode && !deterministic_mode; }
 
 void validate_conv2d(const Conv2dShape& s) {
   auto fail = [](const std::string& what) { throw InvalidArgument("conv2d: " + what); };

@@ -1,17 +1,44 @@
 // CUDA convolution (kernels/conv.h) on cuDNN's legacy API, plus the per-channel
 // bias kernels. Each (device, shape, dtype, pass, settings) is planned once:
 // descriptors and the chosen algorithm are cached, so a training step makes
-// no heuristic queries after the first.
+// no algorithm queries after the first.
 //
-// Note [conv algorithm choice]: candidates come from cudnnGet*Algorithm_v7
-// (heuristics: no timing, no allocation, the same answer after a restart), or,
-// with conv_autotune(), from cudnnFind*Algorithm (timed once per shape). The
-// first candidate that succeeded, needs at most kAlgoWorkspaceLimitBytes, is
-// deterministic when deterministic() is set, and, for f32, does not use
-// tensor cores is taken. f32 runs with CUDNN_FMA_MATH: true f32, as our f32
-// GEMMs (cuDNN's default would allow TF32 on Ampere and later). f16 and bf16
-// run with f32 accumulation (compute type CUDNN_DATA_FLOAT) and take the math
-// type the heuristic paired with its algorithm.
+// Note [conv algorithm choice]: a new plan's candidates come from cuDNN's
+// timing (cudnnFind*AlgorithmEx, fastest first) when conv_autotune(), which
+// is the default outside deterministic runs (kernels/conv.h), and otherwise
+// from cudnnGet*Algorithm_v7 (heuristics: no timing, no allocation, the same
+// answer after a restart): in deterministic runs, with
+// set_conv_autotune(false), and while the planning stream is being captured
+// into a CUDA graph (timing synchronises the stream, which capture forbids;
+// such a plan is kept under the untimed key, so a later uncaptured use of the
+// shape still times it, and a capture after warm-up finds the timed plans).
+// Timing runs every algorithm on scratch operands taken with cudaMallocAsync
+// from the stream's pool, the one the engine allocates from: zero-filled x, w
+// and y, and a workspace of kAlgoWorkspaceLimitBytes (an algorithm that needs
+// more reports ALLOC_FAILED and is passed over). Find*Ex overwrites its
+// output operand (y, dx or dw) with arbitrary values, with no alpha or beta,
+// so it never touches a live tensor: a dw that accumulates across
+// micro-batches would be lost. Without the memory for the trials the plan
+// takes the heuristic's choice. The stream is synchronised before the trials,
+// so that earlier work does not count in the first. Ranks time apart and may
+// choose differently; rank-invariant runs are deterministic, hence untimed.
+// Either way the first candidate that succeeded, needs at most
+// kAlgoWorkspaceLimitBytes, is deterministic when deterministic() is set,
+// and, for f32, does not use tensor cores is taken. f32 runs with
+// CUDNN_FMA_MATH: true f32, as our f32 GEMMs (cuDNN's default would allow
+// TF32 on Ampere and later). f16 and bf16 run with f32 accumulation (compute
+// type CUDNN_DATA_FLOAT) and take the math type paired with the algorithm.
+// conv2d_plan_descriptions() says, per plan, which was taken and how.
+//
+// Note [16-bit weight gradient]: under autocast cuDNN writes the weight
+// gradient in the data type, into scratch past the algorithm's workspace, and
+// a kernel adds it to the f32 gradient (or writes it, on a stale gradient).
+// cuDNN cannot write or accumulate an f32 dw from f16/bf16 x and dy in the
+// legacy API: x, dy and dw share one data type in every supported
+// configuration (PSEUDO_HALF_CONFIG: all HALF with FLOAT compute), and the
+// filter descriptor's type is the only type dw has. The round trip costs 12
+// bytes per weight (ResNet-18: 11.2M weights, 134 MB, ~0.07 ms a step).
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,7 +51,6 @@
 #include "kernels/cuda/check_cudnn.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/device_float.cuh"
-#include "kernels/cuda/pool.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
@@ -73,16 +99,50 @@ std::string describe(const Conv2dShape& s, DType type) {
          str(s.groups);
 }
 
+const char* algo_name(cudnnConvolutionFwdAlgo_t a) {
+  static const char* const names[] = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD",      "WINOGRAD_NONFUSED"};
+  const int i = static_cast<int>(a);
+  return i >= 0 && i < CUDNN_CONVOLUTION_FWD_ALGO_COUNT ? names[i] : "?";
+}
+const char* algo_name(cudnnConvolutionBwdDataAlgo_t a) {
+  static const char* const names[] = {"ALGO_0",     "ALGO_1",   "FFT",
+                                      "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  const int i = static_cast<int>(a);
+  return i >= 0 && i < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT ? names[i] : "?";
+}
+const char* algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  static const char* const names[] = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  const int i = static_cast<int>(a);
+  return i >= 0 && i < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT ? names[i] : "?";
+}
+
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "default math";
+    case CUDNN_TENSOR_OP_MATH:
+      return "tensor-op math";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "tensor-op math with conversion";
+    case CUDNN_FMA_MATH:
+      return "FMA math";
+  }
+  return "? math";
+}
+
 struct PlanKey {
   int device;
   Conv2dShape s;
   DType type;
   ConvPass pass;
-  bool deterministic, autotune;
+  bool deterministic, timed;
   auto tie() const {
     return std::tie(device, s.batch, s.in_channels, s.in_h, s.in_w, s.out_channels, s.kernel_h,
                     s.kernel_w, s.stride_h, s.stride_w, s.pad_h, s.pad_w, s.dilation_h,
-                    s.dilation_w, s.groups, type, pass, deterministic, autotune);
+                    s.dilation_w, s.groups, type, pass, deterministic, timed);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -96,6 +156,7 @@ struct Plan {
   cudnnConvolutionBwdFilterAlgo_t filter_algo{};
   std::size_t algo_workspace_bytes = 0;  // what cuDNN needs
   std::size_t workspace_bytes = 0;       // plus a 16-bit weight-gradient scratch
+  std::string description;               // conv2d_plan_descriptions()
   ~Plan() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
     if (w) cudnnDestroyFilterDescriptor(w);
@@ -115,6 +176,47 @@ Cache& cache() {
   return *instance;
 }
 
+// The scratch operands cudnnFind*Ex times on (Note [conv algorithm choice]),
+// from the stream's pool, handed back in stream order when the plan is made.
+class TrialOperands {
+ public:
+  explicit TrialOperands(CudaStream stream) : stream_(stream) {}
+  TrialOperands(const TrialOperands&) = delete;
+  TrialOperands& operator=(const TrialOperands&) = delete;
+  // Best effort on the way out: a failed free leaves memory in the pool, and
+  // a destructor must not throw.
+  ~TrialOperands() {
+    for (void* p : {x, w, y, workspace})
+      if (p && cudaFreeAsync(p, stream_) != cudaSuccess) cudaGetLastError();
+  }
+  // False (with the CUDA error cleared) when the pool cannot give them.
+  bool take(const Conv2dShape& s, DType type) {
+    const std::size_t elem = dtype_size(type);
+    const auto count = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    return take_zeroed(x, count(s.batch * s.in_channels * s.in_h * s.in_w) * elem) &&
+           take_zeroed(
+               w, count(s.out_channels * (s.in_channels / s.groups) * s.kernel_h * s.kernel_w) *
+                      elem) &&
+           take_zeroed(y, count(s.batch * s.out_channels * s.out_h() * s.out_w()) * elem) &&
+           take_zeroed(workspace, workspace_bytes);
+  }
+
+  void *x = nullptr, *w = nullptr, *y = nullptr, *workspace = nullptr;
+  const std::size_t workspace_bytes = kAlgoWorkspaceLimitBytes;
+
+ private:
+  bool take_zeroed(void*& p, std::size_t bytes) {
+    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
+      p = nullptr;
+      cudaGetLastError();
+      return false;
+    }
+    LOCKSTEP_CHECK_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
+    return true;
+  }
+  CudaStream stream_;
+};
+
 // Index of the first acceptable candidate (Note [conv algorithm choice]).
 template <typename Perf>
 int pick(const std::vector<Perf>& perf, int count, const PlanKey& key) {
@@ -133,61 +235,79 @@ int pick(const std::vector<Perf>& perf, int count, const PlanKey& key) {
           " within a workspace of " + std::to_string(kAlgoWorkspaceLimitBytes >> 20) + " MiB");
 }
 
+// Takes candidate `i` of `count`: its math type on the descriptor, and the
+// choice described. `trial`: the candidates were timed; else `untimed` says why not.
 template <typename Perf>
-void use_math(const Plan& plan, const Perf& p, DType type) {
+void take_candidate(Plan& plan, const std::vector<Perf>& perf, int i, int count, DType type,
+                    const TrialOperands* trial, const char* untimed) {
+  const Perf& p = perf[static_cast<std::size_t>(i)];
   const cudnnMathType_t math = type == DType::f32 ? CUDNN_FMA_MATH : p.mathType;
   LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionMathType(plan.conv, math));
+  char how[128];
+  if (trial)
+    std::snprintf(how, sizeof how, "timed #%d of %d: %.4f ms", i, count,
+                  static_cast<double>(p.time));
+  else
+    std::snprintf(how, sizeof how, "heuristic #%d of %d (%s)", i, count, untimed);
+  plan.description = std::string(algo_name(p.algo)) + " (" +
+                     std::to_string(static_cast<int>(p.algo)) + "), " + how + ", " +
+                     math_name(math);
 }
 
-void choose_algorithm(cudnnHandle_t handle, Plan& plan, const PlanKey& key) {
+void choose_algorithm(cudnnHandle_t handle, Plan& plan, const PlanKey& key,
+                      const TrialOperands* trial, const char* untimed) {
   int max_count = 0, count = 0;
   switch (key.pass) {
     case ConvPass::forward: {
       LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
       std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-      if (key.autotune)
-        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithm(
-            handle, plan.x, plan.w, plan.conv, plan.y, max_count, &count, perf.data()));
+      if (trial)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
+            handle, plan.x, trial->x, plan.w, trial->w, plan.conv, plan.y, trial->y, max_count,
+            &count, perf.data(), trial->workspace, trial->workspace_bytes));
       else
         LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
             handle, plan.x, plan.w, plan.conv, plan.y, max_count, &count, perf.data()));
-      const auto& best = perf[pick(perf, count, key)];
-      use_math(plan, best, key.type);
-      plan.forward_algo = best.algo;
-      LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionForwardWorkspaceSize(
-          handle, plan.x, plan.w, plan.conv, plan.y, best.algo, &plan.algo_workspace_bytes));
+      const int i = pick(perf, count, key);
+      take_candidate(plan, perf, i, count, key.type, trial, untimed);
+      plan.forward_algo = perf[static_cast<std::size_t>(i)].algo;
+      LOCKSTEP_CHECK_CUDNN(
+          cudnnGetConvolutionForwardWorkspaceSize(handle, plan.x, plan.w, plan.conv, plan.y,
+                                                  plan.forward_algo, &plan.algo_workspace_bytes));
       return;
     }
     case ConvPass::backward_data: {
       LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-      if (key.autotune)
-        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(
-            handle, plan.w, plan.y, plan.conv, plan.x, max_count, &count, perf.data()));
+      if (trial)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            handle, plan.w, trial->w, plan.y, trial->y, plan.conv, plan.x, trial->x, max_count,
+            &count, perf.data(), trial->workspace, trial->workspace_bytes));
       else
         LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             handle, plan.w, plan.y, plan.conv, plan.x, max_count, &count, perf.data()));
-      const auto& best = perf[pick(perf, count, key)];
-      use_math(plan, best, key.type);
-      plan.data_algo = best.algo;
+      const int i = pick(perf, count, key);
+      take_candidate(plan, perf, i, count, key.type, trial, untimed);
+      plan.data_algo = perf[static_cast<std::size_t>(i)].algo;
       LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(
-          handle, plan.w, plan.y, plan.conv, plan.x, best.algo, &plan.algo_workspace_bytes));
+          handle, plan.w, plan.y, plan.conv, plan.x, plan.data_algo, &plan.algo_workspace_bytes));
       return;
     }
     case ConvPass::backward_filter: {
       LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count));
-      if (key.autotune)
-        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(
-            handle, plan.x, plan.y, plan.conv, plan.w, max_count, &count, perf.data()));
+      if (trial)
+        LOCKSTEP_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            handle, plan.x, trial->x, plan.y, trial->y, plan.conv, plan.w, trial->w, max_count,
+            &count, perf.data(), trial->workspace, trial->workspace_bytes));
       else
         LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             handle, plan.x, plan.y, plan.conv, plan.w, max_count, &count, perf.data()));
-      const auto& best = perf[pick(perf, count, key)];
-      use_math(plan, best, key.type);
-      plan.filter_algo = best.algo;
+      const int i = pick(perf, count, key);
+      take_candidate(plan, perf, i, count, key.type, trial, untimed);
+      plan.filter_algo = perf[static_cast<std::size_t>(i)].algo;
       LOCKSTEP_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          handle, plan.x, plan.y, plan.conv, plan.w, best.algo, &plan.algo_workspace_bytes));
+          handle, plan.x, plan.y, plan.conv, plan.w, plan.filter_algo, &plan.algo_workspace_bytes));
       return;
     }
   }
@@ -197,7 +317,10 @@ std::size_t align_up(std::size_t bytes) {
   return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
 }
 
-std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key) {
+// key.timed: time the candidates on `stream` if the pool gives the trial
+// operands; `untimed` says why a plan that is not timed was not.
+std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key, CudaStream stream,
+                                const char* untimed) {
   const Conv2dShape& s = key.s;
   const cudnnDataType_t type = cudnn_type(key.type);
   auto plan = std::make_unique<Plan>();
@@ -217,8 +340,8 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key) {
       plan->conv, i(s.pad_h), i(s.pad_w), i(s.stride_h), i(s.stride_w), i(s.dilation_h),
       i(s.dilation_w), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionGroupCount(plan->conv, i(s.groups)));
-  // Set before the query so that the heuristic considers (or, for f32, leaves
-  // out) tensor-core kernels; choose_algorithm sets the final math type.
+  // Set before the query so that the heuristic (or the timing) considers
+  // (or, for f32, leaves out) tensor-core kernels; take_candidate() sets the final one.
   LOCKSTEP_CHECK_CUDNN(cudnnSetConvolutionMathType(
       plan->conv, key.type == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
 
@@ -230,32 +353,60 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key) {
                        "cuDNN's output size " + std::to_string(h) + "x" + std::to_string(w) +
                            " differs from ours for conv2d " + describe(s, key.type));
 
-  choose_algorithm(handle, *plan, key);
+  if (key.timed) {
+    TrialOperands trial(stream);
+    if (trial.take(s, key.type)) {
+      LOCKSTEP_CHECK_CUDA(cudaStreamSynchronize(stream));
+      choose_algorithm(handle, *plan, key, &trial, nullptr);
+    } else {
+      choose_algorithm(handle, *plan, key, nullptr, "no memory to time");
+    }
+  } else {
+    choose_algorithm(handle, *plan, key, nullptr, untimed);
+  }
   plan->workspace_bytes = plan->algo_workspace_bytes;
   if (key.pass == ConvPass::backward_filter && key.type != DType::f32)
     plan->workspace_bytes = align_up(plan->algo_workspace_bytes) +
                             static_cast<std::size_t>(s.out_channels * (s.in_channels / s.groups) *
                                                      s.kernel_h * s.kernel_w) *
                                 dtype_size(key.type);
+  char workspace[64];
+  std::snprintf(workspace, sizeof workspace, ", workspace %.2f MiB",
+                static_cast<double>(plan->workspace_bytes) / (1 << 20));
+  plan->description = "cuda:" + std::to_string(key.device) + " " + pass_name(key.pass) + " " +
+                      describe(s, key.type) + ": " + plan->description + workspace;
   return plan;
+}
+
+// Whether `stream` is being captured into a CUDA graph; true when CUDA cannot
+// say (the legacy stream while a blocking stream captures), so as not to time.
+bool capturing(CudaStream stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return capture != cudaStreamCaptureStatusNone;
 }
 
 const Plan& plan_for(const Conv2dShape& s, DType type, ConvPass pass, CudaStream stream) {
   validate_conv2d(s);
   int device = 0;
   LOCKSTEP_CHECK_CUDA(cudaGetDevice(&device));
-  const PlanKey key{device, s, type, pass, deterministic(), conv_autotune()};
+  PlanKey key{device, s, type, pass, deterministic(), conv_autotune()};
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto found = c.plans.find(key);
-  if (found == c.plans.end()) {
-    // cudnnFind* takes its trial workspaces with plain cudaMalloc, and skips
-    // an algorithm whose workspace it cannot get: hand it what the pool
-    // caches first (once per shape), or autotuning would choose among fewer.
-    if (key.autotune) detail::release_pool_memory(device);
-    found = c.plans.emplace(key, make_plan(detail::cudnn_handle(stream), key)).first;
+  if (found != c.plans.end()) return *found->second;
+  const char* untimed = key.deterministic ? "deterministic" : "timing off";
+  if (key.timed && capturing(stream)) {  // the heuristic's plan, under the untimed key
+    key.timed = false;
+    untimed = "stream capturing";
+    found = c.plans.find(key);
+    if (found != c.plans.end()) return *found->second;
   }
-  return *found->second;
+  auto plan = make_plan(detail::cudnn_handle(stream), key, stream, untimed);
+  return *c.plans.emplace(key, std::move(plan)).first->second;
 }
 
 void require_workspace(const Plan& plan, std::size_t given, ConvPass pass) {
@@ -301,8 +452,9 @@ __global__ void channel_bias_grad_kernel(const T* dy, std::int64_t batch, std::i
 
 }  // namespace
 
-std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass) {
-  return plan_for(s, type, pass, nullptr).workspace_bytes;
+std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass,
+                                   CudaStream stream) {
+  return plan_for(s, type, pass, stream).workspace_bytes;
 }
 
 void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
@@ -347,8 +499,8 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
         plan.algo_workspace_bytes, accumulate ? &one : &zero, plan.w, dw));
     return;
   }
-  // cuDNN writes a 16-bit weight gradient in the data type: into scratch past
-  // the algorithm's workspace, then cast-added into the f32 gradient.
+  // Note [16-bit weight gradient]: into scratch past the algorithm's
+  // workspace, then cast-added into the f32 gradient.
   void* scratch = static_cast<char*>(workspace) + align_up(plan.algo_workspace_bytes);
   LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
       handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
@@ -371,6 +523,14 @@ void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int6
         static_cast<const T*>(dy), batch, channels, spatial, db);
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   });
+}
+
+std::vector<std::string> conv2d_plan_descriptions() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  std::vector<std::string> lines;
+  for (const auto& [key, plan] : c.plans) lines.push_back(plan->description);
+  return lines;
 }
 
 }  // namespace lockstep::kernels::cuda
