@@ -295,7 +295,9 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       const core::NamedTensors outputs = model_.forward_named(tensors, ctx);
       core::trace::Span loss_span;  // Note [module spans]: the loss is a span of its own
       loss_span.open("forward", "loss", "module", &stream_);
-      loss_->expect_backward(dloss);  // Note [gradient in the forward]: outputs is not read after
+      // Note [gradient in the forward]: outputs is not read after; Note
+      // [announcement scope]: withdrawn if the loss's forward never takes it.
+      const ExpectedBackward announced(*loss_, dloss);
       const core::Tensor loss = loss_->forward_named(outputs, tensors, ctx);
       // Note [loss rows]: the mean weighed by the rows it is of.
       if (tree_) {  // Note [rank-invariant step]: each chunk's, summed in the tree

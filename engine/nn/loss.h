@@ -46,6 +46,11 @@ class Loss {
   // (CrossEntropyLoss over f16/bf16 logits on CUDA, Note [fused
   // cross-entropy]). By default it is ignored.
   virtual void expect_backward(float /*dloss*/) {}
+  // Withdraws an announcement that no forward took (a throw between the two):
+  // the promise is for the step's forward only, and a later forward (an
+  // evaluation's) must not compute a gradient over its output. A loss that
+  // overrides expect_backward overrides this too; ExpectedBackward calls it.
+  virtual void cancel_expected_backward() {}
   // Rows the last forward counted: one-element f32 on the output's device.
   virtual const core::Tensor& counted_rows() const = 0;
   // Evaluation's metric: the counted rows whose prediction is right (one-element
@@ -68,6 +73,24 @@ class Loss {
   virtual core::Tensor count_correct_named(const core::NamedTensors& outputs,
                                            const core::NamedTensors& batch,
                                            const core::Stream& stream);
+};
+
+// Note [announcement scope]: expect_backward for the forward in this scope
+// alone. The destructor withdraws the announcement however the scope ends (a
+// forward that took it has consumed it already), so that a throw between the
+// announcement and the loss's forward (a missing output, a term before it
+// that refused its input) leaves nothing pending for the next forward: an
+// evaluation's would otherwise take the fused cross-entropy and overwrite its
+// logits. The data-parallel step announces through it.
+class ExpectedBackward {
+ public:
+  ExpectedBackward(Loss& loss, float dloss) : loss_(loss) { loss.expect_backward(dloss); }
+  ~ExpectedBackward() { loss_.cancel_expected_backward(); }
+  ExpectedBackward(const ExpectedBackward&) = delete;
+  ExpectedBackward& operator=(const ExpectedBackward&) = delete;
+
+ private:
+  Loss& loss_;
 };
 
 // Note [loss of several terms]: WeightedLosses is sum_i weight_i * term_i,
@@ -101,6 +124,7 @@ class WeightedLosses final : public Loss {
   // Passes dloss * weight on to each term whose output no other term reads
   // (a term that overwrote a shared output would change the other's input).
   void expect_backward(float dloss) override;
+  void cancel_expected_backward() override;  // every term's
   const core::Tensor& counted_rows() const override;
   core::Tensor forward_named(const core::NamedTensors& outputs, const core::NamedTensors& batch,
                              Context& ctx) override;
@@ -133,7 +157,8 @@ class WeightedLosses final : public Loss {
 // with no backward announced, as in evaluation) computes f32 probabilities
 // from an f32 copy of the logits and backward the gradient from them, cast
 // back to the logits' dtype. path() says which ran; a trace has an instant
-// "cross-entropy fused ..." per fused forward.
+// "cross-entropy fused ..." per fused forward, and a training forward on CUDA
+// tells engine::collect_kernel_paths its path (Note [kernel paths]).
 class CrossEntropyLoss final : public Loss {
  public:
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100, float label_smoothing = 0.0f);
@@ -144,6 +169,9 @@ class CrossEntropyLoss final : public Loss {
   // one expect_backward gave (InvalidArgument otherwise).
   core::Tensor backward(float dloss, Context& ctx) override;
   void expect_backward(float dloss) override { expected_dloss_ = dloss; }
+  void cancel_expected_backward() override { expected_dloss_.reset(); }
+  // Whether a backward is announced for the next forward (Note [announcement scope]).
+  bool backward_expected() const { return expected_dloss_.has_value(); }
   const core::Tensor& counted_rows() const override { return count_; }
   // Rows whose largest logit is the label (engine::count_correct).
   core::Tensor count_correct(const core::Tensor& logits, const core::Tensor& labels,

@@ -36,6 +36,13 @@ expect "$work/plain" "deterministic off"
 expect "$work/det" "deterministic on"
 head -n 1 "$work/det.jsonl" | grep -qF '"run": "start"' || fail "metrics do not open with the run record"
 head -n 1 "$work/det.jsonl" | grep -qF '"deterministic": true' || fail "the run record lacks deterministic"
+# Note [kernel paths]: which fused paths ran, said once after the first step
+# (the CPU runs the unfused ops) and in that step's record alone.
+expect "$work/det" "  kernels      cpu: unfused ops"
+[ "$(grep -c "kernels      " "$work/det")" = 1 ] || fail "the kernels line is not said once"
+sed -n 2p "$work/det.jsonl" | grep -qF '"kernels": {"cpu": "unfused ops"}' ||
+  fail "the first step record lacks kernels"
+[ "$(grep -c '"kernels"' "$work/det.jsonl")" = 1 ] || fail "kernels recorded more than once"
 
 # Note [CPU GEMM libraries]: the header names the library in use, the build's
 # default or LOCKSTEP_CPU_GEMM's; a name the build lacks is refused, naming
