@@ -32,6 +32,7 @@
 #include "engine/kernel_paths.h"
 #include "engine/optim/loss_scaler.h"
 #include "examples/common/flags.h"
+#include "kernels/conv.h"
 #include "kernels/fusion.h"
 #include "kernels/gemm.h"
 
@@ -253,6 +254,11 @@ int main(int argc, char** argv) {
   app.add_flag("--no-gemm-timing", no_gemm_timing,
                "new CUDA GEMM plans take cuBLASLt's first heuristic algorithm instead of the "
                "fastest of up to 8 timed (Note [timed gemm algorithms])");
+  bool no_conv_timing = false;
+  app.add_flag("--no-conv-timing", no_conv_timing,
+               "new cuDNN convolution plans take the heuristic's algorithm instead of the "
+               "fastest timed by cudnnFind (kernels::set_conv_autotune(false), Note [conv "
+               "algorithm choice])");
   app.add_option("--json", json_path, "write JSON lines here");
   std::string trace_dir;
   app.add_option("--trace", trace_dir, "trace every step to DIR/rank-0.json (to measure its cost)");
@@ -274,6 +280,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGPIPE, SIG_IGN);  // a baseline that dies is reported, not fatal
   kernels::set_fused_kernels(!unfused);
+  kernels::set_conv_autotune(!no_conv_timing);
 #if LOCKSTEP_WITH_CUDA
   kernels::cuda::set_gemm_timing(!no_gemm_timing);
 #endif
@@ -454,6 +461,7 @@ int main(int argc, char** argv) {
                 bench::field("torch_compile", torch_compile),
                 bench::field("fused_kernels", !unfused),
                 bench::field("gemm_timing", !no_gemm_timing),
+                bench::field("conv_timing", !no_conv_timing),
                 bench::field("kernels", ours.kernels.json()),
                 bench::field("no_baseline", ratio ? core::Json() : core::Json(why_none))});
     world->shutdown();

@@ -21,8 +21,9 @@ namespace lockstep::engine {
 
 // Note [deterministic runs]: what "deterministic" changes. On CUDA, cuDNN
 // may only use algorithms it marks deterministic, and convolution autotuning
-// (timing candidates, whose winner can change run to run) is off, so the
-// heuristic's choice is used; cuDNN's fused attention takes its deterministic
+// (timing candidates, whose winner can change run to run; on by default
+// otherwise) is off whatever set_conv_autotune asked, so the heuristic's
+// choice is used (Note [conv algorithm choice]); cuDNN's fused attention takes its deterministic
 // backward (it adds dQ with atomics otherwise, Note [fused attention]); new
 // cuBLASLt plans take the heuristic's first algorithm instead of the fastest
 // timed (Note [timed gemm algorithms]), and bias gradients keep the column
@@ -36,11 +37,10 @@ namespace lockstep::engine {
 // in an order fixed by the world size. So the CPU has nothing to switch; the
 // setting is still applied (and reported) in the process-wide kernel state
 // both backends read.
-void set_deterministic_run(bool on) {
-  kernels::set_deterministic(on);
-  if (on) kernels::set_conv_autotune(false);
-}
+void set_deterministic_run(bool on) { kernels::set_deterministic(on); }
 
+// kernels::conv_autotune() is false whenever deterministic() is on: no run
+// that times convolutions reads as deterministic.
 bool deterministic_run() { return kernels::deterministic() && !kernels::conv_autotune(); }
 
 std::vector<RankPlacement> gather_placement(comm::World& world) {
