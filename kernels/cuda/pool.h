@@ -1,7 +1,6 @@
 // Handing the memory that CUDA's default stream-ordered pool caches back to
 // the device, for the callers that need it free outside the pool: our own
-// allocator when cudaMallocAsync runs out (engine/core/memory.cpp), and cuDNN's
-// autotuning, which allocates with plain cudaMalloc (kernels/cuda/conv.cu).
+// allocator when cudaMallocAsync runs out (engine/core/memory.cpp).
 #pragma once
 
 #include "kernels/cuda/check.h"
