@@ -260,6 +260,8 @@ TEST_CASE("cuda Conv2d's 16-bit weight gradient replaces a stale gradient and ac
       const double half_ulp = std::ldexp(1.0, type == DType::f16 ? -11 : -8);
       const double terms = static_cast<double>(s.batch * s.out_h() * s.out_w());
       std::vector<double> bound(static_cast<std::size_t>(weights), 0.0), total(bound);
+      // The CPU twin composed by hand: micro-batch 1 written, 2 added.
+      std::vector<float> composed(static_cast<std::size_t>(weights));
       // Micro-batch 0 leaves a gradient that zero_grad makes stale (Note
       // [lazy zero_grad]): micro-batch 1 must write over it, 2 add to it.
       for (int micro = 0; micro < 3; ++micro) {
@@ -274,6 +276,8 @@ TEST_CASE("cuda Conv2d's 16-bit weight gradient replaces a stale gradient and ac
         gpu->forward(x.to(kGpu), gpu_ctx);
         gpu->backward(dy.to(kGpu), gpu_ctx);
         if (micro == 0) continue;
+        kernels::cpu::conv2d_backward_filter(s, type, x.data(), dy.data(), composed.data(),
+                                             micro == 2);
         // S = sum |x||dy| per weight: the CPU's f32 weight gradient of |x| and |dy|.
         const auto magnitude = [](const core::Tensor& t) {
           std::vector<float> v = t.cast(DType::f32).to_vector<float>();
@@ -292,6 +296,7 @@ TEST_CASE("cuda Conv2d's 16-bit weight gradient replaces a stale gradient and ac
       }
       const std::vector<float> want = cpu->weight().grad.to_vector<float>();
       const std::vector<float> got = gpu->weight().grad.to_vector<float>();
+      CHECK(want == composed);  // the CPU module replaced the stale gradient, bit for bit
       REQUIRE(got.size() == want.size());
       for (std::size_t i = 0; i < got.size(); ++i) {
         const double tol = bound[i] + std::ldexp(total[i], -23);
