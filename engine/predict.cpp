@@ -4,9 +4,13 @@
 #include "engine/predict.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
+#include <hdf5.h>
+
+#include "io/hdf5.h"
 #include "io/loader.h"
 
 namespace lockstep::engine {
@@ -18,7 +22,63 @@ namespace {
 // The loader's u8 scale (io/loader.cpp's kU8Scale): x * (1.0f / 255).
 constexpr float kU8Scale = 1.0f / 255.0f;
 
+// The shape of dataset /model/<name> of `file`, without its data; none when
+// the file lacks it or cannot say (load_weights reports such files itself).
+std::optional<core::Shape> weight_shape(const fs::path& file, const std::string& name) {
+  io::Hdf5Lock lock;
+  try {
+    io::Hdf5Id f = io::open_hdf5_file(file, "weights file");
+    const std::string path = "/model/" + name;
+    if (H5Lexists(f.get(), "/model", H5P_DEFAULT) <= 0 ||
+        H5Lexists(f.get(), path.c_str(), H5P_DEFAULT) <= 0)
+      return std::nullopt;
+    io::Hdf5Id d(LOCKSTEP_CHECK_HDF5(H5Dopen2(f.get(), path.c_str(), H5P_DEFAULT)));
+    return io::extent_of(d.get(), path);
+  } catch (const Error&) {
+    io::hdf5_error_stack();  // cleared: load_weights reads the file again and says what fails
+    return std::nullopt;
+  }
+}
+
 }  // namespace
+
+std::unique_ptr<Module> make_model_for_weights(const std::string& model, const fs::path& file,
+                                               ModelShape* shape) {
+  const ModelPreset& preset = model_preset(model);
+  std::unique_ptr<Module> reference = make_model(model);
+  if (shape) *shape = {};
+  const std::vector<Parameter*> params = reference->parameters();
+  if (preset.language_model || params.empty()) return reference;
+  const Parameter* first = params.front();
+  const Parameter* head = nullptr;
+  for (const Parameter* p : params)
+    if (p->value.shape().size() == 2) head = p;
+  ModelShape s;
+  const std::optional<core::Shape> first_shape = weight_shape(file, first->name);
+  if (first_shape && !first_shape->empty() && (*first_shape)[0] > 0 &&
+      first->value.dim(0) % (*first_shape)[0] == 0)
+    s.width_divisor = first->value.dim(0) / (*first_shape)[0];
+  const std::optional<core::Shape> head_shape =
+      head ? weight_shape(file, head->name) : std::nullopt;
+  if (head_shape && head_shape->size() == 2 && (*head_shape)[0] > 0 &&
+      (*head_shape)[0] != preset.classes)
+    s.classes = (*head_shape)[0];
+  if (s.width_divisor == 1 && s.classes == 0) return reference;
+  std::unique_ptr<Module> built;
+  try {
+    built = make_model(model, 0.0f, false, s.width_divisor, false, s.classes);
+  } catch (const InvalidArgument&) {
+    return reference;  // no preset of these shapes: load_weights names the misfit
+  }
+  std::vector<std::string> parts;
+  if (s.classes != 0) parts.push_back(fmt::format("{} classes", s.classes));
+  if (s.width_divisor != 1) parts.push_back(fmt::format("widths / {}", s.width_divisor));
+  s.note = fmt::format(
+      "{}, as the weights of {} have them{}", fmt::join(parts, ", "), file.filename().string(),
+      s.classes != 0 ? fmt::format(" (the preset has {} classes)", preset.classes) : std::string());
+  if (shape) *shape = s;
+  return built;
+}
 
 Predictor::Predictor(const std::string& model, const fs::path& weights_file,
                      PredictorOptions options)
@@ -38,7 +98,7 @@ Predictor::Predictor(const std::string& model, const fs::path& weights_file,
         "(the weights of another preset?)",
         weights_file.string(), input_->str(), images_.channels, preset_.name,
         core::shape_str(preset_.sample_shape)));
-  model_ = make_model(model);
+  model_ = make_model_for_weights(model, weights_file, &shape_);
   initialize(*model_, 0);  // what a partial load leaves, reproducibly
   store_ = std::make_unique<ParameterStore>(*model_, options_.device, options_.stream);
   weights_ = load_weights(weights_file, *model_, options_.stream, options_.weights);

@@ -41,6 +41,30 @@
 
 namespace lockstep::engine {
 
+// Note [model from the weights]: a checkpoint's image preset may not have the
+// preset's class count (lockstep-train takes resnet50's from the data, Note
+// [classes from the data] in examples/train/main.cpp) nor its widths
+// (--width-divisor). make_model_for_weights reads the shapes of two of the
+// file's weights, not their values: the head's (the last 2-D parameter, the
+// last Linear's weight [classes, features]) gives the class count, and the
+// first parameter's first dimension against the preset's gives the width
+// divisor. Shapes that no make_model gives leave the preset as it is, and
+// load_weights then names the misfit. A GPT preset's vocabulary and widths
+// stay its own. lockstep-predict and lockstep-export build through it and say
+// what they took.
+struct ModelShape {
+  std::int64_t classes = 0;        // make_model's: 0 for the preset's
+  std::int64_t width_divisor = 1;  // make_model's
+  // "3 classes, widths / 16, as the weights of ckpt-4.h5 have them (the
+  // preset has 1000 classes)"; "": the preset as it is.
+  std::string note;
+};
+// make_model(model) at the class count and widths of `weights_file`'s
+// weights (Note [model from the weights]); `shape`, when given, gets them.
+std::unique_ptr<Module> make_model_for_weights(const std::string& model,
+                                               const std::filesystem::path& weights_file,
+                                               ModelShape* shape = nullptr);
+
 struct PredictorOptions {
   // Where the model runs (a World's device()), and the stream it runs on
   // (default: the device's default stream).
@@ -61,7 +85,8 @@ struct PredictedBatch {
 
 class Predictor {
  public:
-  // make_model(model), its parameters on options.device, the weights of
+  // make_model_for_weights(model, weights_file) (the preset at the file's
+  // class count and widths), its parameters on options.device, the weights of
   // `weights_file` (load_weights), eval mode. Throws as load_weights does for
   // a file that does not fit the preset.
   Predictor(const std::string& model, const std::filesystem::path& weights_file,
@@ -83,6 +108,8 @@ class Predictor {
                        const std::function<void(const PredictedBatch&)>& consume, int threads = 2);
 
   const ModelPreset& preset() const { return preset_; }
+  // The class count and widths taken from the file (Note [model from the weights]).
+  const ModelShape& model_shape() const { return shape_; }
   const core::Stream& stream() const { return options_.stream; }
   Module& model() { return *model_; }
   const WeightsLoadReport& weights() const { return weights_; }
@@ -93,6 +120,7 @@ class Predictor {
  private:
   const ModelPreset& preset_;
   PredictorOptions options_;
+  ModelShape shape_;
   std::unique_ptr<Module> model_;
   std::unique_ptr<ParameterStore> store_;
   WeightsLoadReport weights_;

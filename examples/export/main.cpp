@@ -14,6 +14,7 @@
 #include "engine/export/onnx_export.h"
 #include "engine/input_record.h"
 #include "engine/models.h"
+#include "engine/predict.h"
 #include "examples/common/flags.h"
 
 using namespace lockstep;
@@ -53,7 +54,9 @@ int run(const Flags& f) {
     if (used != f.batch.size())
       throw InvalidArgument("--batch '" + f.batch + "' is not a whole number (or 'dynamic')");
   }
-  std::unique_ptr<Module> model = make_model(f.model);
+  // Note [model from the weights]: the preset at the checkpoint's classes and widths.
+  ModelShape shape;
+  std::unique_ptr<Module> model = make_model_for_weights(f.model, f.checkpoint, &shape);
   const std::optional<InputRecord> record = read_input_record(f.checkpoint);
   const WeightsLoadReport weights =
       load_weights(f.checkpoint, *model, core::Stream{},
@@ -64,6 +67,7 @@ int run(const Flags& f) {
   o.io_float_type = f.io_precision.empty() ? o.precision : float_type("--io", f.io_precision);
   o.sample_shape = preset.sample_shape;
   o.metadata["lockstep.preset"] = preset.name;
+  if (!shape.note.empty()) o.metadata["lockstep.model"] = shape.note;
   o.metadata["lockstep.checkpoint"] = std::filesystem::path(f.checkpoint).filename().string();
   // What a partial load skipped travels with the file, and is said below.
   const bool skipped = weights.partial() || !weights.kept_counters.empty();
@@ -117,9 +121,11 @@ int run(const Flags& f) {
           std::filesystem::path(f.checkpoint).filename().string());
     }
     if (record) o.metadata["lockstep.input_record"] = record->str();
-    o.metadata["lockstep.output"] = fmt::format("output: [batch, {}] logits", preset.classes);
+    o.metadata["lockstep.output"] = fmt::format(
+        "output: [batch, {}] logits", shape.classes != 0 ? shape.classes : preset.classes);
   }
   export_onnx(*model, f.out, o);
+  if (!shape.note.empty()) fmt::print("lockstep-export: model {}: {}\n", f.model, shape.note);
   if (skipped) fmt::print("lockstep-export: weights of {}: {}\n", f.checkpoint, weights.summary());
   if (!preprocessing.empty())
     fmt::print("lockstep-export: input: raw 0-255 pixel floats; {}\n", preprocessing);

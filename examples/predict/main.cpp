@@ -89,6 +89,8 @@ int run(const Flags& f, comm::World& world) {
                            .input = std::nullopt};
   if (f.has_normalize) options.input = normalize_record(f.normalize, model_preset(f.model));
   Predictor predictor(f.model, f.checkpoint, options);
+  if (!predictor.model_shape().note.empty())  // Note [model from the weights]
+    fmt::print("model {}: {}\n", f.model, predictor.model_shape().note);
   const WeightsLoadReport& weights = predictor.weights();
   if (weights.partial() || !weights.kept_counters.empty())
     fmt::print("weights of {}: {}\n", f.checkpoint, weights.summary());

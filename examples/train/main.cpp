@@ -136,8 +136,8 @@ void check_data_fits(const ModelPreset& preset, const std::string& loss, const i
 // names, and the header says so. Without a classes.txt the preset's count
 // stays (labels are checked against it). The other presets keep theirs:
 // their class counts are their datasets' (10 for Fashion-MNIST and CIFAR).
-// lockstep-predict and lockstep-export build the preset's count: they read
-// such a checkpoint only once they take the count from its fc weight.
+// lockstep-predict and lockstep-export take the count (and the widths) from
+// the checkpoint's weights (Note [model from the weights], engine/predict.h).
 struct ClassChoice {
   std::int64_t classes = 0;  // make_model's: 0 for the preset's
   std::string note;          // for the header's model line; "": the preset's count

@@ -8,7 +8,8 @@
 # random-resized-crop at 224, flip, ImageNet normalisation); the model takes
 # its 3 classes from classes.txt (Note [classes from the data]) and the header
 # says so, --eval-only rebuilds it the same way, and without a classes.txt the
-# preset's 1000 stay; the loader-pace line before the summary (Note [loader
+# preset's 1000 stay; lockstep-predict and lockstep-export take the classes
+# and widths from the checkpoint; the loader-pace line before the summary (Note [loader
 # pace]); the new flags' refusals; bench_loader --threads-sweep where built.
 # Usage: recipe.sh BUILD_DIR (exits 77, skipped, without PIL).
 set -euo pipefail
@@ -70,6 +71,17 @@ want=$(grep 'epoch 1: val_loss' "$work/a.log" | sed 's/^epoch 1: //')
   >"$work/e.log"
 got=$(grep 'val_loss' "$work/e.log" | sed 's/^.*: val_loss/val_loss/')
 [ "$got" = "$want" ] || fail "--eval-only printed '$got', the run's evaluation '$want'"
+
+# lockstep-predict and lockstep-export build the 3-class model at widths / 16
+# from the checkpoint's own weights and say so (Note [model from the weights]).
+"$build/examples/predict/lockstep-predict" --checkpoint "$work/ck/ckpt-4.h5" --model resnet50 \
+  --data "$work/shards/val" --device cpu --out "$work/p.jsonl" >"$work/p.log"
+expect "$work/p.log" "model resnet50: 3 classes, widths / 16, as the weights of ckpt-4.h5 have them (the preset has 1000 classes)"
+[ "$(grep -c '"class": [012][,}]' "$work/p.jsonl")" = 12 ] || fail "lockstep-predict gave no class of 3 for each of 12 images"
+"$build/examples/export/lockstep-export" --checkpoint "$work/ck/ckpt-4.h5" --model resnet50 \
+  --out "$work/r.onnx" >"$work/x.log"
+expect "$work/x.log" "lockstep-export: model resnet50: 3 classes, widths / 16, as the weights"
+grep -qaF "output: [batch, 3] logits" "$work/r.onnx" || fail "the ONNX file does not say 3 classes"
 
 # Without a classes.txt the preset's 1000 classes stay, and the header names none.
 rm "$work/shards/train/classes.txt"
