@@ -1,8 +1,6 @@
 // The registry of fused CUDA paths taken (engine/kernel_paths.h): Note [kernel paths].
 #include "engine/kernel_paths.h"
 
-#include <fmt/core.h>
-
 #include <algorithm>
 #include <mutex>
 
