@@ -54,13 +54,18 @@ std::unique_ptr<Module> make_model_for_weights(const std::string& model, const f
   for (const Parameter* p : params)
     if (p->value.shape().size() == 2) head = p;
   ModelShape s;
+  // A file without the first parameter, or of another rank there, is of
+  // another preset: load_weights names it.
   const std::optional<core::Shape> first_shape = weight_shape(file, first->name);
-  if (first_shape && !first_shape->empty() && (*first_shape)[0] > 0 &&
-      first->value.dim(0) % (*first_shape)[0] == 0)
-    s.width_divisor = first->value.dim(0) / (*first_shape)[0];
+  if (!first_shape || first_shape->size() != first->value.shape().size() ||
+      (*first_shape)[0] <= 0 || first->value.dim(0) % (*first_shape)[0] != 0)
+    return reference;
+  s.width_divisor = first->value.dim(0) / (*first_shape)[0];
+  // The head's rows are the classes when its inputs are the widths' own.
   const std::optional<core::Shape> head_shape =
       head ? weight_shape(file, head->name) : std::nullopt;
   if (head_shape && head_shape->size() == 2 && (*head_shape)[0] > 0 &&
+      (*head_shape)[1] * s.width_divisor == head->value.dim(1) &&
       (*head_shape)[0] != preset.classes)
     s.classes = (*head_shape)[0];
   if (s.width_divisor == 1 && s.classes == 0) return reference;

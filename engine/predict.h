@@ -46,10 +46,11 @@ namespace lockstep::engine {
 // [classes from the data] in examples/train/main.cpp) nor its widths
 // (--width-divisor). make_model_for_weights reads the shapes of two of the
 // file's weights, not their values: the head's (the last 2-D parameter, the
-// last Linear's weight [classes, features]) gives the class count, and the
-// first parameter's first dimension against the preset's gives the width
-// divisor. Shapes that no make_model gives leave the preset as it is, and
-// load_weights then names the misfit. A GPT preset's vocabulary and widths
+// last Linear's weight [classes, features]) gives the class count when its
+// features are the widths' own, and the first parameter's first dimension
+// against the preset's gives the width divisor. A file without that first
+// parameter, or with shapes that no make_model gives, leaves the preset as it
+// is, and load_weights then names the misfit. A GPT preset's vocabulary and widths
 // stay its own. lockstep-predict and lockstep-export build through it and say
 // what they took.
 struct ModelShape {
