@@ -7,7 +7,8 @@
 //
 // Note [run records]: the --metrics JSON lines hold three kinds of record,
 // told apart by their keys: a run record ("run": "start" or "end") with the
-// header's or summary's figures; a step record ("loss"); an evaluation
+// header's or summary's figures; a step record ("loss"; lockstep-train's
+// first of a process also holds "kernels", Note [kernel paths]); an evaluation
 // record ("val_loss", "val_accuracy"). Epochs count from 1 in every record
 // and on the console; tools/plot.py and tools/to_tensorboard.py read the same.
 #pragma once
