@@ -84,6 +84,7 @@ void sdpa_backward(const SdpaShape&, bool, const void*, const void*, const void*
   throw InvalidArgument(kNotBuilt);
 }
 std::vector<std::string> sdpa_cached_plans() { return {}; }
+std::string sdpa_graph_check(const SdpaShape&, SdpaPass, bool, int) { return kNotBuilt; }
 #endif
 
 }  // namespace cuda

@@ -95,6 +95,15 @@ void sdpa_backward(const SdpaShape& s, bool deterministic, const void* qkv, cons
 // What the plan cache holds, one line per key: "KEY: workspace N bytes" or
 // "KEY: refused (REASON)".
 std::vector<std::string> sdpa_cached_plans();
+
+// The graph `pass` would build for `s`, checked by cudnn-frontend's own
+// rules (validate: dims, strides, their 16-byte alignment, the mask, the
+// head size, the Stats tensor; gates on the linked cuDNN's version) for
+// compute capability sm_version (90: Hopper) without a device, so that a
+// CPU test holds the layouts of Note [sdpa layouts] to what the frontend
+// accepts. Empty when valid, else the reason. Whether cuDNN then has an
+// engine for it (check_support, build_plans) needs the GPU: sdpa_supported.
+std::string sdpa_graph_check(const SdpaShape& s, SdpaPass pass, bool deterministic, int sm_version);
 }  // namespace cuda
 
 }  // namespace lockstep::kernels

@@ -76,8 +76,16 @@ TensorRef input(fe::graph::Graph& g, const char* name, Uid uid, std::vector<std:
                       .set_stride(std::move(strides)));
 }
 
-std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
+// sm_version > 0 sets the target architecture (sdpa_graph_check) before
+// the nodes copy the graph's context; 0 reads it from the current device.
+std::shared_ptr<fe::graph::Graph> new_graph(int sm_version) {
   auto g = std::make_shared<fe::graph::Graph>();
+  if (sm_version > 0) g->set_sm_version(sm_version);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s, int sm_version = 0) {
+  auto g = new_graph(sm_version);
   g->set_io_data_type(io_type(s.type))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -99,8 +107,9 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
   return g;
 }
 
-std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool deterministic) {
-  auto g = std::make_shared<fe::graph::Graph>();
+std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool deterministic,
+                                                 int sm_version = 0) {
+  auto g = new_graph(sm_version);
   g->set_io_data_type(io_type(s.type))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -292,5 +301,21 @@ void sdpa_backward(const SdpaShape& s, bool deterministic, const void* qkv, cons
 }
 
 std::vector<std::string> sdpa_cached_plans() { return cache().describe(); }
+
+std::string sdpa_graph_check(const SdpaShape& s, SdpaPass pass, bool deterministic,
+                             int sm_version) {
+  std::string why = sdpa_shape_refusal(s);
+  if (!why.empty()) return why;
+  try {
+    const std::shared_ptr<fe::graph::Graph> g = pass == SdpaPass::forward
+                                                    ? forward_graph(s, sm_version)
+                                                    : backward_graph(s, deterministic, sm_version);
+    fe::error_t status = g->validate();
+    if (!status.is_good()) why = "validate: " + status.get_message();
+  } catch (const std::exception& e) {
+    why = std::string("cudnn-frontend threw: ") + e.what();
+  }
+  return why;
+}
 
 }  // namespace lockstep::kernels::cuda

@@ -76,3 +76,30 @@ TEST_CASE("the sdpa plan cache keys every shape, type, pass and backward determi
   CHECK(kernels::sdpa_plan_key(1, kGpt2, SdpaPass::forward, false).str() ==
         "cuda:1 forward bf16 B 8 H 12 T 1024 D 64");
 }
+
+TEST_CASE("the sdpa graphs pass cudnn-frontend's validation for Hopper and Ampere without a GPU",
+          "[engine][attention]") {
+  if (!kernels::sdpa_built()) {
+    CHECK(!kernels::cuda::sdpa_graph_check(kGpt2, SdpaPass::forward, false, 90).empty());
+    return;
+  }
+  // gpt2's, an odd length (not a multiple of cuDNN's 64-row tiles) in f16,
+  // and the largest head the host rules let through.
+  const SdpaShape shapes[] = {kGpt2, {2, 3, 67, 32, DType::f16}, {1, 2, 16, 128, DType::bf16}};
+  for (int sm : {80, 90})
+    for (const SdpaShape& s : shapes)
+      for (SdpaPass pass : {SdpaPass::forward, SdpaPass::backward})
+        for (bool deterministic : {false, true}) {
+          INFO("sm_" << sm << " " << kernels::sdpa_plan_key(0, s, pass, deterministic).str());
+          CHECK(kernels::cuda::sdpa_graph_check(s, pass, deterministic, sm) == "");
+        }
+  // The check can refuse: cuDNN has no backward at T = 1 (the forward keeps
+  // for backward, so choose_fused takes the unfused path there).
+  const SdpaShape one{1, 1, 1, 64, DType::bf16};
+  CHECK(kernels::cuda::sdpa_graph_check(one, SdpaPass::forward, false, 90) == "");
+  CHECK(!kernels::cuda::sdpa_graph_check(one, SdpaPass::backward, false, 90).empty());
+  // And the host rules come first.
+  CHECK(
+      kernels::cuda::sdpa_graph_check({1, 1, 16, 12, DType::bf16}, SdpaPass::forward, false, 90) ==
+      kernels::sdpa_shape_refusal({1, 1, 16, 12, DType::bf16}));
+}
