@@ -61,7 +61,7 @@ gpt_tiny_args=("${gpt_tiny_common[@]}" --steps 300 --log-every 100)
 gpt2_args=(--model gpt2 --steps 100 --batch-size 8 --seed 3 --log-every 25 --optimizer adamw
            --lr 0.0006 --precision bf16)
 # JPEGs for the loader's thread sweep: photograph-sized, few enough to travel.
-photo_count=320
+photo_count=160
 
 pack() {
   set -e
@@ -115,12 +115,16 @@ pack() {
   tar czf "$pack_file" -C "$stage" .
   rm -rf "$stage"
   local bytes
+  # The device tool carries the working tree's files with the pack, within one limit.
+  local tree_bytes
   bytes=$(stat -c %s "$pack_file")
-  if [ "$bytes" -ge "$pack_limit_bytes" ]; then
-    echo "pack is $bytes bytes, over the device tool's 64 MiB carry limit" >&2
+  tree_bytes=$(git ls-files -z | du -cb --files0-from=- | tail -n 1 | cut -f1)
+  if [ $((bytes + tree_bytes)) -ge "$pack_limit_bytes" ]; then
+    echo "pack is $bytes bytes and the tree $tree_bytes, over the device tool's 64 MiB carry limit" >&2
     exit 1
   fi
-  echo "packed: $((bytes >> 20)) MiB $pack_file (commit $(git rev-parse --short HEAD))"
+  echo "packed: $((bytes >> 20)) MiB $pack_file and $((tree_bytes >> 20)) MiB of tracked files" \
+    "(commit $(git rev-parse --short HEAD))"
 }
 
 plan_total=0
@@ -304,7 +308,7 @@ run_profile() {
   fi
   # The JPEG pipeline at 224 (RandomResizedCrop, flip, normalised on the GPU):
   # how many loader threads reach ResNet-50's rate on one GPU.
-  step loader_sweep 60 "$bin/bench_loader" --data "$work/photos" --batch 256 --device cuda \
+  step loader_sweep 60 "$bin/bench_loader" --data "$work/photos" --batch 64 --device cuda \
     --threads-sweep 1,2,4,8,12 --trials 2 --python "" --json "$OUT/bench_loader.json"
   [ -n "${PLAN:-}" ] && return 0
   local trace
