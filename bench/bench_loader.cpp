@@ -70,6 +70,15 @@ void warm_page_cache(const io::Dataset& data) {
   }
 }
 
+// Encoded images: the first one decoded, whose size and channels the header reports.
+io::DecodedImage first_image(const io::Dataset& data) {
+  std::vector<std::uint8_t> encoded;
+  data.read_encoded(0, encoded);
+  io::DecodedImage image;
+  io::decode_image(encoded, image);
+  return image;
+}
+
 // The floor: per shard an fd and the file offset of row 0 of 'inputs', asked
 // of HDF5 directly; then one pread per row, nothing else.
 class RawReader {
@@ -274,10 +283,7 @@ int thread_sweep(const io::Dataset& data, std::int64_t batch, const std::vector<
                  int trials, std::int64_t size, core::Device device, double target_images_per_s,
                  const std::string& json_path) {
   warm_page_cache(data);
-  std::vector<std::uint8_t> first;
-  data.read_encoded(0, first);
-  io::DecodedImage image;
-  io::decode_image(first, image);
+  const io::DecodedImage image = first_image(data);
   const core::Stream consumer = core::Stream::create(device);
   fmt::print(
       "bench_loader (images, thread sweep): {} encoded images ({} x {} x {} first), batch {}, "
@@ -347,10 +353,7 @@ int image_bench(const io::Dataset& data, std::int64_t batch, int threads, int tr
                 std::int64_t size, const std::string& torch_python, const std::string& torch_src,
                 const std::string& json_path) {
   warm_page_cache(data);
-  std::vector<std::uint8_t> first;
-  data.read_encoded(0, first);
-  io::DecodedImage image;
-  io::decode_image(first, image);
+  const io::DecodedImage image = first_image(data);
   io::LoaderOptions options{.sampler = {.micro_batch = batch, .seed = 1}, .threads = threads};
   options.images = imagenet_pipeline(image.channels, size);
   io::DataLoader loader(data, options);

@@ -9,14 +9,19 @@
 
 namespace lockstep::engine {
 
+void activation_forward(kernels::Activation kind, const core::Tensor& x, core::Tensor& y,
+                        const core::Stream& stream) {
+  core::dispatch(
+      x.device(), stream,
+      [&] { kernels::cpu::activation_forward(kind, x.data(), y.data(), x.dtype(), x.numel()); },
+      [&](kernels::CudaStream s) {
+        kernels::cuda::activation_forward(kind, x.data(), y.data(), x.dtype(), x.numel(), s);
+      });
+}
+
 core::Tensor Activation::forward(const core::Tensor& x, Context& ctx) {
   core::Tensor y = core::Tensor::empty(x.shape(), x.dtype(), x.device(), ctx.stream);
-  core::dispatch(
-      x.device(), ctx.stream,
-      [&] { kernels::cpu::activation_forward(kind_, x.data(), y.data(), x.dtype(), x.numel()); },
-      [&](kernels::CudaStream s) {
-        kernels::cuda::activation_forward(kind_, x.data(), y.data(), x.dtype(), x.numel(), s);
-      });
+  activation_forward(kind_, x, y, ctx.stream);
   input_ = keeps_for_backward(ctx) ? x : core::Tensor();
   return y;
 }

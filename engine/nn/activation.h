@@ -10,6 +10,12 @@
 
 namespace lockstep::engine {
 
+// y = kind(x) on x's device, elementwise in x's dtype; y may be x itself (the
+// ReLU that ends a BatchNorm or a residual block runs in place). The one
+// dispatch of the activation family for layers.
+void activation_forward(kernels::Activation kind, const core::Tensor& x, core::Tensor& y,
+                        const core::Stream& stream);
+
 // Shared by ReLU and GELU: y = act(x), dx = dy act'(x).
 class Activation : public Module {
  public:

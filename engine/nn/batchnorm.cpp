@@ -6,6 +6,7 @@
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "engine/kernel_paths.h"
+#include "engine/nn/activation.h"
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/fusion.h"
@@ -107,16 +108,7 @@ core::Tensor BatchNorm2d::unfused_epilogue(core::Tensor y, const core::Tensor* i
     y = sum;
   }
   if (identity || activation_ == BatchNormActivation::relu)
-    core::dispatch(
-        y.device(), ctx.stream,
-        [&] {
-          kernels::cpu::activation_forward(kernels::Activation::relu, y.data(), y.data(), y.dtype(),
-                                           y.numel());
-        },
-        [&](kernels::CudaStream s) {
-          kernels::cuda::activation_forward(kernels::Activation::relu, y.data(), y.data(),
-                                            y.dtype(), y.numel(), s);
-        });
+    activation_forward(kernels::Activation::relu, y, y, ctx.stream);
   return y;
 }
 

@@ -4,6 +4,7 @@
 #include "engine/core/dispatch.h"
 #include "engine/core/ops.h"
 #include "engine/core/trace.h"
+#include "engine/nn/activation.h"
 #include "engine/nn/batchnorm.h"
 #include "kernels/activation.h"
 #include "kernels/fusion.h"
@@ -141,16 +142,7 @@ core::Tensor Residual::add_and_relu(const core::Tensor& a, const core::Tensor& b
   core::ops::add(a.dtype() == type ? a : a.cast(type, ctx.stream),
                  b.dtype() == type ? b : b.cast(type, ctx.stream), y, ctx.stream);
   if (relu_after_add_) {
-    core::dispatch(
-        y.device(), ctx.stream,
-        [&] {
-          kernels::cpu::activation_forward(kernels::Activation::relu, y.data(), y.data(), y.dtype(),
-                                           y.numel());
-        },
-        [&](kernels::CudaStream s) {
-          kernels::cuda::activation_forward(kernels::Activation::relu, y.data(), y.data(),
-                                            y.dtype(), y.numel(), s);
-        });
+    activation_forward(kernels::Activation::relu, y, y, ctx.stream);
     if (keeps_for_backward(ctx)) output_ = y;
   }
   return y;

@@ -126,6 +126,24 @@ __device__ Candidate better(Candidate a, Candidate b) {
   return a.index < b.index ? a : b;
 }
 
+// The block's best candidate lands in indices[0] (-1 when no thread saw a
+// non-NaN value). Every thread of the block calls it; the arrays hold
+// kThreads entries, and the last barrier lets the caller read indices[0].
+__device__ void block_best(Candidate mine, float* values, std::int64_t* indices) {
+  values[threadIdx.x] = mine.value;
+  indices[threadIdx.x] = mine.index;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const Candidate c = better({values[threadIdx.x], indices[threadIdx.x]},
+                                 {values[threadIdx.x + stride], indices[threadIdx.x + stride]});
+      values[threadIdx.x] = c.value;
+      indices[threadIdx.x] = c.index;
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void correct_rows(ClassificationShape s, const float* logits, const void* labels,
                              float* row_correct, float* row_counted) {
   __shared__ float values[kThreads];
@@ -137,18 +155,7 @@ __global__ void correct_rows(ClassificationShape s, const float* logits, const v
       const float v = row[j];
       if (!isnan(v) && (mine.index < 0 || v > mine.value)) mine = {v, j};
     }
-    values[threadIdx.x] = mine.value;
-    indices[threadIdx.x] = mine.index;
-    __syncthreads();
-    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-      if (threadIdx.x < stride) {
-        const Candidate c = better({values[threadIdx.x], indices[threadIdx.x]},
-                                   {values[threadIdx.x + stride], indices[threadIdx.x + stride]});
-        values[threadIdx.x] = c.value;
-        indices[threadIdx.x] = c.index;
-      }
-      __syncthreads();
-    }
+    block_best(mine, values, indices);
     if (threadIdx.x == 0) {
       const std::int64_t best = isnan(row[0]) || indices[0] < 0 ? 0 : indices[0];
       const std::int64_t label = counted_label(s, labels, i);
@@ -258,18 +265,7 @@ __global__ void fused_xent_rows(ClassificationShape s, const T* logits, const vo
   const double shifted_sum = s.label_smoothing > 0.0f
                                  ? detail::block_sum(total, lanes) - static_cast<double>(n) * max
                                  : 0.0;
-  values[threadIdx.x] = mine.value;
-  indices[threadIdx.x] = mine.index;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const Candidate c = better({values[threadIdx.x], indices[threadIdx.x]},
-                                 {values[threadIdx.x + stride], indices[threadIdx.x + stride]});
-      values[threadIdx.x] = c.value;
-      indices[threadIdx.x] = c.index;
-    }
-    __syncthreads();
-  }
+  block_best(mine, values, indices);
   if (threadIdx.x == 0) {
     const std::int64_t best = isnan(first) || indices[0] < 0 ? 0 : indices[0];
     const double lse = log(sum);

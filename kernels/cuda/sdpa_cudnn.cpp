@@ -76,19 +76,20 @@ TensorRef input(fe::graph::Graph& g, const char* name, Uid uid, std::vector<std:
                       .set_stride(std::move(strides)));
 }
 
-// sm_version > 0 sets the target architecture (sdpa_graph_check) before
-// the nodes copy the graph's context; 0 reads it from the current device.
-std::shared_ptr<fe::graph::Graph> new_graph(int sm_version) {
+// A graph for `s`: the autocast type in and out, f32 inside. sm_version > 0
+// sets the target architecture (sdpa_graph_check) before the nodes copy the
+// graph's context; 0 reads it from the current device.
+std::shared_ptr<fe::graph::Graph> new_graph(const SdpaShape& s, int sm_version) {
   auto g = std::make_shared<fe::graph::Graph>();
   if (sm_version > 0) g->set_sm_version(sm_version);
+  g->set_io_data_type(io_type(s.type))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
   return g;
 }
 
 std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s, int sm_version = 0) {
-  auto g = new_graph(sm_version);
-  g->set_io_data_type(io_type(s.type))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto g = new_graph(s, sm_version);
   const TensorRef q = input(*g, "Q", kQ, head_dims(s), qkv_strides(s));
   const TensorRef k = input(*g, "K", kK, head_dims(s), qkv_strides(s));
   const TensorRef v = input(*g, "V", kV, head_dims(s), qkv_strides(s));
@@ -109,10 +110,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s, int sm_versi
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s, bool deterministic,
                                                  int sm_version = 0) {
-  auto g = new_graph(sm_version);
-  g->set_io_data_type(io_type(s.type))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto g = new_graph(s, sm_version);
   const TensorRef q = input(*g, "Q", kQ, head_dims(s), qkv_strides(s));
   const TensorRef k = input(*g, "K", kK, head_dims(s), qkv_strides(s));
   const TensorRef v = input(*g, "V", kV, head_dims(s), qkv_strides(s));
