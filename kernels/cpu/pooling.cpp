@@ -3,6 +3,8 @@
 // element, over the windows that cover it in (oh, ow) order: the same order
 // as the CUDA kernels, so both backends add the same f32 terms in turn.
 // Window bounds are tabulated once per call, so the loops do no division.
+// Channels-last calls transpose into NCHW scratch around the same loops, so
+// their bits are the NCHW ones by construction (Note [channels-last pooling]).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,6 +17,14 @@
 #include "kernels/pooling.h"
 
 namespace lockstep::kernels {
+
+void validate_global_avg_pool_nhwc(std::int64_t batch, std::int64_t spatial,
+                                   std::int64_t channels) {
+  if (batch < 0 || channels < 0 || spatial < 1)
+    throw InvalidArgument("global_avg_pool_nhwc: batch " + std::to_string(batch) + ", spatial " +
+                          std::to_string(spatial) + " and channels " + std::to_string(channels) +
+                          " must be non-negative, with a plane of at least one element");
+}
 
 void validate_pool2d(const Pool2dShape& s) {
   auto fail = [](const std::string& what) { throw InvalidArgument("pool2d: " + what); };
@@ -155,11 +165,70 @@ bool is_pool_2x2(const Pool2dShape& s) {
     }
 }
 
+// Per group, the [rows, cols] matrix of `src` into [cols, rows] in `dst`:
+// NHWC [hw, c] to NCHW [c, hw] and back. E has the element's size.
+template <typename E>
+void transpose_groups(const void* src, void* dst, std::int64_t groups, std::int64_t rows,
+                      std::int64_t cols) {
+  const auto* in = static_cast<const E*>(src);
+  auto* out = static_cast<E*>(dst);
+  for (std::int64_t g = 0; g < groups; ++g, in += rows * cols, out += rows * cols)
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+void transpose_groups(std::size_t element_bytes, const void* src, void* dst, std::int64_t groups,
+                      std::int64_t rows, std::int64_t cols) {
+  if (element_bytes == 2)
+    transpose_groups<std::uint16_t>(src, dst, groups, rows, cols);
+  else
+    transpose_groups<std::uint32_t>(src, dst, groups, rows, cols);
+}
+
+// NCHW scratch for one channels-last call: the buffers' NCHW forms and the
+// shape that reads them.
+struct Planar {
+  Pool2dShape shape;
+  std::size_t element_bytes;
+  std::int64_t in_hw, out_hw;
+  Planar(const Pool2dShape& s, DType type)
+      : shape(s),
+        element_bytes(dtype_size(type)),
+        in_hw(s.in_h * s.in_w),
+        out_hw(s.out_h() * s.out_w()) {
+    shape.channels_last = false;
+  }
+  std::vector<char> buffer(std::int64_t hw) const {
+    return std::vector<char>(static_cast<std::size_t>(shape.batch * shape.channels * hw) *
+                             element_bytes);
+  }
+  // NHWC `src` of hw positions per image into NCHW `dst`, and back.
+  void to_planes(const void* src, void* dst, std::int64_t hw, std::size_t bytes) const {
+    transpose_groups(bytes, src, dst, shape.batch, hw, shape.channels);
+  }
+  void to_channels_last(const void* src, void* dst, std::int64_t hw, std::size_t bytes) const {
+    transpose_groups(bytes, src, dst, shape.batch, shape.channels, hw);
+  }
+};
+
 }  // namespace
 
 void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y,
                         std::int32_t* argmax) {
   validate_pool2d(s);
+  if (s.channels_last) {
+    detail::require_float(type, "max_pool2d_forward");
+    const Planar p(s, type);
+    std::vector<char> x_planes = p.buffer(p.in_hw), y_planes = p.buffer(p.out_hw);
+    std::vector<std::int32_t> argmax_planes(
+        argmax ? static_cast<std::size_t>(s.batch * s.channels * p.out_hw) : 0);
+    p.to_planes(x, x_planes.data(), p.in_hw, p.element_bytes);
+    max_pool2d_forward(p.shape, type, x_planes.data(), y_planes.data(),
+                       argmax ? argmax_planes.data() : nullptr);
+    p.to_channels_last(y_planes.data(), y, p.out_hw, p.element_bytes);
+    if (argmax) p.to_channels_last(argmax_planes.data(), argmax, p.out_hw, sizeof(std::int32_t));
+    return;
+  }
   detail::require_float(type, "max_pool2d_forward");
   const Tables t(s);
   std::vector<float> x_scratch, y_scratch;
@@ -223,6 +292,17 @@ void max_pool2d_backward(const Pool2dShape& s, DType type, const void* dy,
                          const std::int32_t* argmax, void* dx) {
   validate_pool2d(s);
   detail::require_float(type, "max_pool2d_backward");
+  if (s.channels_last) {
+    const Planar p(s, type);
+    std::vector<char> dy_planes = p.buffer(p.out_hw), dx_planes = p.buffer(p.in_hw);
+    std::vector<std::int32_t> argmax_planes(
+        static_cast<std::size_t>(s.batch * s.channels * p.out_hw));
+    p.to_planes(dy, dy_planes.data(), p.out_hw, p.element_bytes);
+    p.to_planes(argmax, argmax_planes.data(), p.out_hw, sizeof(std::int32_t));
+    max_pool2d_backward(p.shape, type, dy_planes.data(), argmax_planes.data(), dx_planes.data());
+    p.to_channels_last(dx_planes.data(), dx, p.in_hw, p.element_bytes);
+    return;
+  }
   const Tables t(s);
   std::vector<float> dy_scratch, dx_scratch;
   const float* grad = as_f32(dy, type, t.planes * t.out_hw, dy_scratch);
@@ -256,6 +336,14 @@ void avg_pool2d_forward(const Pool2dShape& s, DType type, bool count_include_pad
                         void* y) {
   validate_pool2d(s);
   detail::require_float(type, "avg_pool2d_forward");
+  if (s.channels_last) {
+    const Planar p(s, type);
+    std::vector<char> x_planes = p.buffer(p.in_hw), y_planes = p.buffer(p.out_hw);
+    p.to_planes(x, x_planes.data(), p.in_hw, p.element_bytes);
+    avg_pool2d_forward(p.shape, type, count_include_pad, x_planes.data(), y_planes.data());
+    p.to_channels_last(y_planes.data(), y, p.out_hw, p.element_bytes);
+    return;
+  }
   const Tables t(s);
   std::vector<float> x_scratch, y_scratch;
   const float* in = as_f32(x, type, t.planes * t.in_hw, x_scratch);
@@ -278,6 +366,14 @@ void avg_pool2d_backward(const Pool2dShape& s, DType type, bool count_include_pa
                          void* dx) {
   validate_pool2d(s);
   detail::require_float(type, "avg_pool2d_backward");
+  if (s.channels_last) {
+    const Planar p(s, type);
+    std::vector<char> dy_planes = p.buffer(p.out_hw), dx_planes = p.buffer(p.in_hw);
+    p.to_planes(dy, dy_planes.data(), p.out_hw, p.element_bytes);
+    avg_pool2d_backward(p.shape, type, count_include_pad, dy_planes.data(), dx_planes.data());
+    p.to_channels_last(dx_planes.data(), dx, p.in_hw, p.element_bytes);
+    return;
+  }
   const Tables t(s);
   std::vector<float> dy_scratch, dx_scratch;
   const float* grad = as_f32(dy, type, t.planes * t.out_hw, dy_scratch);
@@ -321,6 +417,41 @@ void global_avg_pool_backward(DType type, std::int64_t planes, std::int64_t spat
     for (std::int64_t i = p * spatial; i < (p + 1) * spatial; ++i)
       detail::store_f32(dx, type, i, g);
   }
+}
+
+void global_avg_pool_nhwc_forward(DType type, std::int64_t batch, std::int64_t spatial,
+                                  std::int64_t channels, const void* x, void* y) {
+  validate_global_avg_pool_nhwc(batch, spatial, channels);
+  detail::require_float(type, "global_avg_pool_nhwc_forward");
+  // Per image, every channel's sum advances one position at a time: each sum
+  // still adds its plane in spatial order, as global_avg_pool_forward's.
+  std::vector<float> row(static_cast<std::size_t>(channels));
+  std::vector<double> sums(static_cast<std::size_t>(channels));
+  const std::size_t element_bytes = dtype_size(type);
+  for (std::int64_t n = 0; n < batch; ++n) {
+    std::fill(sums.begin(), sums.end(), 0.0);
+    for (std::int64_t i = 0; i < spatial; ++i) {
+      detail::widen(static_cast<const char*>(x) + (n * spatial + i) * channels * element_bytes,
+                    type, channels, row.data());
+      for (std::int64_t c = 0; c < channels; ++c) sums[c] += row[c];
+    }
+    for (std::int64_t c = 0; c < channels; ++c)
+      detail::store_f32(y, type, n * channels + c,
+                        static_cast<float>(sums[c] / static_cast<double>(spatial)));
+  }
+}
+
+void global_avg_pool_nhwc_backward(DType type, std::int64_t batch, std::int64_t spatial,
+                                   std::int64_t channels, const void* dy, void* dx) {
+  validate_global_avg_pool_nhwc(batch, spatial, channels);
+  detail::require_float(type, "global_avg_pool_nhwc_backward");
+  for (std::int64_t n = 0; n < batch; ++n)
+    for (std::int64_t c = 0; c < channels; ++c) {
+      const float g = static_cast<float>(detail::load_f32(dy, type, n * channels + c) /
+                                         static_cast<double>(spatial));
+      for (std::int64_t i = 0; i < spatial; ++i)
+        detail::store_f32(dx, type, (n * spatial + i) * channels + c, g);
+    }
 }
 
 }  // namespace cpu

@@ -2,6 +2,10 @@
 // one per input element for the backwards, which gather over the windows that
 // cover the element in (oh, ow) order, as the CPU loops do. Global average
 // pooling gives each plane one thread that sums it in index order in f64.
+// Channels-last calls (Note [channels-last pooling]) have kernels of their
+// own with the channel innermost in the thread index, so a warp reads and
+// writes 32 consecutive channels; each thread does the NCHW thread's work in
+// the same order, hence the same bits.
 #include <math_constants.h>
 
 #include "kernels/cuda/check.h"
@@ -138,6 +142,114 @@ __global__ void global_avg_backward_kernel(std::int64_t planes, std::int64_t spa
   }
 }
 
+// An NHWC index split into its image, row, column and channel.
+struct Nhwc {
+  std::int64_t n, h, w, c;
+};
+__device__ Nhwc split_nhwc(std::int64_t i, std::int64_t h_n, std::int64_t w_n,
+                           std::int64_t channels) {
+  const std::int64_t pixel = i / channels;
+  return {pixel / (h_n * w_n), pixel / w_n % h_n, pixel % w_n, i % channels};
+}
+
+template <typename T>
+__global__ void max_forward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                        const T* x, T* y, std::int32_t* argmax) {
+  const std::int64_t C = s.channels;
+  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * C; o += grid_size()) {
+    const Nhwc at = split_nhwc(o, oh_n, ow_n, C);
+    const Window w = window(s, at.h, at.w);
+    const T* image = x + at.n * s.in_h * s.in_w * C + at.c;
+    float best = -CUDART_INF_F;
+    std::int64_t best_index = w.h0 * s.in_w + w.w0;
+    for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
+      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) {
+        const float v = to_f32(image[(ih * s.in_w + iw) * C]);
+        if (v > best || isnan(v)) {  // Note [max pool ties]
+          best = v;
+          best_index = ih * s.in_w + iw;
+        }
+      }
+    y[o] = from_f32<T>(best);
+    if (argmax) argmax[o] = static_cast<std::int32_t>(best_index);
+  }
+}
+
+template <typename T>
+__global__ void max_backward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                         const T* dy, const std::int32_t* argmax, T* dx) {
+  const std::int64_t C = s.channels;
+  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * C; i += grid_size()) {
+    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, C);
+    std::int64_t oh0, oh1, ow0, ow1;
+    covering(at.h, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
+    covering(at.w, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
+    const std::int32_t self = static_cast<std::int32_t>(at.h * s.in_w + at.w);
+    float acc = 0.0f;
+    for (std::int64_t oh = oh0; oh < oh1; ++oh)
+      for (std::int64_t ow = ow0; ow < ow1; ++ow) {
+        const std::int64_t o = ((at.n * oh_n + oh) * ow_n + ow) * C + at.c;
+        if (argmax[o] == self) acc += to_f32(dy[o]);
+      }
+    dx[i] = from_f32<T>(acc);
+  }
+}
+
+template <typename T>
+__global__ void avg_forward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                        bool count_include_pad, const T* x, T* y) {
+  const std::int64_t C = s.channels;
+  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * C; o += grid_size()) {
+    const Nhwc at = split_nhwc(o, oh_n, ow_n, C);
+    const Window w = window(s, at.h, at.w);
+    const T* image = x + at.n * s.in_h * s.in_w * C + at.c;
+    float sum = 0.0f;
+    for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
+      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) sum += to_f32(image[(ih * s.in_w + iw) * C]);
+    y[o] = from_f32<T>(sum / avg_divisor(s, count_include_pad, w));
+  }
+}
+
+template <typename T>
+__global__ void avg_backward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
+                                         bool count_include_pad, const T* dy, T* dx) {
+  const std::int64_t C = s.channels;
+  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * C; i += grid_size()) {
+    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, C);
+    std::int64_t oh0, oh1, ow0, ow1;
+    covering(at.h, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
+    covering(at.w, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
+    float acc = 0.0f;
+    for (std::int64_t oh = oh0; oh < oh1; ++oh)
+      for (std::int64_t ow = ow0; ow < ow1; ++ow)
+        acc += to_f32(dy[((at.n * oh_n + oh) * ow_n + ow) * C + at.c]) /
+               avg_divisor(s, count_include_pad, window(s, oh, ow));
+    dx[i] = from_f32<T>(acc);
+  }
+}
+
+// One thread per (image, channel), consecutive threads on consecutive
+// channels; each sums its channel over the positions in order in f64.
+template <typename T>
+__global__ void global_avg_forward_nhwc_kernel(std::int64_t batch, std::int64_t spatial,
+                                               std::int64_t channels, const T* x, T* y) {
+  for (std::int64_t p = first_index(); p < batch * channels; p += grid_size()) {
+    const T* column = x + p / channels * spatial * channels + p % channels;
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < spatial; ++i) sum += to_f32(column[i * channels]);
+    y[p] = from_f32<T>(static_cast<float>(sum / static_cast<double>(spatial)));
+  }
+}
+
+template <typename T>
+__global__ void global_avg_backward_nhwc_kernel(std::int64_t batch, std::int64_t spatial,
+                                                std::int64_t channels, const T* dy, T* dx) {
+  for (std::int64_t i = first_index(); i < batch * spatial * channels; i += grid_size()) {
+    const std::int64_t p = i / (spatial * channels) * channels + i % channels;
+    dx[i] = from_f32<T>(static_cast<float>(to_f32(dy[p]) / static_cast<double>(spatial)));
+  }
+}
+
 }  // namespace
 
 void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y,
@@ -145,6 +257,13 @@ void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y
   validate_pool2d(s);
   detail::dispatch_float(type, "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
+    if (s.channels_last) {
+      max_forward_nhwc_kernel<T>
+          <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
+              s, s.out_h(), s.out_w(), static_cast<const T*>(x), static_cast<T*>(y), argmax);
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     max_forward_kernel<T>
         <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
             s, s.out_h(), s.out_w(), static_cast<const T*>(x), static_cast<T*>(y), argmax);
@@ -157,6 +276,13 @@ void max_pool2d_backward(const Pool2dShape& s, DType type, const void* dy,
   validate_pool2d(s);
   detail::dispatch_float(type, "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
+    if (s.channels_last) {
+      max_backward_nhwc_kernel<T>
+          <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
+              s, s.out_h(), s.out_w(), static_cast<const T*>(dy), argmax, static_cast<T*>(dx));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     max_backward_kernel<T>
         <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
             s, s.out_h(), s.out_w(), static_cast<const T*>(dy), argmax, static_cast<T*>(dx));
@@ -169,6 +295,14 @@ void avg_pool2d_forward(const Pool2dShape& s, DType type, bool count_include_pad
   validate_pool2d(s);
   detail::dispatch_float(type, "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
+    if (s.channels_last) {
+      avg_forward_nhwc_kernel<T>
+          <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
+              s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(x),
+              static_cast<T*>(y));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     avg_forward_kernel<T>
         <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
             s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(x),
@@ -182,6 +316,14 @@ void avg_pool2d_backward(const Pool2dShape& s, DType type, bool count_include_pa
   validate_pool2d(s);
   detail::dispatch_float(type, "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
+    if (s.channels_last) {
+      avg_backward_nhwc_kernel<T>
+          <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
+              s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(dy),
+              static_cast<T*>(dx));
+      LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     avg_backward_kernel<T>
         <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
             s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(dy),
@@ -208,6 +350,33 @@ void global_avg_pool_backward(DType type, std::int64_t planes, std::int64_t spat
     if (planes * spatial == 0) return;
     global_avg_backward_kernel<T><<<detail::grid_for(planes * spatial), kThreads, 0, stream>>>(
         planes, spatial, static_cast<const T*>(dy), static_cast<T*>(dx));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void global_avg_pool_nhwc_forward(DType type, std::int64_t batch, std::int64_t spatial,
+                                  std::int64_t channels, const void* x, void* y,
+                                  CudaStream stream) {
+  validate_global_avg_pool_nhwc(batch, spatial, channels);
+  detail::dispatch_float(type, "global_avg_pool_nhwc_forward", [&](auto tag) {
+    using T = decltype(tag);
+    if (batch * channels == 0) return;
+    global_avg_forward_nhwc_kernel<T><<<detail::grid_for(batch * channels), kThreads, 0, stream>>>(
+        batch, spatial, channels, static_cast<const T*>(x), static_cast<T*>(y));
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+void global_avg_pool_nhwc_backward(DType type, std::int64_t batch, std::int64_t spatial,
+                                   std::int64_t channels, const void* dy, void* dx,
+                                   CudaStream stream) {
+  validate_global_avg_pool_nhwc(batch, spatial, channels);
+  detail::dispatch_float(type, "global_avg_pool_nhwc_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (batch * spatial * channels == 0) return;
+    global_avg_backward_nhwc_kernel<T>
+        <<<detail::grid_for(batch * spatial * channels), kThreads, 0, stream>>>(
+            batch, spatial, channels, static_cast<const T*>(dy), static_cast<T*>(dx));
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   });
 }
