@@ -1,6 +1,7 @@
-// 2-D convolution (NCHW, PyTorch's cross-correlation, weight [out, in/groups,
-// kh, kw]) with stride, padding, dilation and groups, in f32, f16 or bf16 with
-// f32 accumulation; each pass's result is rounded to the type once, so the CPU
+// 2-D convolution (NCHW, or NHWC activations by Conv2dShape::channels_last;
+// PyTorch's cross-correlation, weight [out, in/groups, kh, kw] either way)
+// with stride, padding, dilation and groups, in f32, f16 or bf16 with f32
+// accumulation; each pass's result is rounded to the type once, so the CPU
 // emulates what cuDNN does under autocast. CPU: im2col + OpenBLAS GEMM, col2im
 // for the input gradient. CUDA: cuDNN's legacy API, with algorithms chosen once
 // per shape by timing (cudnnFind*Ex) outside deterministic runs and by its
@@ -24,6 +25,12 @@ struct Conv2dShape {
   std::int64_t pad_h = 0, pad_w = 0;
   std::int64_t dilation_h = 1, dilation_w = 1;
   std::int64_t groups = 1;
+  // x, y, dx and dy in NHWC ([batch, h, w, channels]) instead of NCHW; the
+  // weight and its gradient keep [out, in/groups, kh, kw] (Note
+  // [channels-last convolution] in kernels/cuda/conv.cu). Results equal the
+  // NCHW ones transposed: bit for bit on the CPU, which transposes around its
+  // NCHW path; on CUDA, cuDNN runs NHWC kernels (tensor cores for 16-bit types).
+  bool channels_last = false;
 
   std::int64_t out_h() const {
     return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1;
@@ -70,12 +77,18 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
 // The bias gradient: db[c] += the sum of dy[:, c, :], accumulated in f64.
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db);
+// The same for an NHWC dy ([batch, spatial, channels]): db[c] += the sum of
+// dy[:, :, c], in channel_bias_grad's order of f64 adds, so it gives the bits
+// that channel_bias_grad gives on the NCHW transpose of dy.
+void channel_bias_grad_nhwc(const void* dy, DType type, std::int64_t batch, std::int64_t spatial,
+                            std::int64_t channels, float* db);
 }  // namespace cpu
 
 namespace cuda {
 enum class ConvPass { forward, backward_data, backward_filter };
 // Workspace bytes the caller provides to the pass: cuDNN's, plus room for the
-// 16-bit weight gradient in backward_filter. Plans the shape if needed, timed
+// 16-bit weight gradient in backward_filter, plus, channels-last, the weight
+// (or its gradient) in cuDNN's KRSC order. Plans the shape if needed, timed
 // on `stream` (pass the one the pass will run on; never while it is being
 // captured into a CUDA graph, when the plan takes the heuristic's choice).
 std::size_t conv2d_workspace_bytes(const Conv2dShape& s, DType type, ConvPass pass,
@@ -90,9 +103,19 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
                             std::size_t workspace_bytes, CudaStream stream);
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db, CudaStream stream);
+// NHWC: the deterministic column sum of the [batch * spatial, channels]
+// matrix (kernels/bias.h's bias_grad: coalesced, f64 chunks added in a fixed
+// order, Note [column chunks]); it differs from the CPU's f64 order only in
+// f64 rounding before the one rounding to f32. `workspace`:
+// channel_bias_grad_nhwc_workspace_bytes() bytes of device memory.
+std::size_t channel_bias_grad_nhwc_workspace_bytes(std::int64_t batch, std::int64_t spatial,
+                                                   std::int64_t channels);
+void channel_bias_grad_nhwc(const void* dy, DType type, std::int64_t batch, std::int64_t spatial,
+                            std::int64_t channels, float* db, void* workspace, CudaStream stream);
 // What the plan cache holds, one line per plan: device, pass, shape and type,
 // the algorithm, how it was chosen ("timed #0 of 8: 0.0412 ms" or "heuristic
-// #0 of 8 (deterministic)"), its workspace and math type.
+// #0 of 8 (deterministic)"), its workspace and math type; the layout
+// ("NHWC") where channels-last.
 std::vector<std::string> conv2d_plan_descriptions();
 }  // namespace cuda
 

@@ -1,8 +1,9 @@
 // CPU convolution (kernels/conv.h): im2col + OpenBLAS GEMM, one GEMM per image
 // and group, on an im2col buffer that stays in cache; col2im scatters the
 // column gradient back in one pass (Note [explicit padding]). 16-bit data is widened to f32 per
-// image (exact) and outputs are rounded once. Also the shape checks and the process-wide algorithm
-// settings, which both backends share.
+// image (exact) and outputs are rounded once. Channels-last shapes go through the same path
+// between transposes (Note [channels-last on the CPU]). Also the shape checks and the
+// process-wide algorithm settings, which both backends share.
 #include <algorithm>
 #include <atomic>
 #include <limits>
@@ -14,6 +15,7 @@
 #include "kernels/detail/cpu_float.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
+#include "kernels/layout.h"
 
 namespace lockstep::kernels {
 namespace {
@@ -247,12 +249,58 @@ const float* source(const Conv2dShape& s, const Padded& pad, const float* image)
   return padded;
 }
 
+// Note [channels-last on the CPU]: an NHWC pass transposes its activations
+// (x, dy) to NCHW in scratch, runs the NCHW pass on them and transposes its
+// activation result (y, dx) back; the weight and dw are KCRS in both modes.
+// The permutations are exact and the NCHW pass is the same arithmetic, so
+// NHWC results are bit for bit the NCHW results transposed: the CPU is the
+// reference that CUDA's NHWC kernels are held to. It costs two passes over
+// each activation (a few percent of a convolution's im2col and GEMM time).
+enum LayoutSlot { kNchwIn, kNchwGrad, kNchwOut, kLayoutSlots };
+
+void* layout_scratch(LayoutSlot slot, std::size_t bytes) {
+  thread_local std::vector<float> buffers[kLayoutSlots];  // float: aligned for any DType
+  std::vector<float>& b = buffers[slot];
+  const std::size_t count = (bytes + sizeof(float) - 1) / sizeof(float);
+  if (b.size() < count) b.resize(count);
+  return b.data();
+}
+
+Conv2dShape as_nchw(const Conv2dShape& s) {
+  Conv2dShape t = s;
+  t.channels_last = false;
+  return t;
+}
+
+// An NHWC activation of `channels` x h x w per image, transposed to NCHW in scratch.
+const void* to_nchw(LayoutSlot slot, DType type, std::int64_t batch, std::int64_t channels,
+                    std::int64_t h, std::int64_t w, const void* nhwc) {
+  void* out =
+      layout_scratch(slot, static_cast<std::size_t>(batch * channels * h * w) * dtype_size(type));
+  nhwc_to_nchw(type, batch, channels, h, w, nhwc, out);
+  return out;
+}
+
+std::size_t activation_bytes(DType type, std::int64_t batch, std::int64_t channels, std::int64_t h,
+                             std::int64_t w) {
+  return static_cast<std::size_t>(batch * channels * h * w) * dtype_size(type);
+}
+
 }  // namespace
 
 void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void* w,
                     const float* bias, void* y) {
   validate_conv2d(s);
   detail::require_float(type, "conv2d_forward");
+  if (s.channels_last) {  // Note [channels-last on the CPU]
+    const std::int64_t oh = s.out_h(), ow = s.out_w();
+    const void* x_nchw = to_nchw(kNchwIn, type, s.batch, s.in_channels, s.in_h, s.in_w, x);
+    void* y_nchw =
+        layout_scratch(kNchwOut, activation_bytes(type, s.batch, s.out_channels, oh, ow));
+    conv2d_forward(as_nchw(s), type, x_nchw, w, bias, y_nchw);
+    nchw_to_nhwc(type, s.batch, s.out_channels, oh, ow, y_nchw, y);
+    return;
+  }
   const Geometry g(s);
   const Padded pad(s);
   const float* weight = weight_f32(s, g, type, w);
@@ -275,6 +323,15 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
                           void* dx) {
   validate_conv2d(s);
   detail::require_float(type, "conv2d_backward_data");
+  if (s.channels_last) {  // Note [channels-last on the CPU]
+    const void* dy_nchw =
+        to_nchw(kNchwGrad, type, s.batch, s.out_channels, s.out_h(), s.out_w(), dy);
+    void* dx_nchw =
+        layout_scratch(kNchwOut, activation_bytes(type, s.batch, s.in_channels, s.in_h, s.in_w));
+    conv2d_backward_data(as_nchw(s), type, dy_nchw, w, dx_nchw);
+    nchw_to_nhwc(type, s.batch, s.in_channels, s.in_h, s.in_w, dx_nchw, dx);
+    return;
+  }
   const Geometry g(s);
   const Padded pad(s);
   const float* weight = weight_f32(s, g, type, w);
@@ -298,6 +355,13 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
                             float* dw, bool accumulate) {
   validate_conv2d(s);
   detail::require_float(type, "conv2d_backward_filter");
+  if (s.channels_last) {  // Note [channels-last on the CPU]: dw is KCRS either way
+    const void* x_nchw = to_nchw(kNchwIn, type, s.batch, s.in_channels, s.in_h, s.in_w, x);
+    const void* dy_nchw =
+        to_nchw(kNchwGrad, type, s.batch, s.out_channels, s.out_h(), s.out_w(), dy);
+    conv2d_backward_filter(as_nchw(s), type, x_nchw, dy_nchw, dw, accumulate);
+    return;
+  }
   const Geometry g(s);
   const Padded pad(s);
   const std::int64_t weight_elements = s.out_channels * g.k;
@@ -350,12 +414,47 @@ namespace {
   }
 }
 
+// channel_bias_grad_clones' adds, channel by channel, over an NHWC dy: per
+// (channel, lane) the same sequence of f64 adds as there (lane l takes
+// positions l, l + 4, ... and lane 0 the tail), so the same bits.
+[[gnu::target_clones("avx2", "default")]] void channel_bias_grad_nhwc_clones(
+    const void* dy, DType type, std::int64_t batch, std::int64_t spatial, std::int64_t channels,
+    float* db) {
+  detail::require_float(type, "channel_bias_grad_nhwc");
+  const auto c_count = static_cast<std::size_t>(channels);
+  std::vector<double> acc(c_count, 0.0), lanes(4 * c_count);
+  for (std::int64_t n = 0; n < batch; ++n) {
+    const float* image = image_f32(dy, type, n, spatial * channels, kImage);
+    std::fill(lanes.begin(), lanes.end(), 0.0);
+    std::int64_t i = 0;
+    for (; i + 4 <= spatial; i += 4)
+      for (std::int64_t l = 0; l < 4; ++l) {
+        const float* row = image + (i + l) * channels;
+        double* lane = lanes.data() + l * channels;
+        for (std::int64_t c = 0; c < channels; ++c) lane[c] += row[c];
+      }
+    for (; i < spatial; ++i) {
+      const float* row = image + i * channels;
+      for (std::int64_t c = 0; c < channels; ++c) lanes[c] += row[c];
+    }
+    for (std::int64_t c = 0; c < channels; ++c)
+      acc[c] +=
+          (lanes[c] + lanes[channels + c]) + (lanes[2 * channels + c] + lanes[3 * channels + c]);
+  }
+  for (std::int64_t c = 0; c < channels; ++c) db[c] = static_cast<float>(db[c] + acc[c]);
+}
+
 }  // namespace
 
 // Note [clones behind the API] (kernels/cpu/activation.cpp).
 void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int64_t channels,
                        std::int64_t spatial, float* db) {
   channel_bias_grad_clones(dy, type, batch, channels, spatial, db);
+}
+
+void channel_bias_grad_nhwc(const void* dy, DType type, std::int64_t batch, std::int64_t spatial,
+                            std::int64_t channels, float* db) {
+  channel_bias_grad_nhwc_clones(dy, type, batch, spatial, channels, db);
 }
 
 }  // namespace cpu

@@ -46,6 +46,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/bias.h"
 #include "kernels/conv.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/check_cudnn.h"
@@ -523,6 +524,16 @@ void channel_bias_grad(const void* dy, DType type, std::int64_t batch, std::int6
         static_cast<const T*>(dy), batch, channels, spatial, db);
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   });
+}
+
+std::size_t channel_bias_grad_nhwc_workspace_bytes(std::int64_t batch, std::int64_t spatial,
+                                                   std::int64_t channels) {
+  return bias_grad_workspace_bytes(batch * spatial, channels);
+}
+
+void channel_bias_grad_nhwc(const void* dy, DType type, std::int64_t batch, std::int64_t spatial,
+                            std::int64_t channels, float* db, void* workspace, CudaStream stream) {
+  bias_grad(dy, type, batch * spatial, channels, db, workspace, stream);
 }
 
 std::vector<std::string> conv2d_plan_descriptions() {
