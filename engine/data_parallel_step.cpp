@@ -192,11 +192,34 @@ DataParallelStep::DataParallelStep(Module& model, ParameterStore& store, Optimiz
   core::trace::set_stream_name(stream_, "cuda compute stream");
   measured_ =
       sharded() && !tree_ ? owned_ : std::vector<comm::FlatRange>{{0, store_.grads().numel()}};
+  if (options_.cuda_graph) {
+    check_graph_options();
+    graph_ = std::make_unique<StepGraph>(store_.device(), stream_);
+  }
   readback_ =
       std::make_unique<StepReadback>(static_cast<std::int64_t>(measured_.size()),
                                      tree_ ? options_.accumulation : 0, store_.device(), stream_);
   weighted_loss_ = core::Tensor::empty({1}, DType::f32, store_.device(), stream_);
   model_.train();
+}
+
+void DataParallelStep::check_graph_options() const {
+  const auto refuse = [](const std::string& why) {
+    throw InvalidArgument("StepOptions::cuda_graph: " + why +
+                          " (Note [step graph]); turn cuda_graph off for this run");
+  };
+  if (!store_.device().is_cuda())
+    refuse("the model is on " + store_.device().str() + "; CUDA graphs need a GPU");
+  if (world_ && world_->size() > 1)
+    refuse(
+        fmt::format("the world has {} ranks; capturing the bucket allreduces of several ranks "
+                    "is not built, only a world of one",
+                    world_->size()));
+  if (options_.sync.zero_stage != 0)
+    refuse(fmt::format("ZeRO stage {} gathers and shards on the host within the passes",
+                       options_.sync.zero_stage));
+  if (options_.rank_invariant)
+    refuse("the rank-invariant step sums its chunks in a host-driven tree");
 }
 
 comm::NamedValues DataParallelStep::agreement_fields() const {
@@ -272,10 +295,35 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     throw InvalidArgument(fmt::format(
         "DataParallelStep::run: {} micro-batches given, StepOptions::accumulation is {}",
         micro_batches.size(), k_total));
+  const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
+  switch (graph_ ? graph_->next(micro_batches, dloss) : StepGraph::Action::eager) {
+    case StepGraph::Action::eager:
+      forward_backward(micro_batches, dloss, false);
+      break;
+    case StepGraph::Action::capture: {
+      const std::span<const MicroBatch> staged = graph_->stage(micro_batches);
+      core::trace::Span capture("capture cuda graph", core::trace::Part::compute);
+      graph_->capture([&] { forward_backward(staged, dloss, true); });
+      break;
+    }
+    case StepGraph::Action::replay: {
+      core::trace::Span replay("replay cuda graph", core::trace::Part::compute, stream_);
+      graph_->replay(micro_batches);
+      break;
+    }
+  }
+  StepResult r;
+  update(r);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+void DataParallelStep::forward_backward(std::span<const MicroBatch> micro_batches, float dloss,
+                                        bool capturing) {
+  const int k_total = options_.accumulation;
   store_.zero_grad(stream_);
   if (sync_) sync_->begin_step(steps_);
   if (gathers_) gathers_->begin_step();  // Note [parameter units]: the resident pieces
-  const float dloss = scaler_.scale() / static_cast<float>(k_total * loss_gradient_divisor_);
   readback_->clear(stream_);
   core::Tensor loss_total = readback_->loss_total(), rows_total = readback_->rows_total();
   for (int k = 0; k < k_total; ++k) {
@@ -285,6 +333,7 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
     if (tree_ && k > 0) store_.zero_grad(stream_);  // each chunk's own gradient, for the tree
     core::MemoryKindScope kind(core::MemoryKind::activations);  // Note [memory kinds]
     Context ctx = context(k, batch.inputs.dim(0));
+    ctx.graph_capture = capturing;
     if (sync_) ctx.on_grad_ready = [this](Parameter& p) { sync_->mark_ready(store_.index_of(p)); };
     if (gathers_)
       ctx.on_module = [this](Module& m, ModulePhase phase) { gathers_->on_module(m, phase); };
@@ -327,10 +376,6 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   }
   if (gathers_) gathers_->end_step();
   if (chunk_buffers_) chunk_buffers_->finish(stream_);
-  StepResult r;
-  update(r);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
 }
 
 // Note [non-finite steps]: the scaler's flag (f16) or the norm (fp32, bf16)

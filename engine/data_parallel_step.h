@@ -117,6 +117,7 @@
 #include "engine/optim/lr_scheduler.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parameter_store.h"
+#include "engine/step_graph.h"
 #include "engine/step_readback.h"
 #include "engine/zero3.h"
 
@@ -142,6 +143,12 @@ struct StepOptions {
   // The same bits on any supported number of ranks (Note [rank-invariant
   // step]); off: the default step, unchanged. Sets sync.ordered.
   bool rank_invariant = false;
+  // Replay the forward and backward passes as a CUDA graph once the shapes
+  // repeat (Note [step graph], engine/step_graph.h): a GPU model, a step
+  // stream made by core::Stream::create, no world or a world of one, no ZeRO,
+  // not rank_invariant, no active Dropout. Off by default until it has been
+  // measured on a GPU.
+  bool cuda_graph = false;
 };
 
 struct StepResult {
@@ -224,6 +231,9 @@ class DataParallelStep {
   const core::Stream& stream() const { return stream_; }
   // Throws InvalidArgument for a step without a world.
   comm::GradientSynchronizer& synchronizer();
+  // What the CUDA graph step did so far (Note [step graph]); null when
+  // StepOptions::cuda_graph is off.
+  const StepGraphCounts* graph_counts() const { return graph_ ? &graph_->counts() : nullptr; }
 
   // While one lives, every parameter's value is whole on every rank (ZeRO-3
   // keeps only shards between steps: FSDP's summon_full_params); opening and
@@ -247,6 +257,11 @@ class DataParallelStep {
 
  private:
   comm::NamedValues agreement_fields() const;
+  // Everything before the update (Note [step protocol], up to sync.finish):
+  // eager, or recorded into the step's CUDA graph (Note [step graph]).
+  void forward_backward(std::span<const MicroBatch> micro_batches, float dloss, bool capturing);
+  // Throws InvalidArgument when StepOptions::cuda_graph cannot hold.
+  void check_graph_options() const;
   // Unscale, the inf decision, clipping or the norm, the schedule, the step
   // agreement and the optimizer (Note [step protocol], from sync.finish on).
   void update(StepResult& r);
@@ -292,6 +307,7 @@ class DataParallelStep {
   std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
+  std::unique_ptr<StepGraph> graph_;  // StepOptions::cuda_graph
 };
 
 }  // namespace lockstep::engine

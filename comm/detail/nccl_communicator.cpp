@@ -106,6 +106,10 @@ void NcclCommunicator::run(OperationInfo info, const core::Stream& stream, Enque
       running.emplace(s, info.name, OperationContext::current_bucket_label(), "comm");
     LOCKSTEP_CHECK_NCCL(enqueue(s.handle()));
   }
+  // Captured into a CUDA graph (a world of one: Note [step graph]), the
+  // collective runs only at the graph's launch, and its event cannot be
+  // polled: the watchdog does not watch it.
+  if (s.capturing()) return;
   core::Event done;
   done.record(s);
   // The watchdog thread polls the event; it makes this rank's GPU current

@@ -1,4 +1,4 @@
-// Allocators and their counters (engine/core/memory.h).
+// Allocators and their counters, and the capture arena (engine/core/memory.h).
 #include "engine/core/memory.h"
 
 #include <malloc.h>
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/core/log.h"
 #include "kernels/error.h"
@@ -166,6 +167,159 @@ void* aligned_host(std::size_t bytes) {
 
 }  // namespace
 
+// Note [capture arena]. Its storages may be freed on any thread, so a mutex.
+struct detail::ArenaState : std::enable_shared_from_this<detail::ArenaState> {
+  struct Chunk {
+    void* base;
+    BlockList blocks;
+  };
+  struct Kept {
+    void* data;
+    std::size_t bytes;
+    MemoryKind kind;
+    Stream stream;
+  };
+  explicit ArenaState(Device d) : device(d) {}
+  ~ArenaState();
+  void* take(std::size_t bytes);
+  void give_back(void* data, std::size_t bytes);
+
+  Device device;
+  mutable std::mutex mutex;
+  std::vector<Chunk> chunks;
+  std::vector<Kept> kept;
+};
+
+namespace {
+// The arena this thread allocates from now (Note [capture arena]).
+thread_local detail::ArenaState* t_arena = nullptr;
+constexpr std::size_t kArenaChunkBytes = std::size_t{256} << 20;
+}  // namespace
+
+std::optional<std::size_t> detail::BlockList::take(std::size_t bytes) {
+  const std::size_t want = rounded(bytes == 0 ? 1 : bytes);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < want) continue;
+    const std::size_t offset = it->first, left = it->second - want;
+    free_.erase(it);
+    if (left > 0) free_[offset + want] = left;
+    return offset;
+  }
+  return std::nullopt;
+}
+
+void detail::BlockList::give_back(std::size_t offset, std::size_t bytes) {
+  std::size_t length = rounded(bytes == 0 ? 1 : bytes);
+  if (offset + length > bytes_)
+    throw InvalidArgument("BlockList::give_back: block [" + std::to_string(offset) + ", +" +
+                          std::to_string(length) + ") lies outside the region of " +
+                          std::to_string(bytes_) + " bytes");
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && next->first < offset + length)
+    throw InvalidArgument("BlockList::give_back: block at " + std::to_string(offset) +
+                          " overlaps a free run (given back twice?)");
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second > offset)
+      throw InvalidArgument("BlockList::give_back: block at " + std::to_string(offset) +
+                            " overlaps a free run (given back twice?)");
+    if (prev->first + prev->second == offset) {  // merge with the run before
+      offset = prev->first;
+      length += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (next != free_.end() && next->first == offset + length) {  // and the run after
+    length += next->second;
+    free_.erase(next);
+  }
+  free_[offset] = length;
+}
+
+std::size_t detail::BlockList::free_bytes() const {
+  std::size_t sum = 0;
+  for (const auto& [offset, length] : free_) sum += length;
+  return sum;
+}
+
+void* detail::ArenaState::take(std::size_t bytes) {
+  std::lock_guard lock(mutex);
+  for (Chunk& c : chunks)
+    if (const auto offset = c.blocks.take(bytes)) return static_cast<char*>(c.base) + *offset;
+#if LOCKSTEP_WITH_CUDA
+  const std::size_t size = std::max(kArenaChunkBytes, BlockList::rounded(bytes));
+  void* base = nullptr;
+  const cudaError_t status = cudaMalloc(&base, size);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw LibraryError("CUDA", status,
+                       "out of memory on " + device.str() + " growing the CUDA graph's arena by " +
+                           std::to_string(size) + " bytes for a tensor of " +
+                           std::to_string(bytes) +
+                           " (Note [capture arena]; reduce the batch size "
+                           "or turn the CUDA graph step off)");
+  }
+  chunks.push_back({base, BlockList(size)});
+  return static_cast<char*>(base) + *chunks.back().blocks.take(bytes);
+#else
+  throw InvalidArgument("CaptureArena: this build has no CUDA");
+#endif
+}
+
+void detail::ArenaState::give_back(void* data, std::size_t bytes) {
+  std::lock_guard lock(mutex);
+  for (Chunk& c : chunks) {
+    char* base = static_cast<char*>(c.base);
+    if (static_cast<char*>(data) >= base && static_cast<char*>(data) < base + c.blocks.bytes()) {
+      c.blocks.give_back(static_cast<std::size_t>(static_cast<char*>(data) - base), bytes);
+      return;
+    }
+  }
+  log_warn("capture arena on {}: a block of {} bytes is not in any of its chunks", device.str(),
+           bytes);
+}
+
+detail::ArenaState::~ArenaState() {
+#if LOCKSTEP_WITH_CUDA
+  for (Kept& k : kept) {
+    free_device(k.data, device, k.stream);
+    counter(device).sub(k.bytes, k.kind);
+  }
+  for (Chunk& c : chunks) report_free_failure(cudaFree(c.base), "cudaFree", device);
+#endif
+}
+
+CaptureArena::CaptureArena(Device device) : state_(std::make_shared<detail::ArenaState>(device)) {
+  if (!device.is_cuda())
+    throw InvalidArgument("CaptureArena on " + device.str() + ": only GPU memory is captured");
+}
+
+CaptureArena::~CaptureArena() = default;
+
+Device CaptureArena::device() const { return state_->device; }
+
+std::size_t CaptureArena::reserved_bytes() const {
+  std::lock_guard lock(state_->mutex);
+  std::size_t sum = 0;
+  for (const auto& c : state_->chunks) sum += c.blocks.bytes();
+  return sum;
+}
+
+std::size_t CaptureArena::kept_bytes() const {
+  std::lock_guard lock(state_->mutex);
+  std::size_t sum = 0;
+  for (const auto& k : state_->kept) sum += k.bytes;
+  return sum;
+}
+
+CaptureArenaScope::CaptureArenaScope(CaptureArena& arena) {
+  if (t_arena)
+    throw InvalidArgument("CaptureArenaScope: this thread already allocates from an arena");
+  t_arena = arena.state_.get();
+}
+
+CaptureArenaScope::~CaptureArenaScope() { t_arena = nullptr; }
+
 const char* memory_kind_name(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::parameters:
@@ -195,6 +349,18 @@ MemoryKindScope::MemoryKindScope(MemoryKind kind) : previous_(t_kind) { t_kind =
 MemoryKindScope::~MemoryKindScope() { t_kind = previous_; }
 
 Storage::~Storage() {
+  if (arena_) {  // Note [capture arena]
+    counter(device_).sub(bytes_, kind_);
+    arena_->give_back(data_, bytes_);
+    return;
+  }
+#if LOCKSTEP_WITH_CUDA
+  if (device_.is_cuda() && data_ && t_arena && t_arena->device == device_) {
+    std::lock_guard lock(t_arena->mutex);  // kept for the graph; counted until freed
+    t_arena->kept.push_back({data_, bytes_, kind_, stream_});
+    return;
+  }
+#endif
   counter(device_).sub(bytes_, kind_);
 #if LOCKSTEP_WITH_CUDA
   if (device_.is_cuda()) {
@@ -221,6 +387,13 @@ std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream
     throw InvalidArgument("allocation on " + device.str() + " ordered on a stream of " +
                           stream.device().str() + " (use a stream of the same device)");
   set_current_device(device);
+  if (t_arena && t_arena->device == device && bytes > 0) {  // Note [capture arena]
+    void* p = t_arena->take(bytes);
+    counter(device).add(bytes, t_kind);
+    auto storage = std::make_shared<Storage>(p, bytes, device, false, stream);
+    storage->set_arena(t_arena->shared_from_this());
+    return storage;
+  }
   configure_pool(device.index);
   void* p = bytes > 0 ? allocate_device(device, bytes, stream) : nullptr;
   counter(device).add(bytes, t_kind);

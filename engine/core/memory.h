@@ -22,12 +22,17 @@
 // gathered (Note [parameter units]). The data a program loads and what no
 // scope names stay `other`. The peak keeps each kind's bytes at the moment of
 // the peak, so the kinds add up to it.
+//
+// Also CaptureArena, the memory a CUDA graph's captured work allocates from
+// (Note [capture arena]).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include "engine/core/device.h"
 #include "engine/core/stream.h"
@@ -62,6 +67,10 @@ class MemoryKindScope {
   MemoryKind previous_;
 };
 
+namespace detail {
+struct ArenaState;  // a CaptureArena's chunks, shared with the storages served from them
+}
+
 class Storage {
  public:
   Storage(void* data, std::size_t bytes, Device device, bool pinned, Stream stream)
@@ -80,6 +89,8 @@ class Storage {
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
   MemoryKind kind() const { return kind_; }
+  // Served by a CaptureArena (Note [capture arena]): freed back to it.
+  void set_arena(std::shared_ptr<detail::ArenaState> arena) { arena_ = std::move(arena); }
 
  private:
   void* data_;
@@ -88,6 +99,7 @@ class Storage {
   bool pinned_;
   MemoryKind kind_;  // Note [memory kinds]: counted under it from allocation to free
   Stream stream_;    // the allocating stream, for cudaFreeAsync
+  std::shared_ptr<detail::ArenaState> arena_;  // null: the pool's (or host) memory
 };
 
 // Device memory on `device` (ordered on `stream` for cuda), or CPU memory.
@@ -111,5 +123,77 @@ struct MemoryStats {
 MemoryStats memory_stats(Device device);
 // The peak, and every kind's own peak, start again from the bytes held now.
 void reset_peak_memory(Device device);
+
+namespace detail {
+// First-fit placement of blocks in a region of `bytes`, on the host: offsets
+// 256-aligned, freed neighbours merged. What CaptureArena places its
+// tensors with; a class of its own so that the CPU tests can check it.
+class BlockList {
+ public:
+  explicit BlockList(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) free_[0] = bytes;
+  }
+  // The offset of a new block of `bytes` (rounded up to 256), or none when no
+  // free run is long enough.
+  std::optional<std::size_t> take(std::size_t bytes);
+  // Returns the block that take() placed at `offset` for `bytes`.
+  void give_back(std::size_t offset, std::size_t bytes);
+  std::size_t free_bytes() const;
+  std::size_t bytes() const { return bytes_; }
+  static std::size_t rounded(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+ private:
+  std::size_t bytes_;
+  std::map<std::size_t, std::size_t> free_;  // offset -> length of each free run
+};
+}  // namespace detail
+
+// Note [capture arena]: work captured into a CUDA graph keeps the addresses
+// it was captured with, and replays read and write them with no host code
+// running, so the memory the captured work allocates must stay the graph's
+// for the graph's life, and nothing may be freed into CUDA's pool while a
+// capture records (cudaFreeAsync in a capturing stream must be given memory
+// the graph itself allocated). While a CaptureArenaScope lives on a thread:
+//   - device allocations of the arena's device come from the arena: chunks
+//     of plain cudaMalloc memory (allowed in the relaxed capture mode, not
+//     stream-ordered, so not recorded), blocks placed by a BlockList, a new
+//     chunk (at least 256 MiB) when none has room;
+//   - a Storage of the arena freed at any time (in the capture, or later by
+//     whoever held it) goes back to its chunk's BlockList: only the capture
+//     that made the arena takes from it, so a block freed by host code after
+//     the capture is never handed to anyone else while the graph may use it;
+//   - device memory from elsewhere freed on this thread (what a module kept
+//     from the eager step before: an old saved input, an old scratch) is not
+//     freed but kept until the arena dies, since captured work may have read
+//     it before the free and every replay reads it again.
+// The chunks go back when the arena and every storage placed in it are gone;
+// the owner destroys the graph first. Memory statistics count the storages
+// placed in the arena (as the pool's would be), not the chunks' free room:
+// reserved_bytes() says how much the arena holds.
+class CaptureArena {
+ public:
+  explicit CaptureArena(Device device);
+  ~CaptureArena();
+  CaptureArena(const CaptureArena&) = delete;
+  CaptureArena& operator=(const CaptureArena&) = delete;
+
+  Device device() const;
+  std::size_t reserved_bytes() const;  // the chunks'
+  std::size_t kept_bytes() const;      // memory from elsewhere kept for the graph
+
+ private:
+  friend class CaptureArenaScope;
+  std::shared_ptr<detail::ArenaState> state_;
+};
+
+// Routes this thread's device allocations and frees through `arena` while it
+// lives (Note [capture arena]); scopes do not nest.
+class CaptureArenaScope {
+ public:
+  explicit CaptureArenaScope(CaptureArena& arena);
+  ~CaptureArenaScope();
+  CaptureArenaScope(const CaptureArenaScope&) = delete;
+  CaptureArenaScope& operator=(const CaptureArenaScope&) = delete;
+};
 
 }  // namespace lockstep::core

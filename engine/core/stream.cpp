@@ -71,6 +71,17 @@ void Stream::synchronize() const {
 #endif
 }
 
+bool Stream::capturing() const {
+#if LOCKSTEP_WITH_CUDA
+  if (!device_.is_cuda() || !handle_) return false;  // the legacy stream cannot capture
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LOCKSTEP_CHECK_CUDA(cudaStreamIsCapturing(handle_, &status));
+  return status != cudaStreamCaptureStatusNone;
+#else
+  return false;
+#endif
+}
+
 void Stream::wait(const Event& event) const {
 #if LOCKSTEP_WITH_CUDA
   if (!device_.is_cuda() || !event.handle()) return;

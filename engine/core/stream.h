@@ -27,6 +27,9 @@ class Stream {
   Device device() const { return device_; }
   kernels::CudaStream handle() const { return handle_; }
   void synchronize() const;
+  // Whether work queued now is being captured into a CUDA graph (never on
+  // the CPU); such work runs only when the graph is launched.
+  bool capturing() const;
   // Work queued on this stream after the call waits until `event` has happened.
   void wait(const Event& event) const;
 

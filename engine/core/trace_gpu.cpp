@@ -143,6 +143,9 @@ Lane& lane_of(GpuState& g, const Stream& stream) {
 GpuSlot gpu_begin(const Stream& stream, const char (&name)[kNameBytes], const char* category,
                   std::int64_t step) {
   if (!stream.device().is_cuda()) return {nullptr, -1, nullptr};
+  // Events recorded while the stream captures a CUDA graph are the graph's:
+  // their times cannot be read, so captured work has no GPU spans.
+  if (stream.capturing()) return {nullptr, -1, nullptr};
   GpuState& g = gpu_state();
   GpuTimeline* timeline = nullptr;
   int lane = 0;

@@ -1,6 +1,8 @@
 // ReLU, GELU, Dropout and Flatten (engine/nn/activation.h).
 #include "engine/nn/activation.h"
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "engine/core/dispatch.h"
@@ -65,6 +67,11 @@ Dropout::Dropout(float p) : Module("Dropout"), p_(p) {
 core::Tensor Dropout::forward(const core::Tensor& x, Context& ctx) {
   if (!training() || p_ == 0.0f) return x;
   if (x.shape().empty()) shape_error(x, "expects [batch, ...]");
+  if (ctx.graph_capture)
+    throw InvalidArgument(fmt::format(
+        "{}: dropout p={} draws its masks from the step number, which a replayed CUDA graph "
+        "cannot change (Note [step graph]); set dropout to 0 or turn the CUDA graph step off",
+        describe(), p_));
   const std::int64_t per_sample = x.numel() / std::max<std::int64_t>(1, x.dim(0));
   const kernels::PhiloxKey key{ctx.seed, dropout_stream(path(), ctx.step)};
   const auto offset = static_cast<std::uint64_t>(ctx.first_sample * per_sample);

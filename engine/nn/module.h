@@ -126,6 +126,10 @@ struct Context {
   // must not move state a second time (BatchNorm's running statistics).
   bool keep_for_backward = true;
   bool recompute = false;
+  // The passes are being captured into a CUDA graph and will be replayed
+  // with these arguments (Note [step graph], engine/step_graph.h): `step` is
+  // frozen, so a module that draws from it (Dropout) refuses.
+  bool graph_capture = false;
   // Note [deferred index check] (engine/step_readback.h): set by the
   // data-parallel step, whose readback carries the Embedding lookups' index
   // checks home; null elsewhere, where a lookup checks at once.
