@@ -38,6 +38,39 @@
 // configuration (PSEUDO_HALF_CONFIG: all HALF with FLOAT compute), and the
 // filter descriptor's type is the only type dw has. The round trip costs 12
 // bytes per weight (ResNet-18: 11.2M weights, 134 MB, ~0.07 ms a step).
+//
+// Note [channels-last convolution]: with Conv2dShape::channels_last, x, y,
+// dx and dy are described to cuDNN as CUDNN_TENSOR_NHWC, and so is the
+// filter, which cuDNN then reads and writes in KRSC order ([out, kh, kw,
+// in/groups]). cuDNN's tensor-core kernels are NHWC kernels: given NCHW
+// operands it runs them between its own layout transforms (the legacy
+// API's "Tensor Transformations"), and it picks its fast NHWC kernels when
+// x, w and y are all NHWC; PyTorch's channels_last does the same (the weight
+// made contiguous in the input's memory format), so this path runs what
+// PyTorch runs. Our weights stay KCRS (the checkpoint layout, Note
+// [channels-last on the CPU] has the CPU side), so:
+// - forward and backward_data transpose w (in the compute type, usually the
+//   layer's bf16 copy) into KRSC scratch past the algorithm's workspace
+//   (layout.h's batched_transpose(K, C/g, R*S)), then call cuDNN on it;
+// - backward_filter lets cuDNN write a KRSC gradient into scratch (in the
+//   data type, Note [16-bit weight gradient], or f32 for f32), then
+//   batched_transpose_add_f32(K, R*S, C/g) adds it, transposed, to the f32
+//   KCRS dw (or writes it, without `accumulate`): for 16-bit types the same
+//   bytes as the NCHW path's cast-add, permuted; for f32 a 4-byte scratch
+//   round trip more than NCHW's beta = 1.
+// conv2d_workspace_bytes counts the scratch (weights x the type's size,
+// after the algorithm's workspace aligned to 256 bytes). The plans are keyed
+// and described by the layout; algorithm choice (Note [conv algorithm
+// choice]) is the same, timed or heuristic, deterministic filtered.
+// Cost by arithmetic, ResNet-50 under bf16 autocast: 23.5M conv weights (of
+// 25.6M parameters; fc is a GEMM), 4 bytes moved per weight per transpose:
+// forward and backward_data add 2 x 94 MB = 188 MB a step, about 0.04 ms at
+// the H200's 4.8 TB/s (0.06 ms at a transpose's ~3 TB/s); backward_filter's
+// transpose-add moves what the NCHW cast-add moves. Against that, NCHW
+// activations make cuDNN transform x and y (dy and dx) around every
+// tensor-core call, each a read and a write of the activation.
+// The bias (rare before BatchNorm) is added channel-minor (index i % C);
+// its gradient is channel_bias_grad_nhwc, the [rows, C] column sum.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -52,6 +85,7 @@
 #include "kernels/cuda/check_cudnn.h"
 #include "kernels/cuda/cudnn_handle.h"
 #include "kernels/cuda/device_float.cuh"
+#include "kernels/layout.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
@@ -92,8 +126,11 @@ const char* pass_name(ConvPass pass) {
 
 std::string describe(const Conv2dShape& s, DType type) {
   auto str = [](std::int64_t v) { return std::to_string(v); };
-  return std::string(dtype_name(type)) + " x [" + str(s.batch) + ", " + str(s.in_channels) + ", " +
-         str(s.in_h) + ", " + str(s.in_w) + "] w [" + str(s.out_channels) + ", " +
+  const std::string x = s.channels_last ? "NHWC x [" + str(s.batch) + ", " + str(s.in_h) + ", " +
+                                              str(s.in_w) + ", " + str(s.in_channels) + "]"
+                                        : "x [" + str(s.batch) + ", " + str(s.in_channels) + ", " +
+                                              str(s.in_h) + ", " + str(s.in_w) + "]";
+  return std::string(dtype_name(type)) + " " + x + " w [" + str(s.out_channels) + ", " +
          str(s.in_channels / s.groups) + ", " + str(s.kernel_h) + ", " + str(s.kernel_w) +
          "] stride " + str(s.stride_h) + "x" + str(s.stride_w) + " padding " + str(s.pad_h) + "x" +
          str(s.pad_w) + " dilation " + str(s.dilation_h) + "x" + str(s.dilation_w) + " groups " +
@@ -143,7 +180,7 @@ struct PlanKey {
   auto tie() const {
     return std::tie(device, s.batch, s.in_channels, s.in_h, s.in_w, s.out_channels, s.kernel_h,
                     s.kernel_w, s.stride_h, s.stride_w, s.pad_h, s.pad_w, s.dilation_h,
-                    s.dilation_w, s.groups, type, pass, deterministic, timed);
+                    s.dilation_w, s.groups, s.channels_last, type, pass, deterministic, timed);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -156,8 +193,11 @@ struct Plan {
   cudnnConvolutionBwdDataAlgo_t data_algo{};
   cudnnConvolutionBwdFilterAlgo_t filter_algo{};
   std::size_t algo_workspace_bytes = 0;  // what cuDNN needs
-  std::size_t workspace_bytes = 0;       // plus a 16-bit weight-gradient scratch
-  std::string description;               // conv2d_plan_descriptions()
+  // Past it (aligned): the KRSC weight copy, or the weight gradient's scratch
+  // (Notes [16-bit weight gradient], [channels-last convolution]); 0 if none.
+  std::size_t filter_scratch_bytes = 0;
+  std::size_t workspace_bytes = 0;  // all of it
+  std::string description;          // conv2d_plan_descriptions()
   ~Plan() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
     if (w) cudnnDestroyFilterDescriptor(w);
@@ -318,24 +358,46 @@ std::size_t align_up(std::size_t bytes) {
   return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
 }
 
+std::int64_t weight_count(const Conv2dShape& s) {
+  return s.out_channels * (s.in_channels / s.groups) * s.kernel_h * s.kernel_w;
+}
+
+// The filter scratch past the algorithm's workspace (Plan::filter_scratch_bytes).
+void* filter_scratch(const Plan& plan, void* workspace) {
+  return static_cast<char*>(workspace) + align_up(plan.algo_workspace_bytes);
+}
+
+// Note [channels-last convolution]: w (KCRS) as cuDNN reads it for the plan:
+// itself for NCHW, else transposed to KRSC into the filter scratch.
+const void* filter_for(const Plan& plan, const Conv2dShape& s, DType type, const void* w,
+                       void* workspace, CudaStream stream) {
+  if (!s.channels_last) return w;
+  void* krsc = filter_scratch(plan, workspace);
+  batched_transpose(type, s.out_channels, s.in_channels / s.groups, s.kernel_h * s.kernel_w, w,
+                    krsc, stream);
+  return krsc;
+}
+
 // key.timed: time the candidates on `stream` if the pool gives the trial
 // operands; `untimed` says why a plan that is not timed was not.
 std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key, CudaStream stream,
                                 const char* untimed) {
   const Conv2dShape& s = key.s;
   const cudnnDataType_t type = cudnn_type(key.type);
+  // Note [channels-last convolution]: NHWC activations with a KRSC filter.
+  const cudnnTensorFormat_t format = s.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   auto plan = std::make_unique<Plan>();
   auto i = [](std::int64_t v) { return static_cast<int>(v); };  // validate_conv2d bounds them
   LOCKSTEP_CHECK_CUDNN(cudnnCreateTensorDescriptor(&plan->x));
-  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, type, i(s.batch),
+  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->x, format, type, i(s.batch),
                                                   i(s.in_channels), i(s.in_h), i(s.in_w)));
   LOCKSTEP_CHECK_CUDNN(cudnnCreateTensorDescriptor(&plan->y));
-  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, type, i(s.batch),
+  LOCKSTEP_CHECK_CUDNN(cudnnSetTensor4dDescriptor(plan->y, format, type, i(s.batch),
                                                   i(s.out_channels), i(s.out_h()), i(s.out_w())));
   LOCKSTEP_CHECK_CUDNN(cudnnCreateFilterDescriptor(&plan->w));
-  LOCKSTEP_CHECK_CUDNN(cudnnSetFilter4dDescriptor(plan->w, type, CUDNN_TENSOR_NCHW,
-                                                  i(s.out_channels), i(s.in_channels / s.groups),
-                                                  i(s.kernel_h), i(s.kernel_w)));
+  LOCKSTEP_CHECK_CUDNN(cudnnSetFilter4dDescriptor(plan->w, type, format, i(s.out_channels),
+                                                  i(s.in_channels / s.groups), i(s.kernel_h),
+                                                  i(s.kernel_w)));
   LOCKSTEP_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(&plan->conv));
   LOCKSTEP_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(
       plan->conv, i(s.pad_h), i(s.pad_w), i(s.stride_h), i(s.stride_w), i(s.dilation_h),
@@ -365,12 +427,15 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const PlanKey& key, CudaSt
   } else {
     choose_algorithm(handle, *plan, key, nullptr, untimed);
   }
-  plan->workspace_bytes = plan->algo_workspace_bytes;
-  if (key.pass == ConvPass::backward_filter && key.type != DType::f32)
-    plan->workspace_bytes = align_up(plan->algo_workspace_bytes) +
-                            static_cast<std::size_t>(s.out_channels * (s.in_channels / s.groups) *
-                                                     s.kernel_h * s.kernel_w) *
-                                dtype_size(key.type);
+  // The filter scratch: the KRSC weight copy or weight gradient when
+  // channels-last, the 16-bit weight gradient (KCRS) otherwise.
+  const bool needs_filter_scratch =
+      s.channels_last || (key.pass == ConvPass::backward_filter && key.type != DType::f32);
+  plan->filter_scratch_bytes =
+      needs_filter_scratch ? static_cast<std::size_t>(weight_count(s)) * dtype_size(key.type) : 0;
+  plan->workspace_bytes = plan->filter_scratch_bytes == 0
+                              ? plan->algo_workspace_bytes
+                              : align_up(plan->algo_workspace_bytes) + plan->filter_scratch_bytes;
   char workspace[64];
   std::snprintf(workspace, sizeof workspace, ", workspace %.2f MiB",
                 static_cast<double>(plan->workspace_bytes) / (1 << 20));
@@ -427,10 +492,10 @@ __global__ void accumulate_kernel(const T* src, float* dst, bool accumulate, std
 
 template <typename T>
 __global__ void add_channel_bias_kernel(T* y, const float* bias, std::int64_t channels,
-                                        std::int64_t spatial, std::int64_t n) {
+                                        std::int64_t channel_stride, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
-    y[i] = from_f32<T>(to_f32(y[i]) + bias[(i / spatial) % channels]);
+    y[i] = from_f32<T>(to_f32(y[i]) + bias[(i / channel_stride) % channels]);
 }
 
 // One block per channel; f64 partial sums added by a fixed tree: deterministic.
@@ -464,15 +529,18 @@ void conv2d_forward(const Conv2dShape& s, DType type, const void* x, const void*
   const Plan& plan = plan_for(s, type, ConvPass::forward, stream);
   require_workspace(plan, workspace_bytes, ConvPass::forward);
   const float one = 1.0f, zero = 0.0f;
-  LOCKSTEP_CHECK_CUDNN(cudnnConvolutionForward(detail::cudnn_handle(stream), &one, plan.x, x,
-                                               plan.w, w, plan.conv, plan.forward_algo, workspace,
-                                               plan.algo_workspace_bytes, &zero, plan.y, y));
+  const void* filter = filter_for(plan, s, type, w, workspace, stream);
+  LOCKSTEP_CHECK_CUDNN(cudnnConvolutionForward(
+      detail::cudnn_handle(stream), &one, plan.x, x, plan.w, filter, plan.conv, plan.forward_algo,
+      workspace, plan.algo_workspace_bytes, &zero, plan.y, y));
   if (!bias) return;
   const std::int64_t spatial = s.out_h() * s.out_w(), n = s.batch * s.out_channels * spatial;
+  // The channel of element i: (i / spatial) % C in NCHW, i % C in NHWC.
+  const std::int64_t channel_stride = s.channels_last ? 1 : spatial;
   detail::dispatch_float(type, "conv2d_forward", [&](auto tag) {
     using T = decltype(tag);
     add_channel_bias_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(
-        static_cast<T*>(y), bias, s.out_channels, spatial, n);
+        static_cast<T*>(y), bias, s.out_channels, channel_stride, n);
     LOCKSTEP_CHECK_CUDA(cudaGetLastError());
   });
 }
@@ -482,8 +550,9 @@ void conv2d_backward_data(const Conv2dShape& s, DType type, const void* dy, cons
   const Plan& plan = plan_for(s, type, ConvPass::backward_data, stream);
   require_workspace(plan, workspace_bytes, ConvPass::backward_data);
   const float one = 1.0f, zero = 0.0f;
+  const void* filter = filter_for(plan, s, type, w, workspace, stream);
   LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardData(
-      detail::cudnn_handle(stream), &one, plan.w, w, plan.y, dy, plan.conv, plan.data_algo,
+      detail::cudnn_handle(stream), &one, plan.w, filter, plan.y, dy, plan.conv, plan.data_algo,
       workspace, plan.algo_workspace_bytes, &zero, plan.x, dx));
 }
 
@@ -494,6 +563,15 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   require_workspace(plan, workspace_bytes, ConvPass::backward_filter);
   cudnnHandle_t handle = detail::cudnn_handle(stream);
   const float one = 1.0f, zero = 0.0f;
+  if (s.channels_last) {  // Note [channels-last convolution]: KRSC scratch, transposed-added
+    void* scratch = filter_scratch(plan, workspace);
+    LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
+        handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
+        plan.algo_workspace_bytes, &zero, plan.w, scratch));
+    batched_transpose_add_f32(type, s.out_channels, s.kernel_h * s.kernel_w,
+                              s.in_channels / s.groups, scratch, dw, accumulate, stream);
+    return;
+  }
   if (type == DType::f32) {  // beta = 1: accumulate straight into the f32 gradient; 0: write it
     LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
         handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
@@ -502,11 +580,11 @@ void conv2d_backward_filter(const Conv2dShape& s, DType type, const void* x, con
   }
   // Note [16-bit weight gradient]: into scratch past the algorithm's
   // workspace, then cast-added into the f32 gradient.
-  void* scratch = static_cast<char*>(workspace) + align_up(plan.algo_workspace_bytes);
+  void* scratch = filter_scratch(plan, workspace);
   LOCKSTEP_CHECK_CUDNN(cudnnConvolutionBackwardFilter(
       handle, &one, plan.x, x, plan.y, dy, plan.conv, plan.filter_algo, workspace,
       plan.algo_workspace_bytes, &zero, plan.w, scratch));
-  const std::int64_t n = s.out_channels * (s.in_channels / s.groups) * s.kernel_h * s.kernel_w;
+  const std::int64_t n = weight_count(s);
   detail::dispatch_float(type, "conv2d_backward_filter", [&](auto tag) {
     using T = decltype(tag);
     accumulate_kernel<T><<<detail::grid_for(n), kThreads, 0, stream>>>(
