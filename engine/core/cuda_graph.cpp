@@ -34,6 +34,8 @@ CudaGraph::CudaGraph(const Stream& stream, CaptureArena& arena, const std::funct
     throw InvalidArgument("CudaGraph: the arena is on " + arena.device().str() +
                           ", the stream on " + stream.device().str());
   set_current_device(stream.device());
+  arena_ = &arena;
+  arena.begin_graph();  // Note [capture arena]: what the pool held so far is kept if freed
   // Relaxed: this thread may still call cudaMalloc (the arena's chunks) and
   // create events while it captures; everything else that waits for the
   // device fails the capture, as it would in the other modes.
@@ -46,16 +48,25 @@ CudaGraph::CudaGraph(const Stream& stream, CaptureArena& arena, const std::funct
     failure = std::current_exception();
   }
   const cudaError_t ended = cudaStreamEndCapture(stream.handle(), &handles_->graph);
-  if (failure) {
-    cudaGetLastError();  // the capture's own error is the one to report
-    std::rethrow_exception(failure);
+  try {
+    if (failure) {
+      cudaGetLastError();  // the capture's own error is the one to report
+      std::rethrow_exception(failure);
+    }
+    LOCKSTEP_CHECK_CUDA(ended);
+    LOCKSTEP_CHECK_CUDA(cudaGraphGetNodes(handles_->graph, nullptr, &nodes_));
+    LOCKSTEP_CHECK_CUDA(cudaGraphInstantiateWithFlags(&handles_->exec, handles_->graph, 0));
+  } catch (...) {
+    handles_.reset();
+    arena.end_graph();
+    throw;
   }
-  LOCKSTEP_CHECK_CUDA(ended);
-  LOCKSTEP_CHECK_CUDA(cudaGraphGetNodes(handles_->graph, nullptr, &nodes_));
-  LOCKSTEP_CHECK_CUDA(cudaGraphInstantiateWithFlags(&handles_->exec, handles_->graph, 0));
 }
 
-CudaGraph::~CudaGraph() = default;
+CudaGraph::~CudaGraph() {
+  handles_.reset();
+  if (arena_) arena_->end_graph();
+}
 
 void CudaGraph::launch(const Stream& stream) const {
   set_current_device(stream.device());

@@ -21,7 +21,11 @@ class CudaGraph {
   // that waits for the device, work on the legacy stream), the capture ends,
   // nothing is kept, and the error goes on with what was being captured.
   // Throws InvalidArgument for a CPU stream or the legacy default stream.
+  // The arena must outlive the graph (Note [capture arena]: from the capture
+  // on, pool memory freed is kept until the graph goes).
   CudaGraph(const Stream& stream, CaptureArena& arena, const std::function<void()>& record);
+  // Destroy it only when no launch of it is still running (synchronize the
+  // streams it was launched on first).
   ~CudaGraph();
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
@@ -33,6 +37,7 @@ class CudaGraph {
  private:
   struct Handles;
   std::unique_ptr<Handles> handles_;
+  CaptureArena* arena_ = nullptr;
   std::size_t nodes_ = 0;
 };
 

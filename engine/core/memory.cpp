@@ -2,6 +2,7 @@
 #include "engine/core/memory.h"
 
 #include <malloc.h>
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -183,17 +184,45 @@ struct detail::ArenaState : std::enable_shared_from_this<detail::ArenaState> {
   ~ArenaState();
   void* take(std::size_t bytes);
   void give_back(void* data, std::size_t bytes);
+  void free_kept();
 
   Device device;
   mutable std::mutex mutex;
   std::vector<Chunk> chunks;
   std::vector<Kept> kept;
+  // The allocation serial when the live graph's capture began; 0: no graph.
+  std::uint64_t graph_serial = 0;
 };
 
 namespace {
 // The arena this thread allocates from now (Note [capture arena]).
 thread_local detail::ArenaState* t_arena = nullptr;
 constexpr std::size_t kArenaChunkBytes = std::size_t{256} << 20;
+// Device allocations from the pool are numbered, so that a free can tell
+// whether a live graph may have been captured reading the memory.
+std::atomic<std::uint64_t> g_serial{1};
+// The arenas whose graph lives: few (one per graph-stepped model), looked at
+// on every free of pool memory only while there is one.
+std::mutex g_live_mutex;
+std::vector<detail::ArenaState*> g_live;
+std::atomic<int> g_live_count{0};
+
+// Note [capture arena]: a live graph, on `device`, captured after pool memory
+// `serial` was allocated: the memory goes to its kept list instead of the pool.
+bool keep_for_graph(void* data, std::size_t bytes, Device device, std::uint64_t serial,
+                    MemoryKind kind, const Stream& stream) {
+  if (g_live_count.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard lock(g_live_mutex);
+  for (detail::ArenaState* a : g_live) {
+    if (!(a->device == device)) continue;
+    std::lock_guard arena_lock(a->mutex);
+    if (a->graph_serial > serial) {
+      a->kept.push_back({data, bytes, kind, stream});
+      return true;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 std::optional<std::size_t> detail::BlockList::take(std::size_t bytes) {
@@ -279,12 +308,23 @@ void detail::ArenaState::give_back(void* data, std::size_t bytes) {
            bytes);
 }
 
-detail::ArenaState::~ArenaState() {
+void detail::ArenaState::free_kept() {
+  std::vector<Kept> going;
+  {
+    std::lock_guard lock(mutex);
+    going.swap(kept);
+  }
 #if LOCKSTEP_WITH_CUDA
-  for (Kept& k : kept) {
+  for (Kept& k : going) {
     free_device(k.data, device, k.stream);
     counter(device).sub(k.bytes, k.kind);
   }
+#endif
+}
+
+detail::ArenaState::~ArenaState() {
+  free_kept();
+#if LOCKSTEP_WITH_CUDA
   for (Chunk& c : chunks) report_free_failure(cudaFree(c.base), "cudaFree", device);
 #endif
 }
@@ -294,7 +334,31 @@ CaptureArena::CaptureArena(Device device) : state_(std::make_shared<detail::Aren
     throw InvalidArgument("CaptureArena on " + device.str() + ": only GPU memory is captured");
 }
 
-CaptureArena::~CaptureArena() = default;
+CaptureArena::~CaptureArena() { end_graph(); }
+
+void CaptureArena::begin_graph() {
+  end_graph();
+  std::lock_guard lock(g_live_mutex);
+  {
+    std::lock_guard arena_lock(state_->mutex);
+    state_->graph_serial = g_serial.load();
+  }
+  g_live.push_back(state_.get());
+  g_live_count.fetch_add(1, std::memory_order_release);
+}
+
+void CaptureArena::end_graph() {
+  {
+    std::lock_guard lock(g_live_mutex);
+    const auto it = std::find(g_live.begin(), g_live.end(), state_.get());
+    if (it == g_live.end()) return;
+    g_live.erase(it);
+    g_live_count.fetch_sub(1, std::memory_order_release);
+    std::lock_guard arena_lock(state_->mutex);
+    state_->graph_serial = 0;
+  }
+  state_->free_kept();
+}
 
 Device CaptureArena::device() const { return state_->device; }
 
@@ -354,13 +418,9 @@ Storage::~Storage() {
     arena_->give_back(data_, bytes_);
     return;
   }
-#if LOCKSTEP_WITH_CUDA
-  if (device_.is_cuda() && data_ && t_arena && t_arena->device == device_) {
-    std::lock_guard lock(t_arena->mutex);  // kept for the graph; counted until freed
-    t_arena->kept.push_back({data_, bytes_, kind_, stream_});
+  // Note [capture arena]: kept for a live graph, counted until freed.
+  if (device_.is_cuda() && data_ && keep_for_graph(data_, bytes_, device_, serial_, kind_, stream_))
     return;
-  }
-#endif
   counter(device_).sub(bytes_, kind_);
 #if LOCKSTEP_WITH_CUDA
   if (device_.is_cuda()) {
@@ -398,7 +458,9 @@ std::shared_ptr<Storage> allocate(Device device, std::size_t bytes, const Stream
   void* p = bytes > 0 ? allocate_device(device, bytes, stream) : nullptr;
   counter(device).add(bytes, t_kind);
   const Stream owner = stream.device().is_cuda() ? stream : Stream::default_for(device);
-  return std::make_shared<Storage>(p, bytes, device, false, owner);
+  auto storage = std::make_shared<Storage>(p, bytes, device, false, owner);
+  storage->set_serial(g_serial.fetch_add(1));
+  return storage;
 #else
   (void)stream;
   return nullptr;  // unreachable: require_usable throws on CPU builds

@@ -91,6 +91,8 @@ class Storage {
   MemoryKind kind() const { return kind_; }
   // Served by a CaptureArena (Note [capture arena]): freed back to it.
   void set_arena(std::shared_ptr<detail::ArenaState> arena) { arena_ = std::move(arena); }
+  // The pool allocation's number, in allocation order (Note [capture arena]).
+  void set_serial(std::uint64_t serial) { serial_ = serial; }
 
  private:
   void* data_;
@@ -100,6 +102,7 @@ class Storage {
   MemoryKind kind_;  // Note [memory kinds]: counted under it from allocation to free
   Stream stream_;    // the allocating stream, for cudaFreeAsync
   std::shared_ptr<detail::ArenaState> arena_;  // null: the pool's (or host) memory
+  std::uint64_t serial_ = 0;
 };
 
 // Device memory on `device` (ordered on `stream` for cuda), or CPU memory.
@@ -150,26 +153,27 @@ class BlockList {
 
 // Note [capture arena]: work captured into a CUDA graph keeps the addresses
 // it was captured with, and replays read and write them with no host code
-// running, so the memory the captured work allocates must stay the graph's
-// for the graph's life, and nothing may be freed into CUDA's pool while a
-// capture records (cudaFreeAsync in a capturing stream must be given memory
-// the graph itself allocated). While a CaptureArenaScope lives on a thread:
-//   - device allocations of the arena's device come from the arena: chunks
-//     of plain cudaMalloc memory (allowed in the relaxed capture mode, not
-//     stream-ordered, so not recorded), blocks placed by a BlockList, a new
-//     chunk (at least 256 MiB) when none has room;
-//   - a Storage of the arena freed at any time (in the capture, or later by
-//     whoever held it) goes back to its chunk's BlockList: only the capture
-//     that made the arena takes from it, so a block freed by host code after
-//     the capture is never handed to anyone else while the graph may use it;
-//   - device memory from elsewhere freed on this thread (what a module kept
-//     from the eager step before: an old saved input, an old scratch) is not
-//     freed but kept until the arena dies, since captured work may have read
-//     it before the free and every replay reads it again.
+// running, so the memory a graph uses must stay the graph's for its life:
+//   - what the captured work allocates comes from the arena, while a
+//     CaptureArenaScope lives on the capturing thread: chunks of plain
+//     cudaMalloc memory (allowed in the relaxed capture mode, and not
+//     recorded), blocks placed by a BlockList, a new chunk (at least 256 MiB)
+//     when none has room. Only a capture takes blocks, and a new capture
+//     comes after the old graph is gone (end_graph), so a block freed after
+//     the capture by whoever held it goes back to the BlockList and is never
+//     anyone else's while the graph may still use it;
+//   - pool memory allocated before the capture began (begin_graph) may have
+//     been read by captured work (a module's cached tensor, the eager step's
+//     leftovers that the capture dropped; cudaFreeAsync in a capturing
+//     stream must be given the graph's own memory anyway): freed while the
+//     graph lives, on any thread, it is kept, not freed, until end_graph.
+//     Pool allocations are numbered to tell which came before. What is kept
+//     is at most what modules held across the capture, once.
 // The chunks go back when the arena and every storage placed in it are gone;
-// the owner destroys the graph first. Memory statistics count the storages
-// placed in the arena (as the pool's would be), not the chunks' free room:
-// reserved_bytes() says how much the arena holds.
+// the owner makes sure no launch of the graph is still running first. Memory
+// statistics count the storages placed in the arena, as the pool's would be
+// counted, and kept memory until it is freed: reserved_bytes() says how much
+// the arena's chunks hold.
 class CaptureArena {
  public:
   explicit CaptureArena(Device device);
@@ -179,7 +183,12 @@ class CaptureArena {
 
   Device device() const;
   std::size_t reserved_bytes() const;  // the chunks'
-  std::size_t kept_bytes() const;      // memory from elsewhere kept for the graph
+  std::size_t kept_bytes() const;      // pool memory kept for the graph
+  // A graph's capture begins: pool memory allocated before now and freed
+  // before end_graph() is kept. Ends any earlier graph's first.
+  void begin_graph();
+  // The graph is gone and no launch of it runs: kept memory is freed.
+  void end_graph();
 
  private:
   friend class CaptureArenaScope;
