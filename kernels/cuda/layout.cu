@@ -27,12 +27,39 @@ namespace {
 // bounds-checked on both sides; the second __syncthreads keeps the next
 // iteration's loads from overwriting a tile still being stored. Tiles are
 // numbered over (batch, tile row, tile column), so no grid dimension limit
-// applies; blocks stride over them.
+// applies; blocks stride over them. A matrix with at most kNarrow rows or
+// columns (an RGB image's 3 channels, a 1x1 or 7x7x3 filter) would leave
+// most of each tile idle, so it takes narrow_transpose_kernel instead: a
+// thread per position along the long side, looping over the short one;
+// consecutive threads touch consecutive elements of the long side's rows
+// (coalesced), and each thread's short run is contiguous on the other side,
+// so a warp's stores for one short index cover a few sectors that the next
+// indices fill (L2 merges them).
 constexpr int kTile = 32;
 constexpr int kTileRows = 8;
 constexpr std::int64_t kMaxBlocks = 1 << 16;
 
+constexpr std::int64_t kNarrow = 8;
+
 enum class Store { copy, assign_sum, add };
+
+template <typename In, typename Acc, Store kStore>
+__device__ __forceinline__ Acc load(const In& v) {
+  if constexpr (kStore == Store::copy)
+    return v;
+  else
+    return detail::to_f32(v);
+}
+
+template <typename Acc, Store kStore>
+__device__ __forceinline__ void store(Acc& dst, Acc v) {
+  if constexpr (kStore == Store::copy)
+    dst = v;
+  else if constexpr (kStore == Store::add)
+    dst = dst + v;
+  else
+    dst = 0.0f + v;
+}
 
 // y[b, j, i] = x[b, i, j] (copy), or the f32 sum of it with y (add) or with 0
 // (assign_sum), x widened to Acc on load.
@@ -48,27 +75,33 @@ __global__ void transpose_kernel(const In* x, Acc* y, Index rows, Index cols, In
     Acc* out = y + b * rows * cols;
     for (int k = ty; k < kTile; k += kTileRows) {
       const Index i = i0 + k, j = j0 + tx;
-      if (i < rows && j < cols) {
-        if constexpr (kStore == Store::copy)
-          tile[k][tx] = in[i * cols + j];
-        else
-          tile[k][tx] = detail::to_f32(in[i * cols + j]);
-      }
+      if (i < rows && j < cols) tile[k][tx] = load<In, Acc, kStore>(in[i * cols + j]);
     }
     __syncthreads();
     for (int k = ty; k < kTile; k += kTileRows) {
       const Index j = j0 + k, i = i0 + tx;
-      if (i < rows && j < cols) {
-        Acc& dst = out[j * rows + i];
-        if constexpr (kStore == Store::copy)
-          dst = tile[tx][k];
-        else if constexpr (kStore == Store::add)
-          dst = dst + tile[tx][k];
-        else
-          dst = 0.0f + tile[tx][k];
-      }
+      if (i < rows && j < cols) store<Acc, kStore>(out[j * rows + i], tile[tx][k]);
     }
     __syncthreads();
+  }
+}
+
+// The same permutation for rows <= kNarrow or cols <= kNarrow (Note
+// [transpose tiles]): thread t takes batch entry t / long_side and position
+// t % long_side along the long side.
+template <typename In, typename Acc, Store kStore, typename Index>
+__global__ void narrow_transpose_kernel(const In* x, Acc* y, Index batch, Index rows, Index cols) {
+  const bool short_rows = rows <= cols;
+  const Index long_side = short_rows ? cols : rows, short_side = short_rows ? rows : cols;
+  for (Index t = detail::first_index<Index>(); t < batch * long_side;
+       t += detail::grid_stride<Index>()) {
+    const Index b = t / long_side, p = t % long_side;
+    const In* in = x + b * rows * cols;
+    Acc* out = y + b * rows * cols;
+    for (Index q = 0; q < short_side; ++q) {
+      const Index i = short_rows ? q : p, j = short_rows ? p : q;
+      store<Acc, kStore>(out[j * rows + i], load<In, Acc, kStore>(in[i * cols + j]));
+    }
   }
 }
 
@@ -82,6 +115,18 @@ void check_sizes(const char* op, std::initializer_list<std::int64_t> sizes) {
 template <typename In, typename Acc, Store kStore>
 void launch(std::int64_t batch, std::int64_t rows, std::int64_t cols, const void* x, void* y,
             CudaStream stream) {
+  if (std::min(rows, cols) <= kNarrow) {
+    const std::int64_t threads = batch * std::max(rows, cols);
+    detail::with_index(batch * rows * cols, [&](auto index) {
+      using Index = decltype(index);
+      narrow_transpose_kernel<In, Acc, kStore, Index>
+          <<<detail::grid_for(threads), detail::kThreads, 0, stream>>>(
+              static_cast<const In*>(x), static_cast<Acc*>(y), static_cast<Index>(batch),
+              static_cast<Index>(rows), static_cast<Index>(cols));
+    });
+    LOCKSTEP_CHECK_CUDA(cudaGetLastError());
+    return;
+  }
   const std::int64_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
   const std::int64_t tiles = batch * tiles_r * tiles_c;
   const dim3 block(kTile, kTileRows);

@@ -1,6 +1,7 @@
 // The CUDA layout permutations (kernels/layout.h, Note [transpose tiles] in
 // kernels/cuda/layout.cu) against the CPU twin, bit for bit: every element
-// size, sizes off the 32 x 32 tile on both sides, one channel and one pixel,
+// size, sizes off the 32 x 32 tile on both sides, the narrow kernel's
+// matrices (at most 8 rows or columns, either side), one channel and one pixel,
 // resnet50's stem input and its widest activations, on a non-blocking
 // stream; and the f32 transpose-add of channels-last weight gradients
 // against a host loop of the same single f32 add (bit for bit too).
@@ -51,9 +52,12 @@ TEST_CASE("cuda layout permutations equal the cpu's bit for bit", "[gpu][layout]
   struct Sizes {
     std::int64_t n, c, h, w;
   };
+  // Tiled (Note [transpose tiles]) and narrow (at most 8 rows or columns)
+  // matrices, both ways round, and the identity (one channel or one pixel).
   const Sizes sizes[] = {{2, 3, 5, 7},    {1, 33, 6, 7},   {3, 1, 4, 4},     {2, 5, 1, 1},
                          {1, 64, 37, 3},  {2, 2048, 7, 7}, {2, 3, 224, 224}, {1, 64, 112, 112},
-                         {3, 31, 33, 65}, {4, 256, 1, 1},  {2, 1000, 1, 17}};
+                         {3, 31, 33, 65}, {4, 256, 1, 1},  {2, 1000, 1, 17}, {2, 8, 9, 9},
+                         {2, 9, 5, 5},    {3, 40, 2, 3}};
   for (const DType type : {DType::u8, DType::f16, DType::bf16, DType::f32, DType::i64}) {
     for (const Sizes& s : sizes) {
       INFO(dtype_name(type) << " n " << s.n << " c " << s.c << " h " << s.h << " w " << s.w);
@@ -78,7 +82,7 @@ TEST_CASE("cuda transpose-add folds a KRSC gradient into KCRS f32 exactly", "[gp
   struct Sizes {
     std::int64_t k, rs, c;
   };
-  const Sizes sizes[] = {{512, 9, 512}, {64, 49, 3}, {37, 1, 45}, {5, 9, 33}};
+  const Sizes sizes[] = {{512, 9, 512}, {64, 49, 3}, {37, 1, 45}, {5, 9, 33}, {16, 4, 300}};
   for (const DType type : {DType::f32, DType::f16, DType::bf16}) {
     for (const bool accumulate : {false, true}) {
       for (const Sizes& s : sizes) {
