@@ -86,8 +86,9 @@ std::pair<double, double> ratio_spread(const bench::BlockTimes& ours,
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
                      std::optional<DType> autocast, core::Device device, int steps, bool with_floor,
                      const std::vector<std::string>& pythons, const std::string& torch_args,
-                     int threads) {
-  bench::SyntheticTraining t(name, batch, device);
+                     int threads, bool channels_last) {
+  bench::SyntheticTraining t(name, batch, device,
+                             bench::SyntheticOptions{.channels_last = channels_last});
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
   StepOptions options;
@@ -166,7 +167,7 @@ struct CheckpointingMeasure {
 
 CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string& name,
                                            std::int64_t batch, std::optional<DType> autocast,
-                                           core::Device device, int steps) {
+                                           core::Device device, int steps, bool channels_last) {
   CheckpointingMeasure m{};
   std::vector<std::unique_ptr<bench::SyntheticTraining>> runs;
   std::vector<std::unique_ptr<LossScaler>> scalers;
@@ -175,7 +176,8 @@ CheckpointingMeasure compare_checkpointing(comm::World& world, const std::string
   for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
     runs.push_back(std::make_unique<bench::SyntheticTraining>(
         name, batch, device,
-        bench::SyntheticOptions{.activation_checkpointing = checkpointed > 0}));
+        bench::SyntheticOptions{.activation_checkpointing = checkpointed > 0,
+                                .channels_last = channels_last}));
     bench::SyntheticTraining& t = *runs.back();
     scalers.push_back(std::make_unique<LossScaler>(LossScaler::for_autocast(autocast)));
     StepOptions options;
@@ -238,7 +240,11 @@ int main(int argc, char** argv) {
                "the PyTorch baseline times torch.compile(model), compiled in its untimed warm-up "
                "(bench/torch_step.py --compile; where that PyTorch cannot compile, the baseline "
                "is none and says why)");
-  bool torch_channels_last = false, torch_cudnn_benchmark = false;
+  bool torch_channels_last = false, torch_cudnn_benchmark = false, channels_last = false;
+  app.add_flag("--channels-last", channels_last,
+               "lockstep's resnet and resnet50 on channels-last (NHWC) activations (Note "
+               "[channels-last layers]); pair it with --torch-channels-last for a like-for-like "
+               "baseline");
   app.add_flag("--torch-channels-last", torch_channels_last,
                "the PyTorch baseline's image models in torch.channels_last, weights and inputs "
                "(bench/torch_step.py --channels-last; NGC's ResNet-50 runs NHWC)");
@@ -301,8 +307,9 @@ int main(int argc, char** argv) {
       throw InvalidArgument("--precision '" + precision + "' is not fp32, fp16 or bf16");
 
     if (activation_checkpointing) {
+      if (channels_last) fmt::print("activations: channels-last (NHWC; --channels-last)\n");
       const CheckpointingMeasure c =
-          compare_checkpointing(*world, model, batch, autocast, device, steps);
+          compare_checkpointing(*world, model, batch, autocast, device, steps, channels_last);
       const double time_ratio = c.ms_per_step[1] / c.ms_per_step[0];
       const double memory_ratio = static_cast<double>(c.activation_peak_bytes[1]) /
                                   static_cast<double>(c.activation_peak_bytes[0]);
@@ -316,6 +323,7 @@ int main(int argc, char** argv) {
                  memory_ratio);
       bench::JsonLines(json_path).write(
           {bench::field("bench", "step_activation_checkpointing"), bench::field("model", model),
+           bench::field("channels_last", channels_last),
            bench::field("batch", static_cast<long long>(batch)),
            bench::field("precision", precision), bench::field("device", device.str()),
            bench::field("threads", static_cast<long long>(threads)),
@@ -337,9 +345,9 @@ int main(int argc, char** argv) {
     const std::string torch_step_args = torch_args +
                                         (torch_channels_last ? " --channels-last" : "") +
                                         (torch_cudnn_benchmark ? " --cudnn-benchmark" : "");
-    const Measure ours =
-        run_lockstep(*world, model, batch, autocast, device, steps, with_floor,
-                     baseline ? pythons : std::vector<std::string>{}, torch_step_args, threads);
+    const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps, with_floor,
+                                      baseline ? pythons : std::vector<std::string>{},
+                                      torch_step_args, threads, channels_last);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
     const std::optional<Baseline> first =
@@ -375,6 +383,8 @@ int main(int argc, char** argv) {
       fmt::print("tokens/s: lockstep {:.0f}, PyTorch {}\n", *tokens_per_s,
                  torch_tokens_per_s ? fmt::format("{:.0f}", *torch_tokens_per_s) : "-");
     }
+    fmt::print("activations: {}\n", channels_last ? "channels-last (NHWC; --channels-last)"
+                                                  : "NCHW (PyTorch's default)");
     fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10} {:>12} {:>14} {:>8} {:>12}\n", "model", "batch",
                "prec", "device", "ms/step", "samples/s", "torch samp/s", "ratio", "peak MiB");
     fmt::print("{:<10} {:>6} {:>6} {:>7} {:>10.2f} {:>12.0f} {:>14} {:>8} {:>12.1f}\n", model,
@@ -456,6 +466,7 @@ int main(int argc, char** argv) {
                 bench::field("tokens_per_s", tokens_per_s),
                 bench::field("torch_tokens_per_s", torch_tokens_per_s),
                 bench::field("baselines", std::move(baselines)),
+                bench::field("channels_last", channels_last),
                 bench::field("torch_channels_last", torch_channels_last),
                 bench::field("torch_cudnn_benchmark", torch_cudnn_benchmark),
                 bench::field("torch_compile", torch_compile),

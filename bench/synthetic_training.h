@@ -22,6 +22,7 @@ namespace lockstep::bench {
 
 struct SyntheticOptions {
   bool activation_checkpointing = false;  // engine::make_model's (the same initial values)
+  bool channels_last = false;             // engine::make_model's (resnet, resnet50)
   std::string optimizer = "sgd";          // or "adamw"
   // The store's layout for a ZeRO stage over `world_size` ranks, as
   // lockstep-train lays it out: stage 2 and up without the flat gradient
@@ -49,7 +50,10 @@ struct SyntheticTraining {
   SyntheticTraining(const std::string& model_name, std::int64_t batch, core::Device device,
                     const SyntheticOptions& options = {})
       : stream(core::Stream::create(device)),
-        model(engine::make_model(model_name, 0.0f, options.activation_checkpointing)) {
+        model(engine::make_model(
+            model_name,
+            engine::ModelOptions{.activation_checkpointing = options.activation_checkpointing,
+                                 .channels_last = options.channels_last})) {
     engine::initialize(*model, 1);
     store = std::make_unique<engine::ParameterStore>(
         *model, device, stream,

@@ -7,6 +7,7 @@
 
 #include "engine/nn/activation.h"
 #include "engine/nn/batchnorm.h"
+#include "engine/nn/channels_last.h"
 #include "engine/nn/checkpointed.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/conv.h"
@@ -241,6 +242,19 @@ GptConfig gpt_config(const std::string& name, float dropout) {
 std::unique_ptr<Module> make_model(const std::string& name, float dropout,
                                    bool activation_checkpointing, std::int64_t width_divisor,
                                    bool zero_init_residual, std::int64_t classes) {
+  return make_model(name, ModelOptions{.dropout = dropout,
+                                       .activation_checkpointing = activation_checkpointing,
+                                       .width_divisor = width_divisor,
+                                       .zero_init_residual = zero_init_residual,
+                                       .classes = classes});
+}
+
+std::unique_ptr<Module> make_model(const std::string& name, const ModelOptions& options) {
+  const float dropout = options.dropout;
+  const bool activation_checkpointing = options.activation_checkpointing;
+  const std::int64_t width_divisor = options.width_divisor;
+  const bool zero_init_residual = options.zero_init_residual;
+  std::int64_t classes = options.classes;
   const ModelPreset& preset = model_preset(name);  // validates the name
   const Narrower narrow(name, width_divisor);
   if (dropout != 0.0f && !preset.language_model)
@@ -254,6 +268,10 @@ std::unique_ptr<Module> make_model(const std::string& name, float dropout,
     throw InvalidArgument("model '" + name +
                           "' has no residual blocks to zero-initialise (resnet and resnet50 do: "
                           "build it without zero_init_residual)");
+  if (options.channels_last && !is_resnet)
+    throw InvalidArgument("model '" + name +
+                          "' has no channels-last form (resnet and resnet50 do: build it without "
+                          "channels_last)");
   if (classes < 0 || (preset.language_model && classes != 0 && classes != preset.classes))
     throw InvalidArgument(fmt::format(
         "make_model('{}'): classes is {}; pass 0 for the preset's {}{}", name, classes,
@@ -281,6 +299,7 @@ std::unique_ptr<Module> make_model(const std::string& name, float dropout,
     model = resnet50(activation_checkpointing, zero_init_residual, classes, narrow);
   else
     model = mlp_large(classes, narrow);
+  if (options.channels_last) model = std::make_unique<ChannelsLast>(std::move(model));
   model->assign_names();
   model->set_input_grad(false);  // the input is data
   return model;

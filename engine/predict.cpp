@@ -71,7 +71,7 @@ std::unique_ptr<Module> make_model_for_weights(const std::string& model, const f
   if (s.width_divisor == 1 && s.classes == 0) return reference;
   std::unique_ptr<Module> built;
   try {
-    built = make_model(model, 0.0f, false, s.width_divisor, false, s.classes);
+    built = make_model(model, ModelOptions{.width_divisor = s.width_divisor, .classes = s.classes});
   } catch (const InvalidArgument&) {
     return reference;  // no preset of these shapes: load_weights names the misfit
   }

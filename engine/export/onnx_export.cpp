@@ -10,6 +10,7 @@
 
 #include "engine/core/output_file.h"
 #include "engine/export/detail/onnx_impl.h"
+#include "engine/nn/channels_last.h"
 #include "kernels/error.h"
 
 namespace lockstep::engine {
@@ -134,7 +135,10 @@ void export_onnx(Module& model, const std::filesystem::path& path, const ExportO
   }
 
   onnx::GraphProto* graph = proto.mutable_graph();
-  graph->set_name(model.type_name());
+  // A channels-last model is its NCHW model in the graph (Note [channels-last
+  // layers]), its name included.
+  auto* channels_last = dynamic_cast<ChannelsLast*>(&model);
+  graph->set_name((channels_last ? channels_last->inner() : model).type_name());
   OnnxGraph::Impl impl;
   impl.graph = graph;
   impl.float_type = options.precision;

@@ -9,6 +9,7 @@
 #include "engine/nn/activation.h"
 #include "engine/nn/attention.h"
 #include "engine/nn/batchnorm.h"
+#include "engine/nn/channels_last.h"
 #include "engine/nn/checkpointed.h"
 #include "engine/nn/containers.h"
 #include "engine/nn/conv.h"
@@ -52,6 +53,12 @@ OnnxValue sequential(Module& m, const OnnxValue& x, OnnxGraph& g) {
 // Checkpointing changes how backward runs, not what forward computes.
 OnnxValue checkpointed(Module& m, const OnnxValue& x, OnnxGraph& g) {
   return g.module(static_cast<Checkpointed&>(m).inner(), x);
+}
+
+// Channels-last changes the layout the layers run on, not what the model
+// computes on its NCHW input (Note [channels-last layers]): the graph is NCHW.
+OnnxValue channels_last(Module& m, const OnnxValue& x, OnnxGraph& g) {
+  return g.module(static_cast<ChannelsLast&>(m).inner(), x);
 }
 
 OnnxValue residual(Module& m, const OnnxValue& x, OnnxGraph& g) {
@@ -313,6 +320,7 @@ std::map<std::string, OnnxMapping> builtin_onnx_mappings() {
       {"Sequential", sequential},
       {"Residual", residual},
       {"Checkpointed", checkpointed},
+      {"ChannelsLast", channels_last},
       {"Linear", linear},
       {"Conv2d", conv2d},
       {"MaxPool2d", max_pool2d},

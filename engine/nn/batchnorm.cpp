@@ -69,6 +69,24 @@ void BatchNorm2d::check_devices(const core::Tensor& x) const {
                           state->device().str() + " (move the module's parameters and buffers)");
 }
 
+// NCHW [N, C, H, W] is BatchNormShape{N, C, H * W}. NHWC [N, H, W, C] is a
+// [N * H * W, C] matrix, which is BatchNormShape{N * H * W, C, 1} in the same
+// indexing: every path below (the CPU's, cuDNN's, the fused kernels) takes it
+// unchanged, and the CPU's f64 sums visit a channel's values in the same
+// order as NCHW's, so the CPU's NHWC results equal its NCHW ones bit for bit.
+kernels::BatchNormShape BatchNorm2d::shape_of(const core::Tensor& x) const {
+  const int c_axis = channels_last_ ? 3 : 1;
+  if (x.shape().size() != 4 || x.dim(c_axis) != num_features_ || x.numel() == 0) {
+    const std::string c = std::to_string(num_features_);
+    shape_error(x, channels_last_ ? "expects channels-last (NHWC) [batch, H, W, " + c +
+                                        "] (in channels-last mode ChannelsLast gives the layers "
+                                        "NHWC activations)"
+                                  : "expects NCHW [batch, " + c + ", H, W]");
+  }
+  if (channels_last_) return {x.dim(0) * x.dim(1) * x.dim(2), num_features_, 1, eps_};
+  return {x.dim(0), num_features_, x.dim(2) * x.dim(3), eps_};
+}
+
 // Note [batchnorm paths]: where BatchNorm2d (and its fused epilogues) runs.
 // - CPU: the f32 path (a 16-bit input cast to f32, kernels::cpu::batchnorm_*,
 //   an f32 output), then the epilogue as the separate ReLU module and
@@ -114,13 +132,11 @@ core::Tensor BatchNorm2d::unfused_epilogue(core::Tensor y, const core::Tensor* i
 
 core::Tensor BatchNorm2d::run_forward(const core::Tensor& x, const core::Tensor* identity,
                                       Context& ctx) {
-  if (x.shape().size() != 4 || x.dim(1) != num_features_ || x.numel() == 0)
-    shape_error(x, "expects [batch, " + std::to_string(num_features_) + ", H, W]");
+  const kernels::BatchNormShape s = shape_of(x);
   require_float(x, "input");
   check_devices(x);
   input_ = save_mean_ = save_rstd_ = output_ = core::Tensor();  // eval keeps nothing
   const bool batch_stats = training() || !running_mean_;
-  const kernels::BatchNormShape s{x.dim(0), num_features_, x.dim(2) * x.dim(3), eps_};
   if (batch_stats && s.batch * s.spatial < 2)
     shape_error(x,
                 "needs more than one value per channel to take batch statistics "
@@ -231,8 +247,7 @@ core::Tensor BatchNorm2d::run_backward(const core::Tensor& dy, Context& ctx,
                                        core::Tensor* d_identity) {
   if (!input_.defined()) no_forward_error();
   check_gradient(dy, input_.shape(), input_.device());
-  const kernels::BatchNormShape s{input_.dim(0), num_features_, input_.dim(2) * input_.dim(3),
-                                  eps_};
+  const kernels::BatchNormShape s = shape_of(input_);
   const float* w = affine_or(weight_, ones_, 1.0, input_, ctx.stream).data_as<float>();
   const float *mean = save_mean_.data_as<float>(), *rstd = save_rstd_.data_as<float>();
   core::Tensor dx;

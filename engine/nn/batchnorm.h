@@ -8,6 +8,8 @@
 // output keeps the input's type, as PyTorch AMP's (Note [batchnorm paths]).
 // With activation relu the layer is BatchNorm2d followed by ReLU, fused on
 // CUDA; its state_dict is BatchNorm2d's. DDP broadcasts the buffers from rank 0.
+// In channels-last mode (Note [channels-last layers] in
+// engine/nn/channels_last.h) it takes and gives [batch, H, W, channels].
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,10 @@ class BatchNorm2d : public Module {
   std::int64_t num_features() const { return num_features_; }
   // Weight 1, bias 0 and fresh running statistics, as PyTorch's reset_parameters.
   void reset_parameters(core::Generator& rng) override;
+  // Channels-last mode (Note [channels-last layers]): input and output are
+  // [batch, H, W, channels]; parameters and buffers are unchanged.
+  void set_channels_last(bool on) { channels_last_ = on; }
+  bool channels_last() const { return channels_last_; }
 
   Parameter* weight() { return weight_; }  // null without affine
   Parameter* bias() { return bias_; }
@@ -52,6 +58,8 @@ class BatchNorm2d : public Module {
   const core::Tensor& affine_or(Parameter* p, core::Tensor& constant, double fill,
                                 const core::Tensor& x, const core::Stream& stream);
   void check_devices(const core::Tensor& x) const;
+  // The kernels' shape of x in this layer's layout, after checking it.
+  kernels::BatchNormShape shape_of(const core::Tensor& x) const;
   core::Tensor run_forward(const core::Tensor& x, const core::Tensor* identity, Context& ctx);
   core::Tensor run_backward(const core::Tensor& dy, Context& ctx, core::Tensor* d_identity);
   // The unfused paths' epilogue after their f32 normalisation: Residual's add
@@ -61,6 +69,7 @@ class BatchNorm2d : public Module {
   std::int64_t num_features_;
   double eps_, momentum_;
   BatchNormActivation activation_;
+  bool channels_last_ = false;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   Buffer* running_mean_ = nullptr;

@@ -70,19 +70,34 @@ kernels::Conv2dShape Conv2d::shape_for(const core::Tensor& x) const {
       std::max<std::int64_t>(1, s.dilation_h * (s.kernel_h - 1) + 1 - 2 * s.pad_h);
   const std::int64_t min_w =
       std::max<std::int64_t>(1, s.dilation_w * (s.kernel_w - 1) + 1 - 2 * s.pad_w);
-  if (x.shape().size() != 4 || x.dim(1) != s.in_channels || x.dim(0) < 1 || x.dim(2) < min_h ||
-      x.dim(3) < min_w)
-    shape_error(x, "expects [batch, " + std::to_string(s.in_channels) + ", H, W] with H >= " +
-                       std::to_string(min_h) + " and W >= " + std::to_string(min_w) +
-                       " (check the previous layer's output channels)");
+  // Note [channels-last layers]: the layout is the layer's setting; the shape must agree.
+  const int c_axis = s.channels_last ? 3 : 1, h_axis = s.channels_last ? 1 : 2;
+  if (x.shape().size() != 4 || x.dim(c_axis) != s.in_channels || x.dim(0) < 1 ||
+      x.dim(h_axis) < min_h || x.dim(h_axis + 1) < min_w) {
+    const std::string c = std::to_string(s.in_channels);
+    shape_error(x, "expects " +
+                       (s.channels_last ? "channels-last (NHWC) [batch, H, W, " + c + "]"
+                                        : "NCHW [batch, " + c + ", H, W]") +
+                       " with H >= " + std::to_string(min_h) +
+                       " and W >= " + std::to_string(min_w) +
+                       (s.channels_last ? " (in channels-last mode ChannelsLast gives the layers "
+                                          "NHWC activations; check the previous layer's output "
+                                          "channels)"
+                                        : " (check the previous layer's output channels)"));
+  }
   require_float(x, "input");
   if (!(x.device() == weight_->value.device()))
     throw InvalidArgument(describe() + ": input on " + x.device().str() + " but weight on " +
                           weight_->value.device().str() + " (move one of them)");
   s.batch = x.dim(0);
-  s.in_h = x.dim(2);
-  s.in_w = x.dim(3);
+  s.in_h = x.dim(h_axis);
+  s.in_w = x.dim(h_axis + 1);
   return s;
+}
+
+core::Shape Conv2d::output_shape(const kernels::Conv2dShape& s) const {
+  if (s.channels_last) return {s.batch, s.out_h(), s.out_w(), s.out_channels};
+  return {s.batch, s.out_channels, s.out_h(), s.out_w()};
 }
 
 core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
@@ -90,8 +105,7 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
   const DType type = ctx.autocast.value_or(DType::f32);
   const core::Tensor input = x.dtype() == type ? x : x.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
-  core::Tensor y = core::Tensor::empty({s.batch, s.out_channels, s.out_h(), s.out_w()}, type,
-                                       x.device(), ctx.stream);
+  core::Tensor y = core::Tensor::empty(output_shape(s), type, x.device(), ctx.stream);
   const float* b = bias_ ? bias_->value.data_as<float>() : nullptr;
   core::dispatch(
       x.device(), ctx.stream,
@@ -112,7 +126,7 @@ core::Tensor Conv2d::forward(const core::Tensor& x, Context& ctx) {
 core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
   if (!input_.defined()) no_forward_error();
   const kernels::Conv2dShape s = shape_for(input_);
-  check_gradient(dy, {s.batch, s.out_channels, s.out_h(), s.out_w()}, input_.device());
+  check_gradient(dy, output_shape(s), input_.device());
   const DType type = input_.dtype();
   const core::Tensor g = dy.dtype() == type ? dy : dy.cast(type, ctx.stream);
   const core::Tensor& w = low_weight_.get(*weight_, type, ctx.stream);
@@ -132,7 +146,10 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
       [&] {
         if (dw)
           kernels::cpu::conv2d_backward_filter(s, type, input_.data(), g.data(), dw, accumulate);
-        if (db)
+        if (db && s.channels_last)
+          kernels::cpu::channel_bias_grad_nhwc(g.data(), type, s.batch, spatial, s.out_channels,
+                                               db);
+        else if (db)
           kernels::cpu::channel_bias_grad(g.data(), type, s.batch, s.out_channels, spatial, db);
         if (want_dx) kernels::cpu::conv2d_backward_data(s, type, g.data(), w.data(), dx.data());
       },
@@ -146,9 +163,17 @@ core::Tensor Conv2d::backward(const core::Tensor& dy, Context& ctx) {
           kernels::cuda::conv2d_backward_filter(s, type, input_.data(), g.data(), dw, accumulate,
                                                 workspace.data(), bytes, stream);
         }
-        if (db)
+        if (db && s.channels_last) {
+          const std::size_t bytes = kernels::cuda::channel_bias_grad_nhwc_workspace_bytes(
+              s.batch, spatial, s.out_channels);
+          const core::Tensor workspace = core::Tensor::empty({static_cast<std::int64_t>(bytes)},
+                                                             DType::u8, g.device(), ctx.stream);
+          kernels::cuda::channel_bias_grad_nhwc(g.data(), type, s.batch, spatial, s.out_channels,
+                                                db, workspace.data(), stream);
+        } else if (db) {
           kernels::cuda::channel_bias_grad(g.data(), type, s.batch, s.out_channels, spatial, db,
                                            stream);
+        }
         if (!want_dx) return;
         const std::size_t bytes =
             kernels::cuda::conv2d_workspace_bytes(s, type, ConvPass::backward_data, stream);

@@ -1,5 +1,7 @@
-// Conv2d: 2-D convolution over NCHW inputs with PyTorch's arguments, layout
-// (weight [out, in/groups, kh, kw]) and initialisation. Under autocast it
+// Conv2d: 2-D convolution over NCHW inputs (or NHWC ones in channels-last
+// mode, Note [channels-last layers] in engine/nn/channels_last.h) with
+// PyTorch's arguments, layout (weight [out, in/groups, kh, kw] in either
+// mode) and initialisation. Under autocast it
 // computes in f16/bf16 with f32 accumulation on a low-precision copy of the
 // weight made once per weight version, as Linear does; the weight gradient
 // ends in the f32 gradient (CUDA: cast-added from cuDNN's 16-bit result, Note
@@ -31,12 +33,17 @@ class Conv2d : public Module {
   // Read by the ONNX exporter (engine/export/).
   const kernels::Conv2dShape& config() const { return config_; }
   void reset_parameters(core::Generator& rng) override;
+  // Channels-last mode (Note [channels-last layers]): input and output are
+  // [batch, H, W, channels]; the weight and its gradient keep their layout.
+  void set_channels_last(bool on) { config_.channels_last = on; }
+  bool channels_last() const { return config_.channels_last; }
 
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
  private:
   kernels::Conv2dShape shape_for(const core::Tensor& x) const;
+  core::Shape output_shape(const kernels::Conv2dShape& s) const;
 
   kernels::Conv2dShape config_;  // everything but the input's batch and size
   Parameter* weight_;

@@ -37,21 +37,31 @@ std::int64_t min_w(const kernels::Pool2dShape& s) {
   return std::max<std::int64_t>(1, s.kernel_w - 2 * s.pad_w);
 }
 
+// Note [channels-last layers]: the layout is the layer's setting (s.channels_last).
+int channel_axis(const kernels::Pool2dShape& s) { return s.channels_last ? 3 : 1; }
+int height_axis(const kernels::Pool2dShape& s) { return s.channels_last ? 1 : 2; }
+
 bool fits(const core::Tensor& x, const kernels::Pool2dShape& s) {
-  return x.shape().size() == 4 && x.dim(0) >= 1 && x.dim(1) >= 1 && x.dim(2) >= min_h(s) &&
-         x.dim(3) >= min_w(s);
+  const int h = height_axis(s);
+  return x.shape().size() == 4 && x.dim(0) >= 1 && x.dim(channel_axis(s)) >= 1 &&
+         x.dim(h) >= min_h(s) && x.dim(h + 1) >= min_w(s);
+}
+
+std::string layout_str(bool channels_last) {
+  return channels_last ? "channels-last (NHWC) [batch, H, W, channels]"
+                       : "NCHW [batch, channels, H, W]";
 }
 
 std::string expectation(const kernels::Pool2dShape& s) {
-  return "expects [batch, channels, H, W] with H >= " + std::to_string(min_h(s)) +
+  return "expects " + layout_str(s.channels_last) + " with H >= " + std::to_string(min_h(s)) +
          " and W >= " + std::to_string(min_w(s));
 }
 
 kernels::Pool2dShape with_input(kernels::Pool2dShape s, const core::Tensor& x) {
   s.batch = x.dim(0);
-  s.channels = x.dim(1);
-  s.in_h = x.dim(2);
-  s.in_w = x.dim(3);
+  s.channels = x.dim(channel_axis(s));
+  s.in_h = x.dim(height_axis(s));
+  s.in_w = x.dim(height_axis(s) + 1);
   return s;
 }
 
@@ -64,10 +74,12 @@ core::Tensor gradient_in(const Module& m, const core::Tensor& dy, const core::Sh
 }
 
 core::Shape input_shape(const kernels::Pool2dShape& s) {
+  if (s.channels_last) return {s.batch, s.in_h, s.in_w, s.channels};
   return {s.batch, s.channels, s.in_h, s.in_w};
 }
 
 core::Shape output_shape(const kernels::Pool2dShape& s) {
+  if (s.channels_last) return {s.batch, s.out_h(), s.out_w(), s.channels};
   return {s.batch, s.channels, s.out_h(), s.out_w()};
 }
 
@@ -160,21 +172,35 @@ core::Tensor AvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
   return dx;
 }
 
+// Channels-last: x is [batch, spatial, channels] to the NHWC kernels, whose
+// y [batch, channels] is [batch, channels, 1, 1] (Note [channels-last pooling]
+// in kernels/pooling.h: the same bits as the plane form).
 core::Tensor GlobalAvgPool2d::forward(const core::Tensor& x, Context& ctx) {
-  if (x.shape().size() != 4 || x.numel() == 0) shape_error(x, "expects [batch, channels, H, W]");
+  if (x.shape().size() != 4 || x.numel() == 0)
+    shape_error(x, "expects " + layout_str(channels_last_));
   require_float(x, "input");
-  const kernels::Pool2dShape s = with_input({}, x);
+  kernels::Pool2dShape config;
+  config.channels_last = channels_last_;
+  const kernels::Pool2dShape s = with_input(config, x);
   const std::int64_t planes = s.batch * s.channels, spatial = s.in_h * s.in_w;
   core::Tensor y =
       core::Tensor::empty({s.batch, s.channels, 1, 1}, x.dtype(), x.device(), ctx.stream);
   core::dispatch(
       x.device(), ctx.stream,
       [&] {
-        kernels::cpu::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data());
+        if (s.channels_last)
+          kernels::cpu::global_avg_pool_nhwc_forward(x.dtype(), s.batch, spatial, s.channels,
+                                                     x.data(), y.data());
+        else
+          kernels::cpu::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data());
       },
       [&](kernels::CudaStream stream) {
-        kernels::cuda::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data(),
-                                               stream);
+        if (s.channels_last)
+          kernels::cuda::global_avg_pool_nhwc_forward(x.dtype(), s.batch, spatial, s.channels,
+                                                      x.data(), y.data(), stream);
+        else
+          kernels::cuda::global_avg_pool_forward(x.dtype(), planes, spatial, x.data(), y.data(),
+                                                 stream);
       });
   pending_ = record(keeps_for_backward(ctx), s, x);
   return y;
@@ -189,9 +215,20 @@ core::Tensor GlobalAvgPool2d::backward(const core::Tensor& dy, Context& ctx) {
   core::Tensor dx = core::Tensor::empty(input_shape(s), type, g.device(), ctx.stream);
   core::dispatch(
       g.device(), ctx.stream,
-      [&] { kernels::cpu::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data()); },
+      [&] {
+        if (s.channels_last)
+          kernels::cpu::global_avg_pool_nhwc_backward(type, s.batch, spatial, s.channels, g.data(),
+                                                      dx.data());
+        else
+          kernels::cpu::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data());
+      },
       [&](kernels::CudaStream stream) {
-        kernels::cuda::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data(), stream);
+        if (s.channels_last)
+          kernels::cuda::global_avg_pool_nhwc_backward(type, s.batch, spatial, s.channels, g.data(),
+                                                       dx.data(), stream);
+        else
+          kernels::cuda::global_avg_pool_backward(type, planes, spatial, g.data(), dx.data(),
+                                                  stream);
       });
   pending_.reset();
   return dx;

@@ -49,6 +49,10 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
   app.add_flag("--zero-init-residual", f.zero_init_residual,
                "resnet, resnet50: start the last BatchNorm weight of every residual block at 0 "
                "(torchvision's zero_init_residual, as NVIDIA's ResNet-50 recipe does)");
+  app.add_flag("--channels-last", f.channels_last,
+               "resnet, resnet50: run convolutions, BatchNorm and pooling on channels-last (NHWC) "
+               "activations, as tensor cores prefer; input, weights and checkpoints keep "
+               "PyTorch's NCHW layouts, so a resume may turn it on or off");
   auto* sample_tokens =
       app.add_option("--sample-tokens", f.sample_tokens,
                      "GPT presets: after training, print this many greedily generated tokens")

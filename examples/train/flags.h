@@ -31,9 +31,11 @@ struct Flags {
   bool activation_checkpointing = false;  // Note [activation checkpointing]
   bool allow_partial_weights = false;     // --init-from: Note [weights files]
   // The model's build (engine::make_model): its widths divided, and
-  // torchvision's zero_init_residual for resnet and resnet50.
+  // torchvision's zero_init_residual and channels-last activations (Note
+  // [channels-last layers]) for resnet and resnet50.
   std::int64_t width_divisor = 1;
   bool zero_init_residual = false;
+  bool channels_last = false;
   int loader_threads = 2;  // per rank: reading, decoding and augmenting batches
 
   // The image pipeline and evaluation (docs/data-format.md, "Image pipeline").

@@ -159,6 +159,7 @@ std::string model_text(const Flags& f, const ClassChoice& classes) {
   if (!classes.note.empty()) text += ", " + classes.note;
   if (f.width_divisor != 1) text += fmt::format(", widths / {}", f.width_divisor);
   if (f.zero_init_residual) text += ", zero-init residual";
+  if (f.channels_last) text += ", channels-last";
   return text;
 }
 
@@ -383,7 +384,9 @@ int evaluate_only(const Flags& flags, comm::World& world) {
   check_data_fits(preset, f.loss, val_data, "--val-data", f.val_data);
   const ClassChoice classes = choose_classes(preset, f.loss, val_data, "--val-data");
   std::unique_ptr<Module> model =
-      make_model(f.model, 0.0f, false, f.width_divisor, false, classes.classes);
+      make_model(f.model, ModelOptions{.width_divisor = f.width_divisor,
+                                       .classes = classes.classes,
+                                       .channels_last = f.channels_last});
   initialize(*model, f.seed);
   ParameterStore store(*model, device);
   core::Stream stream = core::Stream::create(device);
@@ -495,8 +498,12 @@ int run(const Flags& flags, comm::World& world) {
   }
   const ClassChoice classes = choose_classes(preset, f.loss, train_data, "--data");
   std::unique_ptr<Module> model =
-      make_model(f.model, static_cast<float>(f.dropout), f.activation_checkpointing,
-                 f.width_divisor, f.zero_init_residual, classes.classes);
+      make_model(f.model, ModelOptions{.dropout = static_cast<float>(f.dropout),
+                                       .activation_checkpointing = f.activation_checkpointing,
+                                       .width_divisor = f.width_divisor,
+                                       .zero_init_residual = f.zero_init_residual,
+                                       .classes = classes.classes,
+                                       .channels_last = f.channels_last});
   initialize(*model, f.seed);
   // ZeRO-2 never makes the flat gradient buffer (Note [transient gradients]);
   // ZeRO-3 lays the units out for the world (Note [parameter units]).
@@ -618,6 +625,9 @@ int run(const Flags& flags, comm::World& world) {
   // off, as the gradients are the same bits (Note [activation checkpointing]).
   trainer_options.agreement.emplace_back("activation_checkpointing",
                                          f.activation_checkpointing ? "on" : "off");
+  // The same for the layout (Note [channels-last layers]): the same
+  // checkpoints, and on the CPU the same bits.
+  trainer_options.agreement.emplace_back("channels_last", f.channels_last ? "on" : "off");
   for (auto& field : train_data.agreement_fields()) trainer_options.agreement.push_back(field);
   for (auto& [key, value] : val_data ? val_data->agreement_fields() : comm::NamedValues{})
     trainer_options.agreement.emplace_back("val_" + key, value);

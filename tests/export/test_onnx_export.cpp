@@ -187,11 +187,32 @@ TEST_CASE("a model with activation checkpointing exports the plain model's graph
     if (preset.language_model) o.input_dtype = DType::i64;
     std::string graphs[2];
     for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
-      auto model = make_model(name, 0.0f, checkpointed == 1);
+      auto model = make_model(name, ModelOptions{.activation_checkpointing = checkpointed == 1});
       initialize(*model, 3);
       const auto path = temp_file(name + std::to_string(checkpointed) + ".onnx");
       export_onnx(*model, path, o);
       graphs[checkpointed] = read_model(path).graph().SerializeAsString();
+      std::filesystem::remove(path);
+    }
+    CHECK(graphs[1] == graphs[0]);
+  }
+}
+
+TEST_CASE("a channels-last model exports the NCHW model's graph", "[export][channels_last]") {
+  // Note [channels-last layers]: the layout is how the layers run, not what
+  // the model computes on its NCHW input: the same graph, bytes and all.
+  for (const std::string name : {"resnet", "resnet50"}) {
+    INFO(name);
+    ExportOptions o;
+    o.sample_shape = name == "resnet" ? core::Shape{3, 32, 32} : core::Shape{3, 64, 64};
+    std::string graphs[2];
+    for (int channels_last = 0; channels_last < 2; ++channels_last) {
+      auto model =
+          make_model(name, ModelOptions{.width_divisor = 16, .channels_last = channels_last == 1});
+      initialize(*model, 3);
+      const auto path = temp_file(name + "-layout" + std::to_string(channels_last) + ".onnx");
+      export_onnx(*model, path, o);
+      graphs[channels_last] = read_model(path).graph().SerializeAsString();
       std::filesystem::remove(path);
     }
     CHECK(graphs[1] == graphs[0]);
