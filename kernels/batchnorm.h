@@ -72,17 +72,28 @@ void count_batch(std::int64_t* num_batches_tracked, CudaStream stream);
 // bits. CUDA: own kernels, per-channel sums in f64 over fixed row ranges
 // combined in a fixed order, no atomics: deterministic, and one read of x for
 // the statistics plus one read and one write for y (Note [batchnorm passes] in
-// the .cu). Sizes up to 2^31 - 1 elements.
+// the .cu). Sizes up to 2^31 - 1 elements. An NHWC activation [N, H, W, C]
+// is BatchNormShape{N * H * W, C, 1}: with spatial == 1 the CUDA calls take
+// kernels whose threads run along the channels (Note [channels-last
+// batchnorm] in the .cu), the same arithmetic on each value.
 enum class BatchNormEpilogue { none, relu, add_relu };
 
-// Per-channel partial sums the CUDA calls split each channel's rows into:
-// about 1024 blocks in all, at most one per batch row.
+// Per-channel partial sums the CUDA calls split each channel's rows into, at
+// most one per batch row. spatial > 1: about 1024 blocks in all. spatial == 1
+// (channels-last, Note [channels-last batchnorm] in the .cu): a block sums up
+// to 128 channels at once, so 131072 / channels splits, at most 1024 (resnet50
+// at batch 256: 1024 splits of 784 rows at 56x56x64, 64 of 196 at 7x7x2048).
 inline std::int64_t batchnorm_row_splits(const BatchNormShape& s) {
-  const std::int64_t want = (1024 + s.channels - 1) / s.channels;
+  std::int64_t want = (1024 + s.channels - 1) / s.channels;
+  if (s.spatial == 1) {
+    want = (131072 + s.channels - 1) / s.channels;
+    if (want > 1024) want = 1024;
+  }
   return want < s.batch ? want : s.batch;
 }
 // Device scratch the CUDA fused calls need: two f64 partial sums per split
-// and channel, then four f32 coefficients per channel.
+// and channel, then four f32 coefficients per channel (at most 16 KiB per
+// channel, 1 MiB at 64 channels).
 inline std::size_t batchnorm_fused_workspace_bytes(const BatchNormShape& s) {
   return static_cast<std::size_t>(16 * s.channels * batchnorm_row_splits(s) + 16 * s.channels);
 }

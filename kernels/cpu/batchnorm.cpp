@@ -2,6 +2,14 @@
 // then squared deviations), so the statistics are as exact as f32 inputs
 // allow. Also the argument checks both backends share, and the fused calls'
 // twin (Note [fused batchnorm]): the unfused f32 ops composed.
+//
+// Note [cpu channels-last batchnorm]: with spatial == 1 (an NHWC activation
+// as [rows, C], Note [channels-last batchnorm] in the CUDA file) the loops run
+// row by row with one accumulator per channel instead of channel by channel,
+// which read with a stride of C. Each channel still adds its values in row
+// order, the order for_channel gives, and each value's expression is the
+// same, so both loops give the same bits; and rows n * H * W + hw run in the
+// NCHW loop's (n, hw) order, so NHWC statistics equal NCHW ones bit for bit.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -36,12 +44,95 @@ void for_channel(const BatchNormShape& s, std::int64_t c, F&& f) {
     for (std::int64_t i = (n * s.channels + c) * s.spatial, end = i + s.spatial; i < end; ++i) f(i);
 }
 
+// The spatial == 1 forms (Note [cpu channels-last batchnorm]).
+void forward_training_rows(const BatchNormShape& s, const float* x, const float* weight,
+                           const float* bias, float* y, float* save_mean, float* save_rstd,
+                           double momentum, float* running_mean, float* running_var) {
+  const std::int64_t rows = s.batch, C = s.channels;
+  const double count = static_cast<double>(rows);
+  const auto channels = static_cast<std::size_t>(C);
+  std::vector<double> sum(channels, 0.0), squares(channels, 0.0), mean(channels), scale(channels);
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t c = 0; c < C; ++c) sum[c] += x[n * C + c];
+  for (std::int64_t c = 0; c < C; ++c) mean[c] = sum[c] / count;
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      squares[c] += (x[n * C + c] - mean[c]) * (x[n * C + c] - mean[c]);
+  for (std::int64_t c = 0; c < C; ++c) {
+    const double var = squares[c] / count;
+    const double rstd = 1.0 / std::sqrt(var + s.eps);
+    save_mean[c] = static_cast<float>(mean[c]);
+    save_rstd[c] = static_cast<float>(rstd);
+    scale[c] = rstd * weight[c];
+    if (running_mean) {
+      running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean[c]);
+      const double unbiased = squares[c] / (count - 1.0);
+      running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    }
+  }
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      y[n * C + c] = static_cast<float>((x[n * C + c] - mean[c]) * scale[c] + bias[c]);
+}
+
+void forward_inference_rows(const BatchNormShape& s, const float* x, const float* weight,
+                            const float* bias, const float* running_mean, const float* running_var,
+                            float* y) {
+  const std::int64_t C = s.channels;
+  std::vector<double> scale(static_cast<std::size_t>(C)), mean(static_cast<std::size_t>(C));
+  for (std::int64_t c = 0; c < C; ++c) {
+    scale[c] = weight[c] / std::sqrt(static_cast<double>(running_var[c]) + s.eps);
+    mean[c] = running_mean[c];
+  }
+  for (std::int64_t n = 0; n < s.batch; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      y[n * C + c] = static_cast<float>((x[n * C + c] - mean[c]) * scale[c] + bias[c]);
+}
+
+void backward_rows(const BatchNormShape& s, const float* x, const float* dy, const float* weight,
+                   const float* save_mean, const float* save_rstd, float* dx, float* dweight,
+                   float* dbias) {
+  const std::int64_t rows = s.batch, C = s.channels;
+  const double count = static_cast<double>(rows);
+  const auto channels = static_cast<std::size_t>(C);
+  std::vector<double> mean(channels), rstd(channels), sum_dy(channels, 0.0),
+      sum_dy_xhat(channels, 0.0), scale(channels), mean_dy(channels), mean_dy_xhat(channels);
+  for (std::int64_t c = 0; c < C; ++c) {
+    mean[c] = save_mean[c];
+    rstd[c] = save_rstd[c];
+  }
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const std::int64_t i = n * C + c;
+      sum_dy[c] += dy[i];
+      sum_dy_xhat[c] += dy[i] * (x[i] - mean[c]) * rstd[c];
+    }
+  for (std::int64_t c = 0; c < C; ++c) {
+    scale[c] = weight[c] * rstd[c];
+    mean_dy[c] = sum_dy[c] / count;
+    mean_dy_xhat[c] = sum_dy_xhat[c] / count;
+  }
+  for (std::int64_t n = 0; n < rows; ++n)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const std::int64_t i = n * C + c;
+      const double xhat = (x[i] - mean[c]) * rstd[c];
+      dx[i] = static_cast<float>(scale[c] * (dy[i] - mean_dy[c] - xhat * mean_dy_xhat[c]));
+    }
+  for (std::int64_t c = 0; c < C; ++c) {
+    dweight[c] = static_cast<float>(dweight[c] + sum_dy_xhat[c]);
+    dbias[c] = static_cast<float>(dbias[c] + sum_dy[c]);
+  }
+}
+
 }  // namespace
 
 void batchnorm_forward_training(const BatchNormShape& s, const float* x, const float* weight,
                                 const float* bias, float* y, float* save_mean, float* save_rstd,
                                 double momentum, float* running_mean, float* running_var) {
   validate_batchnorm(s, true);
+  if (s.spatial == 1)
+    return forward_training_rows(s, x, weight, bias, y, save_mean, save_rstd, momentum,
+                                 running_mean, running_var);
   const double count = static_cast<double>(s.batch * s.spatial);
   for (std::int64_t c = 0; c < s.channels; ++c) {
     double sum = 0.0;
@@ -68,6 +159,8 @@ void batchnorm_forward_inference(const BatchNormShape& s, const float* x, const 
                                  const float* bias, const float* running_mean,
                                  const float* running_var, float* y) {
   validate_batchnorm(s, false);
+  if (s.spatial == 1)
+    return forward_inference_rows(s, x, weight, bias, running_mean, running_var, y);
   for (std::int64_t c = 0; c < s.channels; ++c) {
     const double scale = weight[c] / std::sqrt(static_cast<double>(running_var[c]) + s.eps);
     const double mean = running_mean[c];
@@ -80,6 +173,8 @@ void batchnorm_backward(const BatchNormShape& s, const float* x, const float* dy
                         const float* weight, const float* save_mean, const float* save_rstd,
                         float* dx, float* dweight, float* dbias) {
   validate_batchnorm(s, true);
+  if (s.spatial == 1)
+    return backward_rows(s, x, dy, weight, save_mean, save_rstd, dx, dweight, dbias);
   const double count = static_cast<double>(s.batch * s.spatial);
   for (std::int64_t c = 0; c < s.channels; ++c) {
     const double mean = save_mean[c], rstd = save_rstd[c];
