@@ -13,6 +13,7 @@
 #include "comm/flight_recorder.h"
 #include "engine/checkpoint_choice.h"
 #include "engine/core/trace.h"
+#include "engine/nn/channels_last.h"
 
 namespace lockstep::engine {
 namespace {
@@ -47,8 +48,12 @@ std::uint64_t fnv1a(const std::string& text) {
 }
 
 // The `parameters` field: the root's type, the count of parameters and of
-// their values, and a digest of every name and shape in order.
+// their values, and a digest of every name and shape in order. A ChannelsLast
+// root is its inner model's type: the layout is no part of a checkpoint, and
+// a resume may switch it (Note [channels-last layers]).
 std::string parameters_field(Module& model) {
+  auto* channels_last = dynamic_cast<ChannelsLast*>(&model);
+  const std::string& type = (channels_last ? channels_last->inner() : model).type_name();
   std::string layout;
   std::int64_t values = 0;
   const std::vector<Parameter*> parameters = model.parameters();
@@ -56,7 +61,7 @@ std::string parameters_field(Module& model) {
     layout += p->name + core::shape_str(p->value.shape()) + ";";
     values += p->value.numel();
   }
-  return fmt::format("{}, {} parameters of {} values (names and shapes {:016x})", model.type_name(),
+  return fmt::format("{}, {} parameters of {} values (names and shapes {:016x})", type,
                      parameters.size(), values, fnv1a(layout));
 }
 

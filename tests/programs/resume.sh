@@ -26,6 +26,10 @@
 #                the checkpoints of the plain run bit for bit; each resumes
 #                the other's step-6 checkpoint with the setting switched and
 #                ends on the other's step-12 checkpoint, bit for bit
+#   channels-last  resnet (widths / 16, bf16) with --channels-last runs two
+#                steps, says so in its header, and writes the NCHW run's
+#                checkpoints bit for bit; the NCHW run's step-1 checkpoint
+#                resumed with --channels-last ends on its step-2 checkpoint
 #   crash        20 SIGKILLs at random moments of a run that saves every step;
 #                after each, --resume auto loads a good checkpoint
 #   fingerprint  a gpt-tiny checkpoint made with --dropout 0.1 is refused by a
@@ -129,6 +133,22 @@ case $mode in
     same_checkpoints "$work/ckpt/ckpt-12.h5" "$work/on/ckpt-12.h5" 0
     same_checkpoints "$work/plain/ckpt-12.h5" "$work/off/ckpt-12.h5" 0
     echo "activation checkpointing: the plain run's checkpoints, resumed either way: identical"
+    ;;
+  channels-last)
+    "$shard" synthetic --out "$work/images" --count 16 --shape 3,32,32 --dtype u8 --classes 10 \
+      --seed 1 >/dev/null
+    resnet=(--data "$work/images" --model resnet --width-divisor 16 --precision bf16 --seed 7
+      --log-every 1000 --device cpu --batch-size 4 --steps 2 --checkpoint-every 1 --keep 10)
+    launch 1 "${resnet[@]}" --checkpoint-dir "$work/nchw" >/dev/null
+    launch 1 "${resnet[@]}" --checkpoint-dir "$work/nhwc" --channels-last >"$work/nhwc.out"
+    grep -q "resnet, widths / 16, channels-last" "$work/nhwc.out"
+    same_checkpoints "$work/nchw/ckpt-1.h5" "$work/nhwc/ckpt-1.h5" 0
+    same_checkpoints "$work/nchw/ckpt-2.h5" "$work/nhwc/ckpt-2.h5" 0
+    mkdir -p "$work/switched" && cp "$work"/nchw/ckpt-1.h5* "$work/switched/"
+    launch 1 "${resnet[@]}" --checkpoint-dir "$work/switched" --resume auto --channels-last \
+      >/dev/null
+    same_checkpoints "$work/nchw/ckpt-2.h5" "$work/switched/ckpt-2.h5" 0
+    echo "channels-last resnet: the NCHW run's checkpoints, and its resume, bit for bit"
     ;;
   world-size)
     launch 2 "${common[@]}" --batch-size 16 --steps 12 --checkpoint-every 6 --keep 10 --checkpoint-dir "$work/a" >/dev/null
