@@ -7,6 +7,8 @@
 // Language models (gpt-tiny, gpt2) also report tokens/s (samples/s x T).
 // With --activation-checkpointing it compares the step with and without
 // activation checkpointing instead (Note [checkpointing comparison]).
+// --channels-last runs resnet and resnet50 on NHWC activations (Note
+// [channels-last layers]); the output and the JSON say which layout ran.
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -61,6 +63,7 @@ struct Measure {
   std::vector<Baseline> baselines;
   bench::BlockTimes blocks;  // the step's
   KernelPaths kernels;       // the fused paths the first step took (Note [kernel paths])
+  std::optional<StepGraphCounts> graph;  // --cuda-graph's (Note [step graph])
 };
 
 // The baseline's block b over ours (the two ran one after the other): the
@@ -86,13 +89,14 @@ std::pair<double, double> ratio_spread(const bench::BlockTimes& ours,
 Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t batch,
                      std::optional<DType> autocast, core::Device device, int steps, bool with_floor,
                      const std::vector<std::string>& pythons, const std::string& torch_args,
-                     int threads, bool channels_last) {
+                     int threads, bool channels_last, bool cuda_graph) {
   bench::SyntheticTraining t(name, batch, device,
                              bench::SyntheticOptions{.channels_last = channels_last});
   const core::Stream& stream = t.stream;
   LossScaler scaler = LossScaler::for_autocast(autocast);
   StepOptions options;
   options.autocast = autocast;
+  options.cuda_graph = cuda_graph;
   DataParallelStep data_parallel(*t.model, *t.store, *t.optimizer, make_scheduler("constant", {}),
                                  scaler, &world, options, stream);
   const MicroBatch micro_batch{t.x, t.y};
@@ -139,6 +143,7 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
       bench::warm_blocks(contenders, kBlocks, kBlockSeconds, steps);
   Measure m{1e3 * blocks[0].median, peak, allocations_per_step, std::nullopt, {}, blocks[0],
             std::move(kernels)};
+  if (const StepGraphCounts* g = data_parallel.graph_counts()) m.graph = *g;
   std::size_t next = 1;
   if (floor) m.floor_ms = 1e3 * blocks[next++].median;
   for (const auto& torch : torches) {
@@ -251,6 +256,10 @@ int main(int argc, char** argv) {
   app.add_flag("--torch-cudnn-benchmark", torch_cudnn_benchmark,
                "the PyTorch baseline autotunes cuDNN in its untimed warm-up "
                "(bench/torch_step.py --cudnn-benchmark)");
+  bool cuda_graph = false;
+  app.add_flag("--cuda-graph", cuda_graph,
+               "lockstep's forward and backward replayed as a CUDA graph once captured after "
+               "two eager warm-up steps (StepOptions::cuda_graph, Note [step graph])");
   bool unfused = false;
   app.add_flag("--unfused", unfused,
                "lockstep runs the unfused ops its fused CUDA kernels replace "
@@ -347,7 +356,7 @@ int main(int argc, char** argv) {
                                         (torch_cudnn_benchmark ? " --cudnn-benchmark" : "");
     const Measure ours = run_lockstep(*world, model, batch, autocast, device, steps, with_floor,
                                       baseline ? pythons : std::vector<std::string>{},
-                                      torch_step_args, threads, channels_last);
+                                      torch_step_args, threads, channels_last, cuda_graph);
     if (const auto file = core::trace::finish(); !file.empty())
       fmt::print("trace: {}\n", file.string());
     const std::optional<Baseline> first =
@@ -400,6 +409,18 @@ int main(int argc, char** argv) {
                                                *torch_over_gemm)
                                  : "");
     fmt::print("tensors allocated per step: {:.0f}\n", ours.allocations_per_step);
+    core::Json graph_json(false);
+    if (const std::optional<StepGraphCounts>& g = ours.graph) {
+      fmt::print(
+          "cuda graph: {} captured ({} nodes, arena {:.1f} MiB), {} replays, {} eager steps\n",
+          g->captures, g->nodes, g->arena_bytes / 1048576.0, g->replays, g->eager);
+      graph_json =
+          bench::object({bench::field("captures", static_cast<long long>(g->captures)),
+                         bench::field("replays", static_cast<long long>(g->replays)),
+                         bench::field("eager", static_cast<long long>(g->eager)),
+                         bench::field("nodes", static_cast<long long>(g->nodes)),
+                         bench::field("arena_bytes", static_cast<long long>(g->arena_bytes))});
+    }
     for (const std::string& line : ours.kernels.lines()) fmt::print("kernels: {}\n", line);
     fmt::print("lockstep: {:.2f} ms/step, median of {} blocks ({:.2f}-{:.2f})\n", ours.ms_per_step,
                kBlocks, 1e3 * ours.blocks.low, 1e3 * ours.blocks.high);
@@ -471,6 +492,7 @@ int main(int argc, char** argv) {
                 bench::field("torch_cudnn_benchmark", torch_cudnn_benchmark),
                 bench::field("torch_compile", torch_compile),
                 bench::field("fused_kernels", !unfused),
+                bench::field("cuda_graph", std::move(graph_json)),
                 bench::field("gemm_timing", !no_gemm_timing),
                 bench::field("conv_timing", !no_conv_timing),
                 bench::field("kernels", ours.kernels.json()),
