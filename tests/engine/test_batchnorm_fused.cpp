@@ -247,7 +247,7 @@ TEST_CASE("the fused batchnorm calls refuse a mismatched epilogue, naming the ca
 
 TEST_CASE("resnet and resnet50 keep torchvision's state_dict names with the fused layers",
           "[engine][batchnorm]") {
-  auto net = make_model("resnet50", 0.0f, false, 16);
+  auto net = make_model("resnet50", ModelOptions{.width_divisor = 16});
   std::vector<std::string> names;
   for (Parameter* p : net->parameters()) names.push_back(p->name);
   for (Buffer* b : net->buffers()) names.push_back(b->name);

@@ -117,8 +117,9 @@ TEST_CASE("checkpointed gpt-tiny and resnet give the plain model's gradients bit
       INFO(name << (autocast ? " bf16" : " f32"));
       const ModelPreset& preset = model_preset(name);
       const float dropout = preset.language_model ? 0.2f : 0.0f;  // resnet has none
-      auto plain = make_model(name, dropout);
-      auto checkpointed = make_model(name, dropout, true);
+      auto plain = make_model(name, ModelOptions{.dropout = dropout});
+      auto checkpointed =
+          make_model(name, ModelOptions{.dropout = dropout, .activation_checkpointing = true});
       initialize(*plain, 5);
       initialize(*checkpointed, 5);  // the same draws: the wrapper has no parameters
       require_same(train_once(*plain, preset, autocast),
@@ -145,7 +146,7 @@ TEST_CASE("a Checkpointed around a whole mlp or cnn gives its gradients bit for 
 
 TEST_CASE("backward of a checkpointed block without a forward names the block",
           "[engine][checkpointed]") {
-  auto model = make_model("gpt-tiny", 0.0f, true);
+  auto model = make_model("gpt-tiny", ModelOptions{.activation_checkpointing = true});
   Module& block = *model->children()[3]->children()[0];  // transformer.h.0
   CHECK(block.type_name() == "Checkpointed");
   Context ctx;
@@ -158,7 +159,7 @@ TEST_CASE("backward of a checkpointed block without a forward names the block",
 TEST_CASE("presets without blocks refuse activation checkpointing, naming the ones that have them",
           "[engine][checkpointed]") {
   for (const std::string name : {"mlp", "cnn", "mlp-large"})
-    CHECK_THROWS_WITH(make_model(name, 0.0f, true),
+    CHECK_THROWS_WITH(make_model(name, ModelOptions{.activation_checkpointing = true}),
                       Catch::Contains("'" + name + "' has no blocks to checkpoint") &&
                           Catch::Contains("gpt-tiny, gpt2, resnet and resnet50"));
 }
@@ -174,7 +175,8 @@ TEST_CASE("a checkpointed gpt-tiny keeps a fraction of the plain model's activat
   // more or less, and fails when any block keeps its inside.
   const ModelPreset& preset = model_preset("gpt-tiny");
   auto kept_bytes = [&](bool checkpointing) {
-    auto model = make_model("gpt-tiny", 0.1f, checkpointing);
+    auto model = make_model(
+        "gpt-tiny", ModelOptions{.dropout = 0.1f, .activation_checkpointing = checkpointing});
     initialize(*model, 5);
     model->train();
     const core::Tensor x = inputs(preset, 2, 128);

@@ -110,7 +110,8 @@ TEST_CASE("the language-model loss is the mean cross-entropy over every position
   }
   CHECK(got == Approx(expected / 12).epsilon(1e-6));
   CHECK_THROWS_WITH(model.forward(tokens(1, 5, 7, 1), ctx), Catch::Contains("block_size 4"));
-  CHECK_THROWS_WITH(make_model("mlp", 0.1f), Catch::Contains("no dropout"));
+  CHECK_THROWS_WITH(make_model("mlp", ModelOptions{.dropout = 0.1f}),
+                    Catch::Contains("no dropout"));
 }
 
 TEST_CASE("gpt-tiny under f16 and bf16 autocast with a loss scale matches f32 gradients",

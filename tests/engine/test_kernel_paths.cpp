@@ -49,7 +49,7 @@ TEST_CASE("kernel paths: a CPU step records nothing and says cpu: unfused ops",
   reset_kernel_paths();
   // gpt-tiny at a 16th of its width: attention, GPT blocks, cross-entropy,
   // under bf16 autocast, where CUDA would fuse each.
-  std::unique_ptr<Module> model = make_model("gpt-tiny", 0.0f, false, 16);
+  std::unique_ptr<Module> model = make_model("gpt-tiny", ModelOptions{.width_divisor = 16});
   initialize(*model, 3);
   ParameterStore store(*model, core::Device::cpu());
   SGD sgd(store, single_group(store, 0.01, 0.0));

@@ -20,10 +20,11 @@ using namespace lockstep::engine;
 
 namespace {
 
-// A checkpoint of make_model(preset, ..., width_divisor, ..., classes).
+// A checkpoint of make_model(preset, {.width_divisor, .classes}).
 std::filesystem::path saved(const std::string& preset, std::int64_t width_divisor,
                             std::int64_t classes, const std::filesystem::path& dir) {
-  std::unique_ptr<Module> model = make_model(preset, 0.0f, false, width_divisor, false, classes);
+  std::unique_ptr<Module> model =
+      make_model(preset, ModelOptions{.width_divisor = width_divisor, .classes = classes});
   initialize(*model, 3);
   ParameterStore store(*model, core::Device::cpu());
   SGD sgd(store, single_group(store, 0.1, 0.0));

@@ -29,7 +29,8 @@ TEST_CASE("a preset at a width divisor keeps its names, depth and input and outp
           "[engine][models]") {
   for (const ModelPreset& preset : model_presets()) {
     INFO(preset.name);
-    const auto full = make_model(preset.name), narrow = make_model(preset.name, 0.0f, false, 16);
+    const auto full = make_model(preset.name),
+               narrow = make_model(preset.name, ModelOptions{.width_divisor = 16});
     CHECK(names(*narrow) == names(*full));
     CHECK(parameter_count(*narrow) < parameter_count(*full) / 8);
     // One row in, the preset's classes (a vocabulary per position) out.
@@ -50,22 +51,22 @@ TEST_CASE("a preset at a width divisor keeps its names, depth and input and outp
   }
   // mlp's 784 -> 512 -> 512 -> 10 at a sixteenth: 784 -> 32 -> 32 -> 10,
   // weights and biases counted by hand.
-  CHECK(parameter_count(*make_model("mlp", 0.0f, false, 16)) ==
+  CHECK(parameter_count(*make_model("mlp", ModelOptions{.width_divisor = 16})) ==
         784 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10);
   // cnn's channels 32 and 64 at a sixteenth: 2 and 4, fc1 then 4 x 7 x 7 -> 8.
-  CHECK(parameter_count(*make_model("cnn", 0.0f, false, 16)) ==
+  CHECK(parameter_count(*make_model("cnn", ModelOptions{.width_divisor = 16})) ==
         2 * 9 + 2 + 4 * 2 * 9 + 4 + 4 * 7 * 7 * 8 + 8 + 8 * 10 + 10);
 }
 
 TEST_CASE("a width divisor that does not divide a preset's width is refused, naming it",
           "[engine][models]") {
   CHECK_THROWS_WITH(
-      make_model("mlp", 0.0f, false, 0),
+      make_model("mlp", ModelOptions{.width_divisor = 0}),
       Catch::Contains("make_model('mlp'): width_divisor is 0; it must be at least 1"));
-  CHECK_THROWS_WITH(make_model("mlp", 0.0f, false, 3),
+  CHECK_THROWS_WITH(make_model("mlp", ModelOptions{.width_divisor = 3}),
                     Catch::Contains("width_divisor 3 does not divide its hidden features of 512"));
   // 128 / 64 = 2 embedding features for gpt-tiny's 4 heads.
   CHECK_THROWS_WITH(
-      make_model("gpt-tiny", 0.0f, false, 64),
+      make_model("gpt-tiny", ModelOptions{.width_divisor = 64}),
       Catch::Contains("leaves an embedding width of 2, which its 4 heads do not divide"));
 }

@@ -80,7 +80,8 @@ double max_abs_difference(const std::vector<double>& a, const std::vector<double
 }
 
 std::unique_ptr<Module> narrow_resnet50() {
-  auto model = make_model("resnet50", 0.0f, false, kWidthDivisor, false, kClasses);
+  auto model =
+      make_model("resnet50", ModelOptions{.width_divisor = kWidthDivisor, .classes = kClasses});
   load_weights(kFixture, *model, core::Stream());
   return model;
 }
@@ -178,8 +179,10 @@ TEST_CASE(
   CHECK(parameter_count(*make_model("resnet50")) == 25'557'032);
   // With the classes of a 10-class dataset, fc 2048 x 1000 + 1000 becomes
   // 2048 x 10 + 10 (counted at a sixteenth of the widths: fc is 128 wide).
-  CHECK(parameter_count(*make_model("resnet50", 0.0f, false, kWidthDivisor, false, 10)) ==
-        parameter_count(*make_model("resnet50", 0.0f, false, kWidthDivisor)) - 128 * 990 - 990);
+  CHECK(parameter_count(
+            *make_model("resnet50", ModelOptions{.width_divisor = kWidthDivisor, .classes = 10})) ==
+        parameter_count(*make_model("resnet50", ModelOptions{.width_divisor = kWidthDivisor})) -
+            128 * 990 - 990);
 
   // torchvision's zero_init_residual: bn3.weight (bn2.weight in resnet's
   // BasicBlocks) 0, every other BatchNorm weight 1, and so after
@@ -187,7 +190,8 @@ TEST_CASE(
   for (const auto& [name, last_bn] :
        {std::pair{"resnet50", ".bn3.weight"}, std::pair{"resnet", ".bn2.weight"}}) {
     for (bool zero_init : {false, true}) {
-      auto model = make_model(name, 0.0f, false, kWidthDivisor, zero_init);
+      auto model = make_model(
+          name, ModelOptions{.width_divisor = kWidthDivisor, .zero_init_residual = zero_init});
       initialize(*model, 11);
       int zeroed = 0;
       for (Parameter* p : model->parameters()) {
@@ -204,8 +208,8 @@ TEST_CASE(
       CHECK(zeroed == (zero_init ? (std::string(name) == "resnet50" ? 16 : 8) : 0));
     }
   }
-  CHECK_THROWS_WITH(make_model("cnn", 0.0f, false, 1, true),
+  CHECK_THROWS_WITH(make_model("cnn", ModelOptions{.zero_init_residual = true}),
                     Catch::Contains("model 'cnn' has no residual blocks to zero-initialise"));
-  CHECK_THROWS_WITH(make_model("gpt-tiny", 0.0f, false, 1, false, 10),
+  CHECK_THROWS_WITH(make_model("gpt-tiny", ModelOptions{.classes = 10}),
                     Catch::Contains("classes is 10; pass 0 for the preset's 256"));
 }

@@ -43,7 +43,7 @@ void write_grad(Parameter& p, const std::vector<float>& values) {
 
 TEST_CASE("decay_groups leaves exactly resnet50's BatchNorm parameters and biases undecayed",
           "[engine][optim][resnet50]") {
-  auto model = make_model("resnet50", 0.0f, false, kWidthDivisor);
+  auto model = make_model("resnet50", ModelOptions{.width_divisor = kWidthDivisor});
   initialize(*model, 1);
   ParameterStore store(*model, core::Device::cpu());
   const std::vector<ParamGroup> groups = decay_groups(store, kLr, kWeightDecay);
@@ -72,7 +72,9 @@ TEST_CASE("decay_groups leaves exactly resnet50's BatchNorm parameters and biase
 
 TEST_CASE("SGD over resnet50's two groups follows torch.optim.SGD's formula in float64",
           "[engine][optim][resnet50]") {
-  auto model = make_model("resnet50", 0.0f, false, kWidthDivisor, true, 10);
+  auto model = make_model(
+      "resnet50",
+      ModelOptions{.width_divisor = kWidthDivisor, .zero_init_residual = true, .classes = 10});
   initialize(*model, 2);
   ParameterStore store(*model, core::Device::cpu());
   test::randomize_values(store, 3);  // zero-init BatchNorm weights would hide their decay

@@ -73,7 +73,7 @@ fs::path write_tokens() {
 }
 
 std::unique_ptr<Module> gpt_tiny() {
-  auto m = make_model("gpt-tiny", 0.1f);
+  auto m = make_model("gpt-tiny", ModelOptions{.dropout = 0.1f});
   initialize(*m, 21);
   return m;
 }

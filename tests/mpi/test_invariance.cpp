@@ -66,7 +66,7 @@ std::unique_ptr<Module> cnn() {
 }
 
 std::unique_ptr<Module> gpt() {
-  auto m = make_model("gpt-tiny", 0.1f);
+  auto m = make_model("gpt-tiny", ModelOptions{.dropout = 0.1f});
   initialize(*m, 21);
   return m;
 }

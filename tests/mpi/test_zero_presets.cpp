@@ -233,7 +233,9 @@ TEST_CASE("every preset trains under ZeRO-1, 2 and 3 to plain data parallelism's
   for (const ModelPreset& preset : model_presets()) {
     const ModelCase m{preset.name,
                       [name = preset.name](bool checkpointing) {
-                        return make_model(name, 0.0f, checkpointing, kWidthDivisor);
+                        return make_model(name,
+                                          ModelOptions{.activation_checkpointing = checkpointing,
+                                                       .width_divisor = kWidthDivisor});
                       },
                       preset.sample_shape, preset.classes, preset.language_model};
     if (const auto name = check_every_stage(m)) refused.insert(*name);

@@ -41,7 +41,8 @@ Run train(const std::string& name, bool checkpointing, std::optional<DType> auto
   const core::Device gpu = world.device();
   core::Stream stream = core::Stream::create(gpu);
   const ModelPreset& preset = model_preset(name);
-  auto model = make_model(name, preset.language_model ? 0.1f : 0.0f, checkpointing);
+  auto model = make_model(name, ModelOptions{.dropout = preset.language_model ? 0.1f : 0.0f,
+                                             .activation_checkpointing = checkpointing});
   initialize(*model, 3);
   ParameterStore store(*model, gpu, stream);
   SGD sgd(store, single_group(store, 0.01, 0.0), SgdOptions{.momentum = 0.9}, stream);

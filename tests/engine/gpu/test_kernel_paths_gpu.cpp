@@ -48,7 +48,7 @@ KernelPaths one_step(const std::string& name, std::int64_t width_divisor) {
   kernels::cuda::reset_gemm_epilogue_counts();
   comm::World& world = test::gpu_world_of_one();
   core::Stream stream = core::Stream::create(kGpu);
-  std::unique_ptr<Module> model = make_model(name, 0.0f, false, width_divisor);
+  std::unique_ptr<Module> model = make_model(name, ModelOptions{.width_divisor = width_divisor});
   initialize(*model, 5);
   const ModelPreset& preset = model_preset(name);
   ParameterStore store(*model, kGpu, stream);
