@@ -19,7 +19,8 @@
 // f64 sums, then the normalisation) and writes y once; backward reads x, y
 // and dy twice (the f64 sums of dy and dy (x - mean), then dx) and writes dx
 // (and d_identity). Sums are of x - x[channel's first value], so that a mean
-// far from zero costs no precision in sum(x^2) - sum(x)^2 / n.
+// far from zero costs no precision in sum(x^2) - sum(x)^2 / n. Channels-last
+// data (spatial == 1) has kernels of its own: Note [channels-last batchnorm].
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -314,8 +315,10 @@ void dispatch_epilogue(BatchNormEpilogue epi, F&& f) {
 // that and every pointer is 16-byte aligned (resnet's 56x56, 28x28, 14x14;
 // not 7x7), else one value: 16-bit scalar accesses leave too few bytes in
 // flight to fill an H100's or H200's memory system. Each value's arithmetic
-// is the same either way, so the choice never changes a bit. The sums stay
-// scalar: their order is part of the result (Note [batchnorm passes]).
+// is the same either way, so the choice never changes a bit. The NCHW sums
+// stay scalar: their order is part of the result (Note [batchnorm passes]);
+// the channels-last sums load packs, in an order that does not depend on
+// them (Note [channels-last batchnorm]).
 // `row_length`: spatial in NCHW, channels in channels-last (Note
 // [channels-last batchnorm]).
 template <typename T>
