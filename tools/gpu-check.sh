@@ -22,6 +22,12 @@
 #                                  cpu runs (mlp, gpt-tiny), gpt2 fused against
 #                                  unfused for 100 steps, and --deterministic
 #                                  twice with the same bits
+#   tools/gpu-check.sh run-variants fourth call: the CUDA graph step against
+#                                  the eager one (gpt2 bench_step --cuda-graph;
+#                                  gpt-tiny --deterministic, the same bits with
+#                                  and without), and channels-last against NCHW
+#                                  (resnet50 and resnet bench_step --channels-last
+#                                  beside PyTorch in channels-last)
 #   tools/gpu-check.sh run-profile optional call: where gpt2's and resnet50's
 #                                  steps spend their time, fused and unfused
 #                                  (bench_step --trace, tools/trace.py top; nsys
@@ -288,6 +294,33 @@ run_compare() {
   verdicts
 }
 
+# Issue 44's CUDA graph step (Note [step graph]) and issue 45's channels-last
+# layers (Note [channels-last layers]), each beside what it replaces.
+run_variants() {
+  [ -z "${PLAN:-}" ] && prepare variants
+  bench_step gpt2_eager 45 gpt2 8 bf16 --baseline false
+  bench_step gpt2_graph 45 gpt2 8 bf16 --baseline false --cuda-graph
+  local mode
+  for mode in eager graph; do
+    local flags=(--deterministic)
+    [ "$mode" = graph ] && flags+=(--cuda-graph)
+    train "deterministic_$mode" 15 "$work/text128/train" "$OUT/train_deterministic_$mode.jsonl" \
+      "${gpt_tiny_common[@]}" --steps 100 --log-every 50 "${flags[@]}"
+  done
+  local torch_nhwc=(--torch-channels-last --torch-cudnn-benchmark)
+  bench_step resnet50_nhwc_fp16 60 resnet50 256 fp16 --channels-last "${torch_nhwc[@]}"
+  bench_step resnet_nhwc_fp16 45 resnet 256 fp16 --channels-last "${torch_nhwc[@]}"
+  [ -n "${PLAN:-}" ] && return 0
+  cat "$OUT"/bench_step_*.json >"$OUT/bench_step_variants.json" 2>/dev/null
+  echo
+  {
+    "$python" tools/gpu_baseline.py steps "$OUT/bench_step_variants.json"
+    "$python" tools/gpu_baseline.py same "gpt-tiny --deterministic, CUDA graph vs eager" \
+      "$OUT/train_deterministic_eager.jsonl" "$OUT/train_deterministic_graph.jsonl"
+  } | tee "$OUT/summary.txt"
+  verdicts
+}
+
 # Where the GPU steps' time goes: each module's forward and backward and the
 # optimizer on the compute stream (bench_step --trace, summed per span name by
 # tools/trace.py top), fused and unfused, and per kernel where nsys is installed.
@@ -349,7 +382,7 @@ run_scaling() {
 plan() {
   PLAN=1
   local call status=0
-  for call in run_tests run_bench run_compare run_profile run_scaling; do
+  for call in run_tests run_bench run_compare run_variants run_profile run_scaling; do
     plan_total=0
     echo "${call//_/-}:"
     "$call"
@@ -380,8 +413,9 @@ case "${1:-}" in
   run-tests) run_tests ;;
   run-bench) run_bench ;;
   run-compare) run_compare ;;
+  run-variants) run_variants ;;
   run-profile) run_profile ;;
   run-scaling) run_scaling ;;
   plan) plan ;;
-  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-compare|run-profile|run-scaling|plan" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-compare|run-variants|run-profile|run-scaling|plan" >&2; exit 2 ;;
 esac

@@ -149,6 +149,10 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
                "on CUDA, run the unfused ops that the fused kernels replace (attention, "
                "cross-entropy, LayerNorm, GEMM epilogues, BatchNorm; Note [one fusion switch]): "
                "to compare a run with today's fused paths");
+  app.add_flag("--cuda-graph", f.cuda_graph,
+               "on CUDA with one rank, replay each step's forward and backward as a CUDA graph "
+               "captured after two eager steps of the same shapes (Note [step graph]; not with "
+               "dropout, --zero or --rank-invariant); the same bits as without");
   // The image pipeline and evaluation (Note [augment recipes]).
   app.add_option("--augment", f.augment,
                  "crop and flip training images in the loader threads: imagenet "

@@ -28,6 +28,7 @@ struct Flags {
   std::uint64_t seed = 0;
   bool no_decay_bias_norm = false, deterministic = false, profile = false;
   bool unfused_kernels = false;
+  bool cuda_graph = false;                // StepOptions::cuda_graph (Note [step graph])
   bool activation_checkpointing = false;  // Note [activation checkpointing]
   bool allow_partial_weights = false;     // --init-from: Note [weights files]
   // The model's build (engine::make_model): its widths divided, and

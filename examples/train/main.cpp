@@ -152,6 +152,24 @@ ClassChoice choose_classes(const ModelPreset& preset, const std::string& loss,
                              data.class_names_file().filename().string(), preset.classes)};
 }
 
+// What StepOptions::cuda_graph cannot hold (Note [step graph]), in flags, before anything loads.
+void check_cuda_graph_flags(const Flags& f, core::Device device, int ranks) {
+  if (!f.cuda_graph) return;
+  const auto refuse = [](const std::string& why) {
+    throw InvalidArgument("--cuda-graph: " + why + "; run without --cuda-graph");
+  };
+  if (!device.is_cuda())
+    refuse(fmt::format("the run is on {}, and CUDA graphs need a GPU", device.str()));
+  if (ranks > 1)
+    refuse(fmt::format("{} ranks; capturing several ranks' allreduces is not built, only one rank",
+                       ranks));
+  if (f.zero != 0) refuse(fmt::format("--zero {} gathers and shards on the host mid-step", f.zero));
+  if (f.rank_invariant) refuse("--rank-invariant sums its chunks in a host-driven tree");
+  if (f.dropout > 0)
+    refuse(fmt::format(
+        "--dropout {} draws masks from the step number, which a replay cannot change", f.dropout));
+}
+
 // The header's model line: "resnet50", or with what changed it ("resnet50,
 // 3 classes, as --data's classes.txt names them (...), widths / 16").
 std::string model_text(const Flags& f, const ClassChoice& classes) {
@@ -477,6 +495,7 @@ int run(const Flags& flags, comm::World& world) {
   kernels::set_fused_kernels(!f.unfused_kernels);
   install_signal_handlers();
   const core::Device device = world.device();
+  check_cuda_graph_flags(f, device, world.size());
   const ModelPreset& preset = model_preset(f.model);
 
   if (f.sample_tokens > 0 && !preset.language_model)
@@ -586,6 +605,7 @@ int run(const Flags& flags, comm::World& world) {
   trainer_options.max_consecutive_skips = f.max_consecutive_skips;
   trainer_options.sync.zero_stage = f.zero;
   trainer_options.rank_invariant = f.rank_invariant;
+  trainer_options.cuda_graph = f.cuda_graph;
 
   const auto config = settings(f, f.batch_size * world.size(), train_data);
   if (f.resume == "auto" && f.checkpoint_dir.empty())
@@ -812,6 +832,10 @@ int run(const Flags& flags, comm::World& world) {
         p.wall_ms / 1e3, first_step, core::trace::format_profile(p));
   if (lead && pace.steps > 0)
     fmt::print("{}\n", pace.text(loader_options.threads, device.is_cuda() ? "GPU" : "CPU"));
+  if (const StepGraphCounts* g = trainer.data_parallel_step().graph_counts(); lead && g)
+    fmt::print("cuda graph: {} captured ({} nodes), {} steps replayed, {} eager{}\n", g->captures,
+               g->nodes, g->replays, g->eager,
+               g->last_eager_reason.empty() ? "" : " (last: " + g->last_eager_reason + ")");
   report->finish();  // "stopped at step N" after a stop, "done at step N" otherwise
   heartbeat.beat(trainer.steps(), stopped ? "stopped" : "done");
   return metrics.failed() ? 1 : 0;  // Note [write failures]: lost metrics are an error

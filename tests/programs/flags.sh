@@ -173,6 +173,14 @@ if [ "$bench" = with-bench ]; then
   for flag in --model --precision --mode --host-overlap; do refuses "$sc" "$flag" EMPTY nonsense; done
 fi
 
+# A flag without a value: --cuda-graph on the CPU is refused by name (Note [step graph]).
+cases=$((cases + 1))
+timeout 60 "$train" --data "$work/data" --device cpu --steps 1 --cuda-graph >"$work/out" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ] || ! grep -q -- "--cuda-graph: the run is on cpu" "$work/out"; then
+  failures+=("lockstep-train --device cpu --cuda-graph: exit $rc, $(tail -n 2 "$work/out")")
+fi
+
 # Valid configurations: many micro-batches per step (the loader's pool
 # follows --accum), and --accum times --batch-size exactly the dataset.
 for config in "--batch-size 8 --accum 40" "--batch-size 1 --accum 64" "--batch-size 64 --accum 32"; do
