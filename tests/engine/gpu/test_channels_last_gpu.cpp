@@ -6,7 +6,8 @@
 // data-parallel SGD steps (the losses, the parameters after), in f32 and
 // under bf16 autocast; at a sixteenth of the widths, and resnet50 at
 // its full widths (the channel counts cuDNN's NHWC tensor-core kernels see
-// in training) for one pass.
+// in training) for one pass. A checkpoint of the CUDA NHWC run continues in
+// CUDA NCHW and on the CPU.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "comm/world.h"
+#include "engine/checkpoint.h"
 #include "engine/data_parallel_step.h"
 #include "engine/models.h"
 #include "engine/nn/loss.h"
@@ -174,4 +176,79 @@ TEST_CASE("cuda channels-last resnet and resnet50 train as the cuda NCHW and the
       require_close(nhwc, nchw, tol, what + ": cuda NHWC against cuda NCHW");
       require_close(nhwc, cpu, tol, what + ": cuda NHWC against the cpu");
     }
+}
+
+namespace {
+
+std::unique_ptr<Module> resnet(bool channels_last) {
+  auto model = make_model(
+      "resnet", ModelOptions{.width_divisor = 16, .classes = 10, .channels_last = channels_last});
+  initialize(*model, 7);
+  return model;
+}
+
+// A resnet of a sixteenth of the widths training on `device`: its store,
+// SGD with momentum and the data-parallel step, on one fixed batch.
+struct Training {
+  Training(const core::Device& device, bool channels_last)
+      : stream(core::Stream::create(device)),
+        model(resnet(channels_last)),
+        store(*model, device, stream),
+        sgd(store, single_group(store, 0.05, 1e-4), SgdOptions{.momentum = 0.9}, stream),
+        scaler(LossScaler::for_autocast(std::nullopt)),
+        step(*model, store, sgd, make_scheduler("constant", {}), scaler, &test::gpu_world_of_one(),
+             StepOptions{}, stream) {
+    core::Tensor host_x = core::Tensor::empty({8, 3, 32, 32}, DType::f32, core::Device::cpu());
+    core::Generator(5).normal(host_x, 0.0f, 1.0f);
+    x = host_x.to(device, stream);
+    y = core::Tensor::from_vector<std::int64_t>({0, 3, 6, 9, 2, 5, 8, 1}, {8}, DType::i64, device,
+                                                stream);
+  }
+  double run_step() {
+    const MicroBatch batch{x, y};
+    return step.run({&batch, 1}).loss;
+  }
+  std::vector<std::vector<float>> values() {
+    std::vector<std::vector<float>> out;
+    for (Parameter* p : model->parameters()) out.push_back(host(p->value, stream));
+    return out;
+  }
+  core::Stream stream;
+  std::unique_ptr<Module> model;
+  ParameterStore store;
+  SGD sgd;
+  LossScaler scaler;
+  DataParallelStep step;
+  core::Tensor x, y;
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint of a cuda channels-last run continues in cuda NCHW and on the cpu",
+          "[gpu][engine][channels_last]") {
+  // The checkpoint holds PyTorch's layouts whatever the run's: step 3 from it
+  // is the channels-last run's own step 3 within f32's tolerance above (the
+  // same weights and momentum; one step's summation orders apart).
+  const core::Device gpu = test::gpu_world_of_one().device();
+  Training nhwc(gpu, true);
+  for (int i = 0; i < 2; ++i) nhwc.run_step();
+  TrainingState state;
+  state.step = 2;
+  const CheckpointContents saved = capture_checkpoint(*nhwc.model, nhwc.sgd, state, nhwc.stream);
+  Training nchw(gpu, false), cpu(core::Device::cpu(), false);
+  for (Training* t : {&nchw, &cpu}) {
+    restore_checkpoint(saved, "the channels-last run's", *t->model, t->sgd, {}, {}, t->stream);
+    t->step.set_steps(2);
+  }
+  const double loss = nhwc.run_step();
+  const auto want = nhwc.values();
+  for (Training* t : {&nchw, &cpu}) {
+    INFO((t == &cpu ? "cpu" : "cuda NCHW"));
+    CHECK(std::fabs(t->run_step() - loss) <= 1e-3 * std::fabs(loss));
+    const auto got = t->values();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("parameter " << i << " after step 3");
+      CHECK(relative_error(got[i], want[i]) <= 1e-3);
+    }
+  }
 }
