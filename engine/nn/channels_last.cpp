@@ -21,10 +21,22 @@ namespace {
 // the layout. `pooled`: a GlobalAvgPool2d came before (the activations are
 // [batch, channels, 1, 1] from there on, the same in either layout).
 void set_layers(Module& m, bool& pooled) {
-  if (auto* conv = dynamic_cast<Conv2d*>(&m)) return conv->set_channels_last(true);
-  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) return bn->set_channels_last(true);
-  if (auto* pool = dynamic_cast<MaxPool2d*>(&m)) return pool->set_channels_last(true);
-  if (auto* pool = dynamic_cast<AvgPool2d*>(&m)) return pool->set_channels_last(true);
+  if (auto* conv = dynamic_cast<Conv2d*>(&m)) {
+    conv->set_channels_last(true);
+    return;
+  }
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) {
+    bn->set_channels_last(true);
+    return;
+  }
+  if (auto* pool = dynamic_cast<MaxPool2d*>(&m)) {
+    pool->set_channels_last(true);
+    return;
+  }
+  if (auto* pool = dynamic_cast<AvgPool2d*>(&m)) {
+    pool->set_channels_last(true);
+    return;
+  }
   if (auto* pool = dynamic_cast<GlobalAvgPool2d*>(&m)) {
     pool->set_channels_last(true);
     pooled = true;
