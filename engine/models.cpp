@@ -271,7 +271,7 @@ std::unique_ptr<Module> make_model(const std::string& name, const ModelOptions& 
   if (options.channels_last && !is_resnet)
     throw InvalidArgument("model '" + name +
                           "' has no channels-last form (resnet and resnet50 do: build it without "
-                          "channels_last)");
+                          "channels_last, lockstep-train without --channels-last)");
   if (classes < 0 || (preset.language_model && classes != 0 && classes != preset.classes))
     throw InvalidArgument(fmt::format(
         "make_model('{}'): classes is {}; pass 0 for the preset's {}{}", name, classes,
