@@ -39,7 +39,12 @@ CudaGraph::CudaGraph(const Stream& stream, CaptureArena& arena, const std::funct
   // Relaxed: this thread may still call cudaMalloc (the arena's chunks) and
   // create events while it captures; everything else that waits for the
   // device fails the capture, as it would in the other modes.
-  LOCKSTEP_CHECK_CUDA(cudaStreamBeginCapture(stream.handle(), cudaStreamCaptureModeRelaxed));
+  if (const cudaError_t began =
+          cudaStreamBeginCapture(stream.handle(), cudaStreamCaptureModeRelaxed);
+      began != cudaSuccess) {
+    arena.end_graph();
+    LOCKSTEP_CHECK_CUDA(began);
+  }
   std::exception_ptr failure;
   try {
     CaptureArenaScope scope(arena);
