@@ -304,10 +304,14 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
       const std::span<const MicroBatch> staged = graph_->stage(micro_batches);
       core::trace::Span capture("capture cuda graph", core::trace::Part::compute);
       graph_->capture([&] { forward_backward(staged, dloss, true); });
+      graph_index_checks_ = readback_->index_checks();  // the lookups the graph reports on
       break;
     }
     case StepGraph::Action::replay: {
       core::trace::Span replay("replay cuda graph", core::trace::Part::compute, stream_);
+      // An eager step since the capture registered its own lookups: a bad
+      // index the graph reports names the captured ones (Note [step graph]).
+      readback_->index_checks() = *graph_index_checks_;
       graph_->replay(micro_batches);
       break;
     }

@@ -20,6 +20,9 @@
 //     backward: a new f16 loss scale captures again (rare: a back-off, a growth);
 //   - the step number is frozen: Dropout, whose keys use it, refuses capture
 //     (Context::graph_capture), as does anything else that reads Context::step;
+//   - the embedding lookups' index checks (Note [deferred index check]) are
+//     the capture's: the step restores them before each replay, since an
+//     eager step in between registers its own;
 //   - host code inside modules runs once, at the capture; whatever it decides
 //     per step (a weight copy's version check) is decided then. Weights change
 //     between steps only through the optimizer, which writes the autocast

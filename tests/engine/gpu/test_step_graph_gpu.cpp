@@ -3,7 +3,8 @@
 // same parameters bit for bit, for gpt-tiny (bf16), resnet (bf16, BatchNorm's
 // buffers) and mlp (f32, two micro-batches; f16, whose loss scale changes and
 // is captured again); other shapes run eagerly and the graph comes back;
-// Dropout refuses the capture; a bad token is still reported by the replay.
+// Dropout refuses the capture; a bad token is still reported by the replay,
+// also after an eager step of other shapes.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -172,12 +173,18 @@ TEST_CASE("a bad token is reported through the replayed graph [gpu]", "[gpu]") {
   Run graph("gpt-tiny", DType::bf16, true);
   train(graph, "gpt-tiny", StepGraph::kWarmupSteps + 2, 1, 2);
   REQUIRE(graph.step->graph_counts()->replays == 2);
+  // An eager step of other shapes between registers its own lookups; the
+  // replay must still name the captured ones, with the bad token's value.
+  const MicroBatch odd = batch("gpt-tiny", 7, 0, 3, graph);
+  graph.step->run({&odd, 1});
   const ModelPreset& preset = model_preset("gpt-tiny");
   std::vector<std::int64_t> tokens(2 * static_cast<std::size_t>(preset.sample_shape[0]), 1);
   tokens[5] = preset.classes + 3;  // outside the vocabulary
   const core::Tensor x = core::Tensor::from_vector(tokens, {2, preset.sample_shape[0]}, DType::i64,
                                                    kGpu, graph.stream);
   const MicroBatch bad{x, x};
-  REQUIRE_THROWS_WITH(graph.step->run({&bad, 1}), Catch::Contains("wte"));
+  REQUIRE_THROWS_WITH(
+      graph.step->run({&bad, 1}),
+      Catch::Contains("wte") && Catch::Contains(std::to_string(preset.classes + 3)));
   CHECK(graph.step->graph_counts()->replays == 3);
 }
