@@ -4,9 +4,14 @@
 // pooling gives each plane one thread that sums it in index order in f64.
 // Channels-last calls (Note [channels-last pooling]) have kernels of their
 // own with the channel innermost in the thread index, so a warp reads and
-// writes 32 consecutive channels; each thread does the NCHW thread's work in
+// writes consecutive channels (in 16-byte packs where they fit: Note
+// [channels-last pooling packs]); each channel gets the NCHW thread's work in
 // the same order, hence the same bits.
 #include <math_constants.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_float.cuh"
@@ -142,90 +147,160 @@ __global__ void global_avg_backward_kernel(std::int64_t planes, std::int64_t spa
   }
 }
 
-// An NHWC index split into its image, row, column and channel.
+// Note [channels-last pooling packs]: an NHWC thread takes V consecutive
+// channels of one pixel, loaded and stored as one 16-byte access (8 f16/bf16
+// or 4 f32 values) where the channel count is a multiple of V and the data
+// pointers are 16-byte aligned (resnet's 64 to 2048 channels), else V = 1: the
+// index arithmetic is paid once per pack instead of per value. Each channel
+// is scanned and summed exactly as the one-value thread does it, so V never
+// changes a bit. argmax stays one i32 per output, in NHWC order.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// An NHWC pack index (packs_per_pixel = channels / V) split into its image,
+// row, column and pack within the pixel.
 struct Nhwc {
-  std::int64_t n, h, w, c;
+  std::int64_t n, h, w, pack;
 };
 __device__ Nhwc split_nhwc(std::int64_t i, std::int64_t h_n, std::int64_t w_n,
-                           std::int64_t channels) {
-  const std::int64_t pixel = i / channels;
-  return {pixel / (h_n * w_n), pixel / w_n % h_n, pixel % w_n, i % channels};
+                           std::int64_t packs_per_pixel) {
+  const std::int64_t pixel = i / packs_per_pixel;
+  return {pixel / (h_n * w_n), pixel / w_n % h_n, pixel % w_n, i % packs_per_pixel};
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void max_forward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
-                                        const T* x, T* y, std::int32_t* argmax) {
-  const std::int64_t C = s.channels;
-  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * C; o += grid_size()) {
-    const Nhwc at = split_nhwc(o, oh_n, ow_n, C);
+                                        const Pack<T, V>* x, Pack<T, V>* y, std::int32_t* argmax) {
+  const std::int64_t P = s.channels / V;
+  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * P; o += grid_size()) {
+    const Nhwc at = split_nhwc(o, oh_n, ow_n, P);
     const Window w = window(s, at.h, at.w);
-    const T* image = x + at.n * s.in_h * s.in_w * C + at.c;
-    float best = -CUDART_INF_F;
-    std::int64_t best_index = w.h0 * s.in_w + w.w0;
+    const Pack<T, V>* image = x + at.n * s.in_h * s.in_w * P + at.pack;
+    float best[V];
+    std::int64_t best_index[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      best[e] = -CUDART_INF_F;
+      best_index[e] = w.h0 * s.in_w + w.w0;
+    }
     for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
       for (std::int64_t iw = w.w0; iw < w.w1; ++iw) {
-        const float v = to_f32(image[(ih * s.in_w + iw) * C]);
-        if (v > best || isnan(v)) {  // Note [max pool ties]
-          best = v;
-          best_index = ih * s.in_w + iw;
+        const Pack<T, V> in = image[(ih * s.in_w + iw) * P];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float v = to_f32(in.v[e]);
+          if (v > best[e] || isnan(v)) {  // Note [max pool ties]
+            best[e] = v;
+            best_index[e] = ih * s.in_w + iw;
+          }
         }
       }
-    y[o] = from_f32<T>(best);
-    if (argmax) argmax[o] = static_cast<std::int32_t>(best_index);
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(best[e]);
+    y[o] = out;
+    if (argmax) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) argmax[o * V + e] = static_cast<std::int32_t>(best_index[e]);
+    }
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void max_backward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
-                                         const T* dy, const std::int32_t* argmax, T* dx) {
-  const std::int64_t C = s.channels;
-  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * C; i += grid_size()) {
-    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, C);
+                                         const Pack<T, V>* dy, const std::int32_t* argmax,
+                                         Pack<T, V>* dx) {
+  const std::int64_t P = s.channels / V;
+  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * P; i += grid_size()) {
+    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, P);
     std::int64_t oh0, oh1, ow0, ow1;
     covering(at.h, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
     covering(at.w, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
     const std::int32_t self = static_cast<std::int32_t>(at.h * s.in_w + at.w);
-    float acc = 0.0f;
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = 0.0f;
     for (std::int64_t oh = oh0; oh < oh1; ++oh)
       for (std::int64_t ow = ow0; ow < ow1; ++ow) {
-        const std::int64_t o = ((at.n * oh_n + oh) * ow_n + ow) * C + at.c;
-        if (argmax[o] == self) acc += to_f32(dy[o]);
+        const std::int64_t o = ((at.n * oh_n + oh) * ow_n + ow) * P + at.pack;
+        const Pack<T, V> grad = dy[o];
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (argmax[o * V + e] == self) acc[e] += to_f32(grad.v[e]);
       }
-    dx[i] = from_f32<T>(acc);
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(acc[e]);
+    dx[i] = out;
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void avg_forward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
-                                        bool count_include_pad, const T* x, T* y) {
-  const std::int64_t C = s.channels;
-  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * C; o += grid_size()) {
-    const Nhwc at = split_nhwc(o, oh_n, ow_n, C);
+                                        bool count_include_pad, const Pack<T, V>* x,
+                                        Pack<T, V>* y) {
+  const std::int64_t P = s.channels / V;
+  for (std::int64_t o = first_index(); o < s.batch * oh_n * ow_n * P; o += grid_size()) {
+    const Nhwc at = split_nhwc(o, oh_n, ow_n, P);
     const Window w = window(s, at.h, at.w);
-    const T* image = x + at.n * s.in_h * s.in_w * C + at.c;
-    float sum = 0.0f;
+    const Pack<T, V>* image = x + at.n * s.in_h * s.in_w * P + at.pack;
+    float sum[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) sum[e] = 0.0f;
     for (std::int64_t ih = w.h0; ih < w.h1; ++ih)
-      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) sum += to_f32(image[(ih * s.in_w + iw) * C]);
-    y[o] = from_f32<T>(sum / avg_divisor(s, count_include_pad, w));
+      for (std::int64_t iw = w.w0; iw < w.w1; ++iw) {
+        const Pack<T, V> in = image[(ih * s.in_w + iw) * P];
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum[e] += to_f32(in.v[e]);
+      }
+    const float divisor = avg_divisor(s, count_include_pad, w);
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(sum[e] / divisor);
+    y[o] = out;
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void avg_backward_nhwc_kernel(Pool2dShape s, std::int64_t oh_n, std::int64_t ow_n,
-                                         bool count_include_pad, const T* dy, T* dx) {
-  const std::int64_t C = s.channels;
-  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * C; i += grid_size()) {
-    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, C);
+                                         bool count_include_pad, const Pack<T, V>* dy,
+                                         Pack<T, V>* dx) {
+  const std::int64_t P = s.channels / V;
+  for (std::int64_t i = first_index(); i < s.batch * s.in_h * s.in_w * P; i += grid_size()) {
+    const Nhwc at = split_nhwc(i, s.in_h, s.in_w, P);
     std::int64_t oh0, oh1, ow0, ow1;
     covering(at.h, s.pad_h, s.kernel_h, s.stride_h, oh_n, oh0, oh1);
     covering(at.w, s.pad_w, s.kernel_w, s.stride_w, ow_n, ow0, ow1);
-    float acc = 0.0f;
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = 0.0f;
     for (std::int64_t oh = oh0; oh < oh1; ++oh)
-      for (std::int64_t ow = ow0; ow < ow1; ++ow)
-        acc += to_f32(dy[((at.n * oh_n + oh) * ow_n + ow) * C + at.c]) /
-               avg_divisor(s, count_include_pad, window(s, oh, ow));
-    dx[i] = from_f32<T>(acc);
+      for (std::int64_t ow = ow0; ow < ow1; ++ow) {
+        const Pack<T, V> grad = dy[((at.n * oh_n + oh) * ow_n + ow) * P + at.pack];
+        const float divisor = avg_divisor(s, count_include_pad, window(s, oh, ow));
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] += to_f32(grad.v[e]) / divisor;
+      }
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(acc[e]);
+    dx[i] = out;
   }
+}
+
+// Calls f(std::integral_constant<int, V>{}) with V per Note [channels-last
+// pooling packs] for these channels and pointers (null counts as aligned).
+template <typename T, typename F>
+void with_channel_packs(std::int64_t channels, std::initializer_list<const void*> pointers, F&& f) {
+  constexpr int kPack = 16 / sizeof(T);
+  bool fit = channels % kPack == 0;
+  for (const void* p : pointers) fit = fit && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  if (fit)
+    f(std::integral_constant<int, kPack>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 // One thread per (image, channel), consecutive threads on consecutive
@@ -258,9 +333,13 @@ void max_pool2d_forward(const Pool2dShape& s, DType type, const void* x, void* y
   detail::dispatch_float(type, "max_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     if (s.channels_last) {
-      max_forward_nhwc_kernel<T>
-          <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
-              s, s.out_h(), s.out_w(), static_cast<const T*>(x), static_cast<T*>(y), argmax);
+      with_channel_packs<T>(s.channels, {x, y}, [&](auto pack) {
+        constexpr int V = decltype(pack)::value;
+        max_forward_nhwc_kernel<T, V>
+            <<<detail::grid_for(s.batch * s.channels / V * s.out_h() * s.out_w()), kThreads, 0,
+               stream>>>(s, s.out_h(), s.out_w(), static_cast<const Pack<T, V>*>(x),
+                         static_cast<Pack<T, V>*>(y), argmax);
+      });
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
       return;
     }
@@ -277,9 +356,13 @@ void max_pool2d_backward(const Pool2dShape& s, DType type, const void* dy,
   detail::dispatch_float(type, "max_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     if (s.channels_last) {
-      max_backward_nhwc_kernel<T>
-          <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
-              s, s.out_h(), s.out_w(), static_cast<const T*>(dy), argmax, static_cast<T*>(dx));
+      with_channel_packs<T>(s.channels, {dy, dx}, [&](auto pack) {
+        constexpr int V = decltype(pack)::value;
+        max_backward_nhwc_kernel<T, V>
+            <<<detail::grid_for(s.batch * s.channels / V * s.in_h * s.in_w), kThreads, 0, stream>>>(
+                s, s.out_h(), s.out_w(), static_cast<const Pack<T, V>*>(dy), argmax,
+                static_cast<Pack<T, V>*>(dx));
+      });
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
       return;
     }
@@ -296,10 +379,13 @@ void avg_pool2d_forward(const Pool2dShape& s, DType type, bool count_include_pad
   detail::dispatch_float(type, "avg_pool2d_forward", [&](auto tag) {
     using T = decltype(tag);
     if (s.channels_last) {
-      avg_forward_nhwc_kernel<T>
-          <<<detail::grid_for(s.batch * s.channels * s.out_h() * s.out_w()), kThreads, 0, stream>>>(
-              s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(x),
-              static_cast<T*>(y));
+      with_channel_packs<T>(s.channels, {x, y}, [&](auto pack) {
+        constexpr int V = decltype(pack)::value;
+        avg_forward_nhwc_kernel<T, V>
+            <<<detail::grid_for(s.batch * s.channels / V * s.out_h() * s.out_w()), kThreads, 0,
+               stream>>>(s, s.out_h(), s.out_w(), count_include_pad,
+                         static_cast<const Pack<T, V>*>(x), static_cast<Pack<T, V>*>(y));
+      });
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
       return;
     }
@@ -317,10 +403,13 @@ void avg_pool2d_backward(const Pool2dShape& s, DType type, bool count_include_pa
   detail::dispatch_float(type, "avg_pool2d_backward", [&](auto tag) {
     using T = decltype(tag);
     if (s.channels_last) {
-      avg_backward_nhwc_kernel<T>
-          <<<detail::grid_for(s.batch * s.channels * s.in_h * s.in_w), kThreads, 0, stream>>>(
-              s, s.out_h(), s.out_w(), count_include_pad, static_cast<const T*>(dy),
-              static_cast<T*>(dx));
+      with_channel_packs<T>(s.channels, {dy, dx}, [&](auto pack) {
+        constexpr int V = decltype(pack)::value;
+        avg_backward_nhwc_kernel<T, V>
+            <<<detail::grid_for(s.batch * s.channels / V * s.in_h * s.in_w), kThreads, 0, stream>>>(
+                s, s.out_h(), s.out_w(), count_include_pad, static_cast<const Pack<T, V>*>(dy),
+                static_cast<Pack<T, V>*>(dx));
+      });
       LOCKSTEP_CHECK_CUDA(cudaGetLastError());
       return;
     }
