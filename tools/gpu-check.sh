@@ -22,12 +22,14 @@
 #                                  cpu runs (mlp, gpt-tiny), gpt2 fused against
 #                                  unfused for 100 steps, and --deterministic
 #                                  twice with the same bits
-#   tools/gpu-check.sh run-variants fourth call: the CUDA graph step against
-#                                  the eager one (gpt2 bench_step --cuda-graph;
-#                                  gpt-tiny --deterministic, the same bits with
-#                                  and without), and channels-last against NCHW
-#                                  (resnet50 and resnet bench_step --channels-last
-#                                  beside PyTorch in channels-last)
+#   tools/gpu-check.sh run-graph   fourth call: the CUDA graph step's [gpu]
+#                                  tests, gpt2 bench_step with and without
+#                                  --cuda-graph, gpt-tiny --deterministic the
+#                                  same bits with and without
+#   tools/gpu-check.sh run-nhwc    fifth call: the channels-last kernels' and
+#                                  layers' [gpu] tests, resnet50 and resnet
+#                                  bench_step --channels-last beside PyTorch
+#                                  in channels-last
 #   tools/gpu-check.sh run-profile optional call: where gpt2's and resnet50's
 #                                  steps spend their time, fused and unfused
 #                                  (bench_step --trace, tools/trace.py top; nsys
@@ -212,10 +214,11 @@ run_tests() {
   # The kernels binary now holds the fused cross-entropy at 8192 x 50304,
   # the LayerNorms and the GEMM epilogues at gpt2's shapes; the engine's the
   # fused attention, fused BatchNorm at resnet50's, GPT blocks, embedding.
-  step gpu_tests 70 "$bin/lockstep_gpu_tests" "[gpu]" --durations yes
+  step gpu_tests 70 "$bin/lockstep_gpu_tests" "[gpu]~[nhwc]" --durations yes
   step comm_gpu_tests 20 "$bin/lockstep_comm_gpu_tests" "[gpu]"
   step io_gpu_tests 30 "$bin/lockstep_io_gpu_tests" "[gpu]"
-  step engine_gpu_tests 110 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]" --durations yes
+  step engine_gpu_tests 110 "$bin/lockstep_engine_gpu_tests" "[gpu]~[gpt2]~[nhwc]~[graph]" \
+    --durations yes
   # GPT-2's real widths: a one-block step against the cpu, then each kernel
   # family at 16K tokens checked and timed (tests/engine/gpu/test_gpt2_shape_gpu.cpp).
   step gpt2_shape 40 "$bin/lockstep_engine_gpu_tests" "[gpt2]" --durations yes
@@ -294,10 +297,12 @@ run_compare() {
   verdicts
 }
 
-# Issue 44's CUDA graph step (Note [step graph]) and issue 45's channels-last
-# layers (Note [channels-last layers]), each beside what it replaces.
-run_variants() {
-  [ -z "${PLAN:-}" ] && prepare variants
+# Issue 44's CUDA graph step (Note [step graph]) beside the eager step: its
+# [gpu] tests (the same bits as eager), gpt2's step time with and without,
+# and gpt-tiny --deterministic trained both ways to the same bits.
+run_graph() {
+  [ -z "${PLAN:-}" ] && prepare graph
+  step graph_tests 40 "$work/bin/lockstep_engine_gpu_tests" "[graph]" --durations yes
   bench_step gpt2_eager 45 gpt2 8 bf16 --baseline false
   bench_step gpt2_graph 45 gpt2 8 bf16 --baseline false --cuda-graph
   local mode
@@ -307,17 +312,31 @@ run_variants() {
     train "deterministic_$mode" 15 "$work/text128/train" "$OUT/train_deterministic_$mode.jsonl" \
       "${gpt_tiny_common[@]}" --steps 100 --log-every 50 "${flags[@]}"
   done
+  [ -n "${PLAN:-}" ] && return 0
+  cat "$OUT"/bench_step_gpt2_*.json >"$OUT/bench_step_graph.json" 2>/dev/null
+  echo
+  {
+    "$python" tools/gpu_baseline.py steps "$OUT/bench_step_graph.json"
+    "$python" tools/gpu_baseline.py same "gpt-tiny --deterministic, CUDA graph vs eager" \
+      "$OUT/train_deterministic_eager.jsonl" "$OUT/train_deterministic_graph.jsonl"
+  } | tee "$OUT/summary.txt"
+  verdicts
+}
+
+# Issue 45's channels-last layers (Note [channels-last layers]): the NHWC
+# kernels' and layers' [gpu] tests (against the CPU and the NCHW kernels),
+# then resnet50 and resnet --channels-last beside PyTorch in channels-last.
+run_nhwc() {
+  [ -z "${PLAN:-}" ] && prepare nhwc
+  step nhwc_kernel_tests 90 "$work/bin/lockstep_gpu_tests" "[nhwc]" --durations yes
+  step nhwc_engine_tests 45 "$work/bin/lockstep_engine_gpu_tests" "[nhwc]" --durations yes
   local torch_nhwc=(--torch-channels-last --torch-cudnn-benchmark)
   bench_step resnet50_nhwc_fp16 60 resnet50 256 fp16 --channels-last "${torch_nhwc[@]}"
   bench_step resnet_nhwc_fp16 45 resnet 256 fp16 --channels-last "${torch_nhwc[@]}"
   [ -n "${PLAN:-}" ] && return 0
-  cat "$OUT"/bench_step_*.json >"$OUT/bench_step_variants.json" 2>/dev/null
+  cat "$OUT"/bench_step_resnet*_nhwc_*.json >"$OUT/bench_step_nhwc.json" 2>/dev/null
   echo
-  {
-    "$python" tools/gpu_baseline.py steps "$OUT/bench_step_variants.json"
-    "$python" tools/gpu_baseline.py same "gpt-tiny --deterministic, CUDA graph vs eager" \
-      "$OUT/train_deterministic_eager.jsonl" "$OUT/train_deterministic_graph.jsonl"
-  } | tee "$OUT/summary.txt"
+  "$python" tools/gpu_baseline.py steps "$OUT/bench_step_nhwc.json" | tee "$OUT/summary.txt"
   verdicts
 }
 
@@ -382,7 +401,7 @@ run_scaling() {
 plan() {
   PLAN=1
   local call status=0
-  for call in run_tests run_bench run_compare run_variants run_profile run_scaling; do
+  for call in run_tests run_bench run_compare run_graph run_nhwc run_profile run_scaling; do
     plan_total=0
     echo "${call//_/-}:"
     "$call"
@@ -413,9 +432,10 @@ case "${1:-}" in
   run-tests) run_tests ;;
   run-bench) run_bench ;;
   run-compare) run_compare ;;
-  run-variants) run_variants ;;
+  run-graph) run_graph ;;
+  run-nhwc) run_nhwc ;;
   run-profile) run_profile ;;
   run-scaling) run_scaling ;;
   plan) plan ;;
-  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-compare|run-variants|run-profile|run-scaling|plan" >&2; exit 2 ;;
+  *) echo "usage: tools/gpu-check.sh pack|run-tests|run-bench|run-compare|run-graph|run-nhwc|run-profile|run-scaling|plan" >&2; exit 2 ;;
 esac

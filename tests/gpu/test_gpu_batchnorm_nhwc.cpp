@@ -216,7 +216,7 @@ void require_twins(const A& gpu, const B& cpu, DType type, bool add, bool statis
 TEST_CASE(
     "cuda channels-last batchnorm matches its cpu twin at resnet50's NHWC shapes and odd "
     "ones",
-    "[gpu][batchnorm]") {
+    "[gpu][batchnorm][nhwc]") {
   // [rows, C]: layer1 at batch 256 (1024 splits of 784 rows), layer4 at batch
   // 256 (64 splits, 16 channel tiles), an odd row count with 3 channels (no
   // packs), 24 channels (a tile of 3 packs in f16, 6 in f32), 100 (packs in
@@ -243,7 +243,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("cuda channels-last batchnorm gives the same bits on every run", "[gpu][batchnorm]") {
+TEST_CASE("cuda channels-last batchnorm gives the same bits on every run", "[gpu][batchnorm][nhwc]") {
   const std::int64_t rows = 32 * 28 * 28, channels = 128;
   const BatchNormShape s{rows, channels, 1, 1e-5};
   const Inputs in(rows * channels, channels);
@@ -272,7 +272,7 @@ TEST_CASE("cuda channels-last batchnorm gives the same bits on every run", "[gpu
 // statistics and the gradients agree within the twin tolerances. Backward on
 // both sides from the NCHW forward's y and statistics.
 TEST_CASE("cuda channels-last batchnorm agrees with the NCHW kernels on the transposed data",
-          "[gpu][batchnorm]") {
+          "[gpu][batchnorm][nhwc]") {
   struct Case {
     std::int64_t n, c, h, w;
   };

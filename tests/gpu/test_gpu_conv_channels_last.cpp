@@ -269,7 +269,7 @@ void check_shape(const Conv2dShape& nchw, DType type, std::uint32_t seed) {
 }  // namespace
 
 TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at resnet50's shapes",
-          "[gpu][conv][layout]") {
+          "[gpu][conv][layout][nhwc]") {
   SettingsScope settings(false, false);  // the heuristic's choice: 23 shapes untimed
   std::uint32_t seed = 1;
   for (const DType type : {DType::bf16, DType::f16, DType::f32})
@@ -277,7 +277,7 @@ TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at resne
 }
 
 TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at odd shapes, timed",
-          "[gpu][conv][layout]") {
+          "[gpu][conv][layout][nhwc]") {
   SettingsScope settings(false, true);
   std::uint32_t seed = 100;
   for (const DType type : {DType::f32, DType::f16, DType::bf16})
@@ -289,7 +289,7 @@ TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at odd s
 }
 
 TEST_CASE("deterministic cuda channels-last convolution repeats bit for bit",
-          "[gpu][conv][layout]") {
+          "[gpu][conv][layout][nhwc]") {
   SettingsScope settings(true, false);
   std::vector<Conv2dShape> shapes(std::begin(kOddShapes), std::end(kOddShapes));
   const std::vector<Conv2dShape> resnet = resnet50_shapes();
@@ -322,7 +322,7 @@ TEST_CASE("deterministic cuda channels-last convolution repeats bit for bit",
 // rounding only (Note [column chunks]), so the f32 results differ by at most
 // one f32 ulp: 2^-23 relative to the result, plus 2^-23 of the column's
 // magnitude sum for results that cancel.
-TEST_CASE("cuda NHWC bias gradient matches the cpu", "[gpu][conv][layout]") {
+TEST_CASE("cuda NHWC bias gradient matches the cpu", "[gpu][conv][layout][nhwc]") {
   for (const DType type : {DType::f32, DType::bf16}) {
     const std::int64_t batch = 3, spatial = 17 * 19, channels = 70;
     std::vector<float> v(static_cast<std::size_t>(batch * spatial * channels));

@@ -48,7 +48,7 @@ std::vector<std::uint8_t> on_gpu(const std::vector<std::uint8_t>& in, Launch&& l
 
 }  // namespace
 
-TEST_CASE("cuda layout permutations equal the cpu's bit for bit", "[gpu][layout]") {
+TEST_CASE("cuda layout permutations equal the cpu's bit for bit", "[gpu][layout][nhwc]") {
   struct Sizes {
     std::int64_t n, c, h, w;
   };
@@ -76,7 +76,7 @@ TEST_CASE("cuda layout permutations equal the cpu's bit for bit", "[gpu][layout]
   }
 }
 
-TEST_CASE("cuda transpose-add folds a KRSC gradient into KCRS f32 exactly", "[gpu][layout]") {
+TEST_CASE("cuda transpose-add folds a KRSC gradient into KCRS f32 exactly", "[gpu][layout][nhwc]") {
   // [batch = K, rows = R*S, cols = C/g] -> [K, C/g, R*S]: resnet50's 3x3
   // 512-channel weight, a 7x7 stem, and a 1x1 (rows 1) with odd widths.
   struct Sizes {

@@ -81,7 +81,7 @@ std::vector<kernels::Pool2dShape> gpu_cases() {
 }  // namespace
 
 TEST_CASE("cuda NHWC max pooling matches the cpu and the cuda NCHW kernels, argmax included",
-          "[gpu][pooling]") {
+          "[gpu][pooling][nhwc]") {
   for (const DType type : kFloatTypes)
     for (const auto& s : gpu_cases()) {
       CAPTURE(dtype_name(type), s.batch, s.channels, s.in_h, s.in_w, s.kernel_h, s.kernel_w,
@@ -128,7 +128,7 @@ TEST_CASE("cuda NHWC max pooling matches the cpu and the cuda NCHW kernels, argm
     }
 }
 
-TEST_CASE("cuda NHWC average pooling matches the cpu and the cuda NCHW kernels", "[gpu][pooling]") {
+TEST_CASE("cuda NHWC average pooling matches the cpu and the cuda NCHW kernels", "[gpu][pooling][nhwc]") {
   for (const DType type : kFloatTypes)
     for (const bool count_include_pad : {true, false})
       for (const auto& s : gpu_cases()) {
@@ -170,7 +170,7 @@ TEST_CASE("cuda NHWC average pooling matches the cpu and the cuda NCHW kernels",
 }
 
 TEST_CASE("cuda NHWC global average pooling matches the cpu and the cuda plane form",
-          "[gpu][pooling]") {
+          "[gpu][pooling][nhwc]") {
   struct Case {
     std::int64_t batch, spatial, channels;
   };

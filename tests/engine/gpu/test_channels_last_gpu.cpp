@@ -155,7 +155,7 @@ void require_close(const Outcome& got, const Outcome& want, double tol, const st
 }  // namespace
 
 TEST_CASE("cuda channels-last resnet and resnet50 train as the cuda NCHW and the cpu models",
-          "[gpu][engine][channels_last]") {
+          "[gpu][engine][channels_last][nhwc]") {
   const core::Device gpu = test::gpu_world_of_one().device();
   const Setup setups[] = {
       {"resnet", 16, 32, 8, 3},
@@ -225,7 +225,7 @@ struct Training {
 }  // namespace
 
 TEST_CASE("a checkpoint of a cuda channels-last run continues in cuda NCHW and on the cpu",
-          "[gpu][engine][channels_last]") {
+          "[gpu][engine][channels_last][nhwc]") {
   // The checkpoint holds PyTorch's layouts whatever the run's: step 3 from it
   // is the channels-last run's own step 3 within f32's tolerance above (the
   // same weights and momentum; one step's summation orders apart).

@@ -105,7 +105,7 @@ struct Deterministic {
 
 }  // namespace
 
-TEST_CASE("the CUDA graph step gives the eager step's bits [gpu]", "[gpu]") {
+TEST_CASE("the CUDA graph step gives the eager step's bits [gpu]", "[gpu][graph]") {
   Deterministic deterministic;
   struct Case {
     std::string name;
@@ -131,7 +131,7 @@ TEST_CASE("the CUDA graph step gives the eager step's bits [gpu]", "[gpu]") {
   }
 }
 
-TEST_CASE("a new f16 loss scale is captured again [gpu]", "[gpu]") {
+TEST_CASE("a new f16 loss scale is captured again [gpu]", "[gpu][graph]") {
   Deterministic deterministic;
   LossScalerOptions scaling;
   scaling.init_scale = 1024.0f;
@@ -144,7 +144,7 @@ TEST_CASE("a new f16 loss scale is captured again [gpu]", "[gpu]") {
   CHECK(graph.step->graph_counts()->captures >= 2);
 }
 
-TEST_CASE("other shapes run eagerly and the graph comes back [gpu]", "[gpu]") {
+TEST_CASE("other shapes run eagerly and the graph comes back [gpu]", "[gpu][graph]") {
   Deterministic deterministic;
   Run eager("mlp", std::nullopt, false);
   Run graph("mlp", std::nullopt, true);
@@ -161,7 +161,7 @@ TEST_CASE("other shapes run eagerly and the graph comes back [gpu]", "[gpu]") {
   CHECK(n.last_eager_reason.find("shapes differ") != std::string::npos);
 }
 
-TEST_CASE("Dropout refuses the capture [gpu]", "[gpu]") {
+TEST_CASE("Dropout refuses the capture [gpu]", "[gpu][graph]") {
   Run graph("gpt-tiny", DType::bf16, true, 1, 0.1f);
   train(graph, "gpt-tiny", StepGraph::kWarmupSteps, 1, 2);
   const MicroBatch b = batch("gpt-tiny", 5, 0, 2, graph);
@@ -169,7 +169,7 @@ TEST_CASE("Dropout refuses the capture [gpu]", "[gpu]") {
                       Catch::Contains("dropout p=") && Catch::Contains("Note [step graph]"));
 }
 
-TEST_CASE("a bad token is reported through the replayed graph [gpu]", "[gpu]") {
+TEST_CASE("a bad token is reported through the replayed graph [gpu]", "[gpu][graph]") {
   Run graph("gpt-tiny", DType::bf16, true);
   train(graph, "gpt-tiny", StepGraph::kWarmupSteps + 2, 1, 2);
   REQUIRE(graph.step->graph_counts()->replays == 2);
