@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "engine/core/cuda_graph.h"
-#include "engine/core/memory.h"
+#include "engine/core/capture_arena.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 

@@ -1,14 +1,14 @@
 // CudaGraph: work queued on one GPU stream, captured once into a CUDA graph
 // and launched again as one unit (cudaStreamBeginCapture in the relaxed
 // mode, cudaGraphInstantiate, cudaGraphLaunch). What the work allocates comes
-// from a CaptureArena (Note [capture arena], engine/core/memory.h). The
+// from a CaptureArena (Note [capture arena], engine/core/capture_arena.h). The
 // data-parallel step's use of it: Note [step graph], engine/step_graph.h.
 #pragma once
 
 #include <functional>
 #include <memory>
 
-#include "engine/core/memory.h"
+#include "engine/core/capture_arena.h"
 #include "engine/core/stream.h"
 
 namespace lockstep::core {

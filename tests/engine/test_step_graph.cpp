@@ -4,7 +4,7 @@
 // against the eager step on a GPU (tests/engine/gpu/test_step_graph_gpu.cpp).
 #include <catch2/catch.hpp>
 
-#include "engine/core/memory.h"
+#include "engine/core/capture_arena.h"
 #include "engine/data_parallel_step.h"
 #include "engine/models.h"
 #include "engine/optim/sgd.h"
