@@ -141,9 +141,15 @@ Measure run_lockstep(comm::World& world, const std::string& name, std::int64_t b
   }
   const std::vector<bench::BlockTimes> blocks =
       bench::warm_blocks(contenders, kBlocks, kBlockSeconds, steps);
-  Measure m{1e3 * blocks[0].median, peak, allocations_per_step, std::nullopt, {}, blocks[0],
-            std::move(kernels)};
-  if (const StepGraphCounts* g = data_parallel.graph_counts()) m.graph = *g;
+  const StepGraphCounts* graph = data_parallel.graph_counts();
+  Measure m{1e3 * blocks[0].median,
+            peak,
+            allocations_per_step,
+            std::nullopt,
+            {},
+            blocks[0],
+            std::move(kernels),
+            graph ? std::optional<StepGraphCounts>(*graph) : std::nullopt};
   std::size_t next = 1;
   if (floor) m.floor_ms = 1e3 * blocks[next++].median;
   for (const auto& torch : torches) {
