@@ -307,7 +307,7 @@ class DataParallelStep {
   std::vector<double> chunk_sums_;
   std::int64_t steps_ = 0;
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
-  std::unique_ptr<StepGraph> graph_;  // StepOptions::cuda_graph
+  std::unique_ptr<StepGraph> graph_;               // StepOptions::cuda_graph
   std::optional<IndexChecks> graph_index_checks_;  // the lookups its capture registered
 };
 

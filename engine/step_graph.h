@@ -45,8 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/cuda_graph.h"
 #include "engine/core/capture_arena.h"
+#include "engine/core/cuda_graph.h"
 #include "engine/core/stream.h"
 #include "engine/core/tensor.h"
 

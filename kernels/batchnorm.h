@@ -80,7 +80,7 @@ enum class BatchNormEpilogue { none, relu, add_relu };
 
 // Per-channel partial sums the CUDA calls split each channel's rows into, at
 // most one per batch row. spatial > 1: about 1024 blocks in all. spatial == 1
-// (channels-last, Note [channels-last batchnorm] in the .cu): a block sums up
+// (channels-last, Note [channels-last batchnorm] in cuda/batchnorm_rows.cu): a block sums up
 // to 128 channels at once, so 131072 / channels splits, at most 1024 (resnet50
 // at batch 256: 1024 splits of 784 rows at 56x56x64, 64 of 196 at 7x7x2048).
 inline std::int64_t batchnorm_row_splits(const BatchNormShape& s) {

@@ -1,5 +1,5 @@
 // The fused BatchNorm's channels-last CUDA kernels (spatial == 1, Note
-// [channels-last batchnorm] in kernels/cuda/batchnorm.cu): against the CPU
+// [channels-last batchnorm] in kernels/cuda/batchnorm_rows.cu): against the CPU
 // twin at the same shape, at resnet50's NHWC shapes at batch 256 ([256*56*56,
 // 64], [256*7*7, 2048]) and odd ones ([1000003, 3], channel counts that do and
 // do not fill a 16-byte pack), every epilogue, f32/f16/bf16; the same bits on
@@ -243,7 +243,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("cuda channels-last batchnorm gives the same bits on every run", "[gpu][batchnorm][nhwc]") {
+TEST_CASE("cuda channels-last batchnorm gives the same bits on every run",
+          "[gpu][batchnorm][nhwc]") {
   const std::int64_t rows = 32 * 28 * 28, channels = 128;
   const BatchNormShape s{rows, channels, 1, 1e-5};
   const Inputs in(rows * channels, channels);

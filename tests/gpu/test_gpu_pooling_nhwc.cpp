@@ -128,7 +128,8 @@ TEST_CASE("cuda NHWC max pooling matches the cpu and the cuda NCHW kernels, argm
     }
 }
 
-TEST_CASE("cuda NHWC average pooling matches the cpu and the cuda NCHW kernels", "[gpu][pooling][nhwc]") {
+TEST_CASE("cuda NHWC average pooling matches the cpu and the cuda NCHW kernels",
+          "[gpu][pooling][nhwc]") {
   for (const DType type : kFloatTypes)
     for (const bool count_include_pad : {true, false})
       for (const auto& s : gpu_cases()) {
