@@ -20,7 +20,6 @@ namespace lockstep::core {
 namespace {
 // The arena this thread allocates from now (Note [capture arena]).
 thread_local detail::ArenaState* t_arena = nullptr;
-constexpr std::size_t kArenaChunkBytes = std::size_t{256} << 20;
 // Device allocations from the pool are numbered, so that a free can tell
 // whether a live graph may have been captured reading the memory.
 std::atomic<std::uint64_t> g_serial{1};
@@ -104,7 +103,8 @@ void* detail::ArenaState::take(std::size_t bytes) {
   for (Chunk& c : chunks)
     if (const auto offset = c.blocks.take(bytes)) return static_cast<char*>(c.base) + *offset;
 #if LOCKSTEP_WITH_CUDA
-  const std::size_t size = std::max(kArenaChunkBytes, BlockList::rounded(bytes));
+  constexpr std::size_t kChunkBytes = std::size_t{256} << 20;  // at least
+  const std::size_t size = std::max(kChunkBytes, BlockList::rounded(bytes));
   void* base = nullptr;
   const cudaError_t status = cudaMalloc(&base, size);
   if (status != cudaSuccess) {

@@ -68,11 +68,6 @@ CudaGraph::CudaGraph(const Stream& stream, CaptureArena& arena, const std::funct
   }
 }
 
-CudaGraph::~CudaGraph() {
-  handles_.reset();
-  if (arena_) arena_->end_graph();
-}
-
 void CudaGraph::launch(const Stream& stream) const {
   set_current_device(stream.device());
   LOCKSTEP_CHECK_CUDA(cudaGraphLaunch(handles_->exec, stream.handle()));
@@ -84,9 +79,12 @@ CudaGraph::CudaGraph(const Stream& stream, CaptureArena&, const std::function<vo
   throw InvalidArgument("CudaGraph on " + stream.device().str() + ": this build has no CUDA");
 }
 
-CudaGraph::~CudaGraph() = default;
-
 void CudaGraph::launch(const Stream&) const {}
 #endif
+
+CudaGraph::~CudaGraph() {
+  handles_.reset();
+  if (arena_) arena_->end_graph();
+}
 
 }  // namespace lockstep::core
