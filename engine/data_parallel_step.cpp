@@ -299,19 +299,22 @@ StepResult DataParallelStep::run(std::span<const MicroBatch> micro_batches) {
   switch (graph_ ? graph_->next(micro_batches, dloss) : StepGraph::Action::eager) {
     case StepGraph::Action::eager:
       forward_backward(micro_batches, dloss, false);
+      eager_since_capture_ = true;  // its own index checks are registered now
       break;
     case StepGraph::Action::capture: {
       const std::span<const MicroBatch> staged = graph_->stage(micro_batches);
       core::trace::Span capture("capture cuda graph", core::trace::Part::compute);
       graph_->capture([&] { forward_backward(staged, dloss, true); });
       graph_index_checks_ = readback_->index_checks();  // the lookups the graph reports on
+      eager_since_capture_ = false;
       break;
     }
     case StepGraph::Action::replay: {
       core::trace::Span replay("replay cuda graph", core::trace::Part::compute, stream_);
       // An eager step since the capture registered its own lookups: a bad
       // index the graph reports names the captured ones (Note [step graph]).
-      readback_->index_checks() = *graph_index_checks_;
+      if (eager_since_capture_) readback_->index_checks() = *graph_index_checks_;
+      eager_since_capture_ = false;
       graph_->replay(micro_batches);
       break;
     }

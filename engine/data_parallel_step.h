@@ -309,6 +309,7 @@ class DataParallelStep {
   std::int64_t skipped_steps_ = 0, consecutive_skips_ = 0;
   std::unique_ptr<StepGraph> graph_;               // StepOptions::cuda_graph
   std::optional<IndexChecks> graph_index_checks_;  // the lookups its capture registered
+  bool eager_since_capture_ = false;               // readback_ holds another step's lookups
 };
 
 }  // namespace lockstep::engine

@@ -31,6 +31,11 @@ StepGraph::Key StepGraph::key_of(std::span<const MicroBatch> batches, float dlos
   key.dloss = dloss;
   for (std::size_t k = 0; k < batches.size(); ++k)
     for (const auto& [name, tensor] : batches[k].tensors()) {
+      if (!(tensor.device() == device_))
+        throw InvalidArgument(fmt::format(
+            "StepOptions::cuda_graph: the micro-batch's '{}' is on {}, the model on {}; move it "
+            "to the model's device first",
+            name, tensor.device().str(), device_.str()));
       key.names.push_back(fmt::format("{}:{}", k, name));
       key.shapes.push_back(tensor.shape());
       key.dtypes.push_back(tensor.dtype());
@@ -40,13 +45,6 @@ StepGraph::Key StepGraph::key_of(std::span<const MicroBatch> batches, float dlos
 
 StepGraph::Action StepGraph::next(std::span<const MicroBatch> batches, float dloss) {
   Key key = key_of(batches, dloss);
-  for (const MicroBatch& b : batches)
-    for (const auto& [name, tensor] : b.tensors())
-      if (!(tensor.device() == device_))
-        throw InvalidArgument(fmt::format(
-            "StepOptions::cuda_graph: the micro-batch's '{}' is on {}, the model on {}; move it "
-            "to the model's device first",
-            name, tensor.device().str(), device_.str()));
   const bool same_as_last = key.same_shapes(last_key_);
   same_shape_steps_ = same_as_last ? same_shape_steps_ + 1 : 1;
   last_key_ = key;

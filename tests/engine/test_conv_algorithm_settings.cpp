@@ -8,26 +8,12 @@
 
 #include "engine/run_report.h"
 #include "kernels/conv.h"
+#include "support/conv_settings.h"
 
 using namespace lockstep;
 
-namespace {
-
-// Restores the settings a test found, so that test order does not matter
-// (under deterministic() the timing setting cannot be read back: the default).
-struct SettingsScope {
-  bool deterministic = kernels::deterministic();
-  bool timed = kernels::conv_autotune();
-  ~SettingsScope() {
-    kernels::set_deterministic(deterministic);
-    kernels::set_conv_autotune(timed || deterministic);
-  }
-};
-
-}  // namespace
-
 TEST_CASE("convolution timing is on when asked outside deterministic runs", "[engine][conv]") {
-  SettingsScope scope;
+  test::ConvSettingsScope scope;
   kernels::set_deterministic(false);
   kernels::set_conv_autotune(true);
   CHECK(kernels::conv_autotune());
@@ -39,7 +25,7 @@ TEST_CASE("convolution timing is on when asked outside deterministic runs", "[en
 
 TEST_CASE("a deterministic run never times convolutions, whatever the timing setting",
           "[engine][conv]") {
-  SettingsScope scope;
+  test::ConvSettingsScope scope;
   kernels::set_conv_autotune(true);
   kernels::set_deterministic(true);  // directly, as tests and library users do
   CHECK_FALSE(kernels::conv_autotune());

@@ -24,6 +24,7 @@
 #include "engine/core/tensor.h"
 #include "kernels/conv.h"
 #include "kernels/layout.h"
+#include "support/conv_settings.h"
 
 using namespace lockstep;
 using kernels::Conv2dShape;
@@ -32,20 +33,6 @@ using kernels::cuda::ConvPass;
 namespace {
 
 const core::Device kGpu = core::Device::cuda(0);
-
-// Sets the algorithm settings for a test and restores what it found.
-struct SettingsScope {
-  SettingsScope(bool deterministic, bool timed) {
-    kernels::set_deterministic(deterministic);
-    kernels::set_conv_autotune(timed);
-  }
-  ~SettingsScope() {
-    kernels::set_deterministic(was_deterministic);
-    kernels::set_conv_autotune(was_timed || was_deterministic);
-  }
-  bool was_deterministic = kernels::deterministic();
-  bool was_timed = kernels::conv_autotune();
-};
 
 Conv2dShape shape(std::int64_t batch, std::int64_t in, std::int64_t h, std::int64_t w,
                   std::int64_t out, std::int64_t kh, std::int64_t kw, std::int64_t sh,
@@ -270,7 +257,7 @@ void check_shape(const Conv2dShape& nchw, DType type, std::uint32_t seed) {
 
 TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at resnet50's shapes",
           "[gpu][conv][layout][nhwc]") {
-  SettingsScope settings(false, false);  // the heuristic's choice: 23 shapes untimed
+  test::ConvSettingsScope settings(false, false);  // the heuristic's choice: 23 shapes untimed
   std::uint32_t seed = 1;
   for (const DType type : {DType::bf16, DType::f16, DType::f32})
     for (const Conv2dShape& s : resnet50_shapes()) check_shape(s, type, seed += 4);
@@ -278,7 +265,7 @@ TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at resne
 
 TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at odd shapes, timed",
           "[gpu][conv][layout][nhwc]") {
-  SettingsScope settings(false, true);
+  test::ConvSettingsScope settings(false, true);
   std::uint32_t seed = 100;
   for (const DType type : {DType::f32, DType::f16, DType::bf16})
     for (const Conv2dShape& s : kOddShapes) check_shape(s, type, seed += 4);
@@ -290,7 +277,7 @@ TEST_CASE("cuda channels-last convolution matches the cpu and cuda NCHW at odd s
 
 TEST_CASE("deterministic cuda channels-last convolution repeats bit for bit",
           "[gpu][conv][layout][nhwc]") {
-  SettingsScope settings(true, false);
+  test::ConvSettingsScope settings(true, false);
   std::vector<Conv2dShape> shapes(std::begin(kOddShapes), std::end(kOddShapes));
   const std::vector<Conv2dShape> resnet = resnet50_shapes();
   shapes.push_back(resnet[0]);   // the stem

@@ -22,6 +22,7 @@
 #include "engine/nn/conv.h"
 #include "engine/parameter_store.h"
 #include "kernels/conv.h"
+#include "support/conv_settings.h"
 #include "support/gradcheck.h"
 
 using namespace lockstep;
@@ -30,20 +31,6 @@ using namespace lockstep::engine;
 namespace {
 
 const core::Device kGpu = core::Device::cuda(0);
-
-// Sets the algorithm settings for a test and restores what it found.
-struct SettingsScope {
-  SettingsScope(bool deterministic, bool timed) {
-    kernels::set_deterministic(deterministic);
-    kernels::set_conv_autotune(timed);
-  }
-  ~SettingsScope() {
-    kernels::set_deterministic(was_deterministic);
-    kernels::set_conv_autotune(was_timed || was_deterministic);
-  }
-  bool was_deterministic = kernels::deterministic();
-  bool was_timed = kernels::conv_autotune();
-};
 
 // The plan cache's lines (kernels::cuda::conv2d_plan_descriptions) naming `text`.
 std::vector<std::string> plans_with(const std::string& text) {
@@ -117,7 +104,7 @@ void run_both(const std::function<std::unique_ptr<Conv2d>()>& make, const core::
 }  // namespace
 
 TEST_CASE("cuda Conv2d times a new shape once and reuses its plan", "[gpu][engine][conv]") {
-  SettingsScope settings(false, true);
+  test::ConvSettingsScope settings(false, true);
   auto make = [] { return std::make_unique<Conv2d>(24, 40, 3, 1, 1); };
   const core::Tensor x = test::random_f32({6, 24, 17, 15}, 31);
   for (const std::optional<DType>& autocast : kAutocasts) {
@@ -143,7 +130,7 @@ TEST_CASE("cuda Conv2d never times in deterministic mode, nor with timing off",
           "[gpu][engine][conv]") {
   auto make = [] { return std::make_unique<Conv2d>(20, 36, 3, 1, 1); };
   {
-    SettingsScope settings(true, true);  // deterministic overrules the timing setting
+    test::ConvSettingsScope settings(true, true);  // deterministic overrules the timing setting
     for (const std::optional<DType>& autocast : kAutocasts)
       run_both(make, test::random_f32({5, 20, 13, 11}, 32), autocast, 5 * 13 * 11,
                [](int, DType type) {
@@ -157,7 +144,7 @@ TEST_CASE("cuda Conv2d never times in deterministic mode, nor with timing off",
                  }
                });
   }
-  SettingsScope settings(false, false);
+  test::ConvSettingsScope settings(false, false);
   run_both(make, test::random_f32({5, 20, 11, 13}, 33), DType::f16, 5 * 11 * 13, [](int, DType) {
     const std::vector<std::string> lines = plans_with("f16 x [5, 20, 11, 13]");
     REQUIRE(lines.size() == 3);
@@ -170,7 +157,7 @@ TEST_CASE("cuda Conv2d never times in deterministic mode, nor with timing off",
 
 TEST_CASE("a conv2d first planned during graph capture takes the heuristic and replays",
           "[gpu][conv]") {
-  SettingsScope settings(false, true);
+  test::ConvSettingsScope settings(false, true);
   kernels::Conv2dShape s;
   s.batch = 4, s.in_channels = 12, s.in_h = 19, s.in_w = 13, s.out_channels = 20;
   s.kernel_h = s.kernel_w = 3, s.pad_h = s.pad_w = 1;
